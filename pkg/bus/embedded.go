@@ -1,0 +1,51 @@
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// EmbeddedOptions configure an in-process NATS server.
+type EmbeddedOptions struct {
+	// Host and Port to listen on; Port -1 picks a free port.
+	Host string
+	Port int
+	// StoreDir is where JetStream keeps its streams.
+	StoreDir string
+}
+
+// StartEmbedded starts a NATS server with JetStream in this process: the
+// embedded default of `make run`, and the real server tests run against.
+// Call Shutdown and WaitForShutdown on the result to stop it.
+func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	if o.Port == 0 {
+		o.Port = server.RANDOM_PORT
+	}
+	if o.StoreDir == "" {
+		return nil, errors.New("embedded nats: StoreDir is required")
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "headwater-embedded",
+		Host:       o.Host,
+		Port:       o.Port,
+		JetStream:  true,
+		StoreDir:   o.StoreDir,
+		NoSigs:     true,
+		NoLog:      true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, errors.New("embedded nats: not ready after 10s")
+	}
+	return ns, nil
+}

@@ -1,0 +1,123 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2/event"
+)
+
+// ContentType is the NATS Content-Type header of every message: a CloudEvent
+// in structured content mode (the CloudEvents NATS protocol binding).
+const ContentType = "application/cloudevents+json"
+
+// ErrMalformed is wrapped by every decoding error: the message is not a valid
+// Headwater CloudEvent and will never become one, so consumers terminate it.
+var ErrMalformed = errors.New("malformed message")
+
+// dataTypes maps each known event type to a constructor of its data struct.
+var dataTypes = map[string]func() any{
+	TypeFetchRequested:    func() any { return new(FetchRequested) },
+	TypeDeleteRequested:   func() any { return new(DeleteRequested) },
+	TypeFetched:           func() any { return new(Fetched) },
+	TypeFetchUnchanged:    func() any { return new(Outcome) },
+	TypeFetchFailed:       func() any { return new(Outcome) },
+	TypePackaged:          func() any { return new(Outcome) },
+	TypePackageFailed:     func() any { return new(Outcome) },
+	TypeDeleted:           func() any { return new(Outcome) },
+	TypeArtifactStored:    func() any { return new(Outcome) },
+	TypeArtifactUnchanged: func() any { return new(Outcome) },
+	TypeArtifactFailed:    func() any { return new(Outcome) },
+	TypeArtifactDeleted:   func() any { return new(Outcome) },
+}
+
+// Message is a decoded bus message: the CloudEvent and its typed data, one of
+// *FetchRequested, *DeleteRequested, *Fetched or *Outcome.
+type Message struct {
+	Event cloudevents.Event
+	Data  any
+}
+
+// Encode builds the CloudEvent for data and returns its JSON encoding. id
+// becomes the event ID (use MessageID); service names the publisher; subject
+// is the CloudEvent subject, "<kind>/<namespace>/<name>" by convention.
+func Encode(service, eventType, id, subject string, data any) ([]byte, error) {
+	if _, ok := dataTypes[eventType]; !ok {
+		return nil, fmt.Errorf("encode: unknown event type %q", eventType)
+	}
+	e := cloudevents.New()
+	e.SetID(id)
+	e.SetSource(Source + "/" + service)
+	e.SetType(eventType)
+	e.SetSubject(subject)
+	e.SetTime(time.Now().UTC())
+	if err := e.SetData(cloudevents.ApplicationJSON, data); err != nil {
+		return nil, fmt.Errorf("encode %s data: %w", eventType, err)
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", eventType, err)
+	}
+	return b, nil
+}
+
+// Decode parses a message body into a Message. Any error wraps ErrMalformed.
+func Decode(body []byte) (*Message, error) {
+	var e cloudevents.Event
+	if err := json.Unmarshal(body, &e); err != nil {
+		return nil, fmt.Errorf("%w: not a CloudEvent: %w", ErrMalformed, err)
+	}
+	if err := e.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: invalid CloudEvent: %w", ErrMalformed, err)
+	}
+	newData, ok := dataTypes[e.Type()]
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown event type %q", ErrMalformed, e.Type())
+	}
+	data := newData()
+	if err := e.DataAs(data); err != nil {
+		return nil, fmt.Errorf("%w: %s data: %w", ErrMalformed, e.Type(), err)
+	}
+	if err := validate(data); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrMalformed, e.Type(), err)
+	}
+	return &Message{Event: e, Data: data}, nil
+}
+
+// ObjectSubject is the CloudEvent subject for an object: "<kind>/<namespace>/<name>".
+func ObjectSubject(o ObjectRef) string {
+	return strings.ToLower(o.Kind) + "/" + o.Namespace + "/" + o.Name
+}
+
+// JobOf returns the job a decoded data struct belongs to.
+func JobOf(data any) Job {
+	switch d := data.(type) {
+	case *FetchRequested:
+		return d.Job
+	case *DeleteRequested:
+		return d.Job
+	case *Fetched:
+		return d.Job
+	case *Outcome:
+		return d.Job
+	}
+	return Job{}
+}
+
+// validate checks what every consumer relies on: a job naming an object.
+func validate(data any) error {
+	j := JobOf(data)
+	switch {
+	case j.ID == "":
+		return errors.New("job has no id")
+	case j.Object.Kind == "" || j.Object.Namespace == "" || j.Object.Name == "":
+		return errors.New("job does not name an object")
+	}
+	if f, ok := data.(*Fetched); ok && (f.Staging == "" || f.ArtifactName == "") {
+		return errors.New("fetched job has no staging key or artifact name")
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package events
+
+import (
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+)
+
+// ObjectRef names the Kubernetes object a job is for. UID and Generation pin
+// the exact object and spec the job was made from, so a result for a deleted
+// and re-created object, or for an older spec, is recognised as such.
+type ObjectRef struct {
+	// Kind is the resource kind, e.g. "GitRepository".
+	Kind string `json:"kind"`
+	// Namespace and Name identify the object.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// UID is the object's metadata.uid.
+	UID string `json:"uid"`
+	// Generation is the metadata.generation the job was made from.
+	Generation int64 `json:"generation"`
+}
+
+// Job identifies one reconcile of one source as it moves through the
+// pipeline; every message derived from a job carries it unchanged.
+type Job struct {
+	// ID is deterministic for a given object, generation and trigger, and is
+	// the JetStream message ID of the request, so a repeated request within
+	// the stream's duplicate window never makes a second job.
+	ID string `json:"id"`
+	// Object is the source the job is for.
+	Object ObjectRef `json:"object"`
+	// ReconcileToken is the value of the reconcile.fluxcd.io/requestedAt
+	// annotation the job handles, empty when none; the watcher copies it to
+	// status.lastHandledReconcileAt when the job's outcome arrives.
+	ReconcileToken string `json:"reconcileToken,omitempty"`
+	// RequestedAt is when the watcher made the job.
+	RequestedAt time.Time `json:"requestedAt"`
+}
+
+// FetchRequested is the data of TypeFetchRequested: fetch one source.
+// Exactly one of the spec fields is set, matching Job.Object.Kind. Specs name
+// Secrets; they never contain credentials.
+type FetchRequested struct {
+	Job Job `json:"job"`
+	// GitRepository is the spec of a GitRepository.
+	GitRepository *sourcev1.GitRepositorySpec `json:"gitRepository,omitempty"`
+	// Bucket is the spec of a Bucket.
+	Bucket *sourcev1.BucketSpec `json:"bucket,omitempty"`
+	// Previous is the artifact recorded in the object's status, if any. The
+	// fetcher answers FetchUnchanged when the upstream revision equals its
+	// revision and the stored file is intact.
+	Previous *meta.Artifact `json:"previous,omitempty"`
+	// Force asks for a fresh fetch and artifact even when the revision is
+	// unchanged, because a content-affecting part of the spec changed.
+	Force bool `json:"force,omitempty"`
+}
+
+// DeleteRequested is the data of TypeDeleteRequested: remove every artifact
+// of a source that was deleted.
+type DeleteRequested struct {
+	Job Job `json:"job"`
+}
+
+// Fetched is the data of TypeFetched: content is staged for packaging.
+type Fetched struct {
+	Job Job `json:"job"`
+	// Revision is the upstream revision in Flux's format, e.g.
+	// "main@sha1:<commit>" or "sha256:<hex>".
+	Revision string `json:"revision"`
+	// Staging is the storage key of the staged content: an uncompressed tar
+	// stream in canonical entry order (see package archive), already
+	// filtered by the source's ignore rules.
+	Staging string `json:"staging"`
+	// ArtifactName is the file name the artifact is stored under in the
+	// source's directory, e.g. "<commit>.tar.gz".
+	ArtifactName string `json:"artifactName"`
+	// EventMessage is the message of the NewArtifact Kubernetes Event, in
+	// Flux's words (e.g. "stored artifact for commit 'Add README'").
+	EventMessage string `json:"eventMessage,omitempty"`
+	// Notices are things the fetcher noticed on the way that the watcher
+	// reports as Events, e.g. a corrupted artifact that is being rebuilt.
+	Notices []Notice `json:"notices,omitempty"`
+}
+
+// Outcome is the data of every result type (TypeFetchUnchanged,
+// TypeFetchFailed, TypePackaged, TypePackageFailed, TypeDeleted) and of every
+// public type (TypeArtifactStored, ...): what a job ended with.
+type Outcome struct {
+	Job Job `json:"job"`
+	// Revision is the upstream revision observed, when one was.
+	Revision string `json:"revision,omitempty"`
+	// Artifact is the artifact now stored for the source: the new one for
+	// stored, the existing one for unchanged. URL is filled in by the
+	// artifact-server.
+	Artifact *meta.Artifact `json:"artifact,omitempty"`
+	// EventMessage is the message for the Kubernetes Event the outcome
+	// deserves (NewArtifact for a new artifact), in Flux's words.
+	EventMessage string `json:"eventMessage,omitempty"`
+	// Failure is set for failed outcomes.
+	Failure *Failure `json:"failure,omitempty"`
+	// Notices are carried over from the job's earlier stages.
+	Notices []Notice `json:"notices,omitempty"`
+}
+
+// Failure describes why a job failed, in the terms the watcher writes into
+// the object's conditions.
+type Failure struct {
+	// Condition is the negative-polarity condition the failure sets, e.g.
+	// "FetchFailed" or "StorageOperationFailed".
+	Condition string `json:"condition"`
+	// Reason is Flux's reason, e.g. "GitOperationFailed", "URLInvalid".
+	Reason string `json:"reason"`
+	// Message is safe to show: it never contains credentials.
+	Message string `json:"message"`
+	// Stalled is true when retrying cannot help until the spec or a Secret
+	// changes (an invalid URL, a malformed Secret).
+	Stalled bool `json:"stalled,omitempty"`
+}
+
+// Error makes a Failure usable where an error is expected.
+func (f *Failure) Error() string { return f.Message }
+
+// Notice is something worth a Kubernetes Event that is not the job's outcome.
+type Notice struct {
+	// Warning selects a Warning Event instead of a Normal one.
+	Warning bool `json:"warning,omitempty"`
+	// Reason and Message of the Event, e.g. "ArtifactVerificationFailed".
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}

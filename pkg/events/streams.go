@@ -1,0 +1,110 @@
+package events
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream names.
+const (
+	// FetchStream holds fetch jobs until a fetcher has done them.
+	FetchStream = "HEADWATER_FETCH"
+	// PackageStream holds packaging and deletion jobs.
+	PackageStream = "HEADWATER_PACKAGE"
+	// PublishStream holds results waiting to be announced.
+	PublishStream = "HEADWATER_PUBLISH"
+	// EventStream keeps the recent public events of every source.
+	EventStream = "HEADWATER_EVENTS"
+)
+
+// Durable consumer names, one per service; replicas of a service share it,
+// so each job goes to exactly one replica.
+const (
+	FetcherConsumer        = "fetcher"
+	PackagerConsumer       = "packager"
+	ArtifactServerConsumer = "artifact-server"
+	WatcherConsumer        = "watcher"
+)
+
+// DuplicateWindow is how long JetStream remembers message IDs: a job
+// published twice within it is stored once.
+const DuplicateWindow = 10 * time.Minute
+
+// Streams returns the configuration of every stream Headwater uses. Job
+// streams are work queues (a message is removed once acknowledged); the
+// event stream keeps the last events of each source for a day so a
+// subscriber that was away can catch up.
+func Streams() []jetstream.StreamConfig {
+	job := func(name, prefix, description string) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name:        name,
+			Description: description,
+			Subjects:    []string{prefix + ".>"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Duplicates:  DuplicateWindow,
+			MaxAge:      24 * time.Hour,
+			Discard:     jetstream.DiscardOld,
+		}
+	}
+	return []jetstream.StreamConfig{
+		job(FetchStream, FetchSubjectPrefix, "Headwater fetch jobs: one per source reconcile"),
+		job(PackageStream, PackageSubjectPrefix, "Headwater packaging and deletion jobs"),
+		job(PublishStream, PublishSubjectPrefix, "Headwater job results waiting to be announced"),
+		{
+			Name:              EventStream,
+			Description:       "Headwater public CloudEvents, per source",
+			Subjects:          []string{EventSubjectPrefix + ".>"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			Duplicates:        DuplicateWindow,
+			MaxAge:            24 * time.Hour,
+			MaxMsgsPerSubject: 16,
+			Discard:           jetstream.DiscardOld,
+		},
+	}
+}
+
+// ConsumerOptions size a service's consumer.
+type ConsumerOptions struct {
+	// MaxAckPending bounds the jobs in flight across all replicas.
+	MaxAckPending int
+	// AckWait is how long a job may go without an ack or an InProgress
+	// signal before it is redelivered to another replica.
+	AckWait time.Duration
+	// MaxDeliver bounds how often one job is attempted; -1 means no bound.
+	MaxDeliver int
+	// DeliverNew starts a newly created consumer at the next message rather
+	// than the first one kept in the stream (for the limits-retention event
+	// stream, where old messages stay after they are acknowledged).
+	DeliverNew bool
+}
+
+// Consumer returns the durable consumer configuration of a service on its
+// stream. Workers send InProgress while they work, so AckWait only needs to
+// cover a stalled or crashed worker.
+func Consumer(stream, name string, o ConsumerOptions) jetstream.ConsumerConfig {
+	if o.MaxAckPending <= 0 {
+		o.MaxAckPending = 1024
+	}
+	if o.AckWait <= 0 {
+		o.AckWait = 30 * time.Second
+	}
+	if o.MaxDeliver == 0 {
+		o.MaxDeliver = -1
+	}
+	deliver := jetstream.DeliverAllPolicy
+	if o.DeliverNew {
+		deliver = jetstream.DeliverNewPolicy
+	}
+	return jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "Headwater " + name + " on " + stream,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       o.AckWait,
+		MaxDeliver:    o.MaxDeliver,
+		MaxAckPending: o.MaxAckPending,
+		DeliverPolicy: deliver,
+	}
+}

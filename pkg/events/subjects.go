@@ -1,0 +1,55 @@
+package events
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Subject prefixes. Kinds appear in subjects in lower case ("gitrepository").
+const (
+	// FetchSubjectPrefix is the prefix of the fetch job subjects.
+	FetchSubjectPrefix = "headwater.jobs.fetch"
+	// PackageSubjectPrefix is the prefix of the package job subjects.
+	PackageSubjectPrefix = "headwater.jobs.package"
+	// PublishSubjectPrefix is the prefix of the results the artifact-server
+	// turns into public events.
+	PublishSubjectPrefix = "headwater.jobs.publish"
+	// EventSubjectPrefix is the prefix of the public event subjects.
+	EventSubjectPrefix = "headwater.events"
+)
+
+// FetchSubject is where fetch jobs for a kind are published.
+func FetchSubject(kind string) string { return FetchSubjectPrefix + "." + token(kind) }
+
+// PackageSubject is where packaging and deletion jobs for a kind are published.
+func PackageSubject(kind string) string { return PackageSubjectPrefix + "." + token(kind) }
+
+// PublishSubject is where results for a kind are published.
+func PublishSubject(kind string) string { return PublishSubjectPrefix + "." + token(kind) }
+
+// EventSubject is the public subject of one source's events:
+// headwater.events.<kind>.<namespace>.<name>. Kubernetes names may contain
+// dots, which NATS uses as token separators, so dots in the name are written
+// as underscores (which Kubernetes names cannot contain, so the mapping is
+// one to one). Subscribe to headwater.events.> for everything, or to
+// headwater.events.gitrepository.<namespace>.* for one namespace.
+func EventSubject(kind, namespace, name string) string {
+	return fmt.Sprintf("%s.%s.%s.%s", EventSubjectPrefix, token(kind), token(namespace), token(name))
+}
+
+// token lower-cases s and replaces the characters NATS reserves.
+func token(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.', '*', '>', ' ', '\t', '\r', '\n':
+			return '_'
+		}
+		return r
+	}, strings.ToLower(s))
+}
+
+// MessageID is the JetStream message ID of a message of the given type made
+// for a job; publishing the same job's message twice is deduplicated.
+func MessageID(job Job, eventType string) string {
+	return job.ID + "/" + eventType
+}

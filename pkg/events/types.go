@@ -1,0 +1,77 @@
+package events
+
+// CloudEvent types, one per message kind. The suffix is the version of the
+// data struct; a breaking change to a struct adds a new version.
+const (
+	// TypeFetchRequested asks a fetcher to fetch a source. Data: FetchRequested.
+	// Published by the watcher on FetchSubject(kind).
+	TypeFetchRequested = "io.headwater.job.fetch.requested.v1"
+
+	// TypeDeleteRequested asks a packager to remove every artifact of a
+	// deleted source. Data: DeleteRequested. Published by the watcher on
+	// PackageSubject(kind).
+	TypeDeleteRequested = "io.headwater.job.delete.requested.v1"
+
+	// TypeFetched says a fetcher staged new content to package. Data: Fetched.
+	// Published by the fetcher on PackageSubject(kind).
+	TypeFetched = "io.headwater.job.fetch.succeeded.v1"
+
+	// TypeFetchUnchanged says the upstream revision equals the stored
+	// artifact's, which exists and is intact; nothing was downloaded.
+	// Data: Outcome. Published by the fetcher on PublishSubject(kind).
+	TypeFetchUnchanged = "io.headwater.job.fetch.unchanged.v1"
+
+	// TypeFetchFailed says a fetch failed. Data: Outcome (with Failure).
+	// Published by the fetcher on PublishSubject(kind).
+	TypeFetchFailed = "io.headwater.job.fetch.failed.v1"
+
+	// TypePackaged says a packager stored a new artifact. Data: Outcome (with
+	// Artifact, URL empty). Published by the packager on PublishSubject(kind).
+	TypePackaged = "io.headwater.job.package.succeeded.v1"
+
+	// TypePackageFailed says a packager could not store an artifact.
+	// Data: Outcome (with Failure). Published on PublishSubject(kind).
+	TypePackageFailed = "io.headwater.job.package.failed.v1"
+
+	// TypeDeleted says a packager removed a deleted source's artifacts.
+	// Data: Outcome. Published on PublishSubject(kind).
+	TypeDeleted = "io.headwater.job.delete.succeeded.v1"
+)
+
+// Public CloudEvent types, published by the artifact-server on
+// EventSubject(kind, namespace, name) for the watcher and any subscriber.
+// Their data is always an Outcome.
+const (
+	// TypeArtifactStored announces a new artifact, with its download URL.
+	TypeArtifactStored = "io.headwater.artifact.stored.v1"
+
+	// TypeArtifactUnchanged announces that a reconcile found nothing new.
+	TypeArtifactUnchanged = "io.headwater.artifact.unchanged.v1"
+
+	// TypeArtifactFailed announces a failed fetch or package; the previous
+	// artifact, if any, is still stored and served.
+	TypeArtifactFailed = "io.headwater.artifact.failed.v1"
+
+	// TypeArtifactDeleted announces that a deleted source's artifacts are gone.
+	TypeArtifactDeleted = "io.headwater.artifact.deleted.v1"
+)
+
+// PublicType maps an internal result type to the public type the
+// artifact-server announces it as; ok is false for types that are not results.
+func PublicType(internal string) (public string, ok bool) {
+	switch internal {
+	case TypePackaged:
+		return TypeArtifactStored, true
+	case TypeFetchUnchanged:
+		return TypeArtifactUnchanged, true
+	case TypeFetchFailed, TypePackageFailed:
+		return TypeArtifactFailed, true
+	case TypeDeleted:
+		return TypeArtifactDeleted, true
+	}
+	return "", false
+}
+
+// Source is the CloudEvent source attribute of every event a Headwater
+// service publishes; the service name is appended as a path segment.
+const Source = "headwater"

@@ -1,0 +1,41 @@
+// Package flagenv lets every flag of a service be set from the environment,
+// for container use: flag "nats-url" is read from HEADWATER_NATS_URL when it
+// is not given on the command line.
+package flagenv
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Prefix is prepended to every environment variable name.
+const Prefix = "HEADWATER_"
+
+// EnvName is the environment variable that backs a flag.
+func EnvName(flagName string) string {
+	return Prefix + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(flagName))
+}
+
+// Parse parses args into fs, then sets every flag not given on the command
+// line from its environment variable, if that is set. Command-line flags win.
+func Parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || err != nil {
+			return
+		}
+		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {
+			if serr := fs.Set(f.Name, v); serr != nil {
+				err = fmt.Errorf("environment %s: %w", EnvName(f.Name), serr)
+			}
+		}
+	})
+	return err
+}

@@ -1,0 +1,297 @@
+// Package miniotest runs a real MinIO server, the S3 peer of Headwater's
+// tests and of `make run` with S3 storage. The binary is built and cached by
+// the Makefile (`make minio`), which exports its path as HEADWATER_MINIO_BIN.
+//
+// Each server listens on free 127.0.0.1 ports with random root credentials
+// and its own data directory, so tests never share state.
+package miniotest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// BinEnv names the environment variable holding the MinIO binary's path.
+const BinEnv = "HEADWATER_MINIO_BIN"
+
+const (
+	// readyTimeout bounds the wait for a started server to become ready.
+	readyTimeout = 30 * time.Second
+	// stopTimeout is how long Stop waits after SIGTERM before killing.
+	stopTimeout = 10 * time.Second
+	// startAttempts covers a free port being taken before MinIO binds it.
+	startAttempts = 3
+	// outputLimit is how much of the server's output is kept, for failures.
+	outputLimit = 64 << 10
+)
+
+// Server is a running MinIO server.
+type Server struct {
+	// Endpoint is the S3 endpoint, host:port, served over plain HTTP.
+	Endpoint string
+	// AccessKey and SecretKey are the root credentials.
+	AccessKey, SecretKey string
+	// Client is a ready client with the root credentials.
+	Client *minio.Client
+	// Dir holds the server's data.
+	Dir string
+
+	cmd      *exec.Cmd
+	homeDir  string
+	exited   chan struct{} // closed when the process has exited
+	output   *tailBuffer
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// New starts a server for the test, with data in a temporary directory, and
+// stops it when the test ends. It fails the test when the MinIO binary is
+// not available. It takes a testing.TB, so benchmarks and other modules'
+// tests can use it.
+func New(tb testing.TB) *Server {
+	tb.Helper()
+	bin, err := Binary()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := start(bin, tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			tb.Error(err)
+		}
+		if tb.Failed() {
+			tb.Logf("minio output (tail):\n%s", s.Output())
+		}
+	})
+	return s
+}
+
+// Start starts a server with its data in dir (created if needed), for use
+// outside tests; the caller must Stop it.
+func Start(dir string) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("miniotest: %w", err)
+	}
+	return start(bin, dir)
+}
+
+// Binary returns the MinIO binary named by HEADWATER_MINIO_BIN.
+func Binary() (string, error) {
+	bin := os.Getenv(BinEnv)
+	if bin == "" {
+		return "", fmt.Errorf("miniotest: %s is not set: run `make test` (it builds MinIO)", BinEnv)
+	}
+	if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
+		return "", fmt.Errorf("miniotest: MinIO binary %s (from %s) is missing: run `make test` (it builds MinIO)", bin, BinEnv)
+	}
+	return bin, nil
+}
+
+// URL is the server's base URL, http://host:port.
+func (s *Server) URL() string { return "http://" + s.Endpoint }
+
+// MakeBucket creates a bucket, failing the test if it cannot.
+func (s *Server) MakeBucket(tb testing.TB, name string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := s.Client.MakeBucket(ctx, name, minio.MakeBucketOptions{}); err != nil {
+		tb.Fatalf("miniotest: make bucket %q: %v", name, err)
+	}
+}
+
+// Output is the tail of the server's combined output.
+func (s *Server) Output() string { return s.output.String() }
+
+// Stop terminates the server: SIGTERM, then a kill if it has not exited
+// within 10 seconds. It is safe to call more than once.
+func (s *Server) Stop() error {
+	s.stopOnce.Do(func() {
+		defer os.RemoveAll(s.homeDir)
+		select {
+		case <-s.exited:
+			return
+		default:
+		}
+		if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			s.stopErr = fmt.Errorf("miniotest: stop: %w", err)
+		}
+		select {
+		case <-s.exited:
+		case <-time.After(stopTimeout):
+			_ = s.cmd.Process.Kill()
+			<-s.exited
+			s.stopErr = fmt.Errorf("miniotest: server did not stop within %s of SIGTERM; killed", stopTimeout)
+		}
+	})
+	return s.stopErr
+}
+
+func start(bin, dir string) (*Server, error) {
+	user, password := "minio-"+randomHex(6), randomHex(16)
+	var err error
+	for range startAttempts {
+		var s *Server
+		s, err = startOnce(bin, dir, user, password)
+		if err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, errExited) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// errExited marks a server that exited before becoming ready, which a
+// port taken in the meantime explains; start tries again.
+var errExited = errors.New("server exited before it was ready")
+
+func startOnce(bin, dir, user, password string) (*Server, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	consoleAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	// A private home keeps MinIO's config directory out of $HOME/.minio.
+	homeDir, err := os.MkdirTemp("", "miniotest-home-")
+	if err != nil {
+		return nil, fmt.Errorf("miniotest: %w", err)
+	}
+	s := &Server{
+		Endpoint:  addr,
+		AccessKey: user,
+		SecretKey: password,
+		Dir:       dir,
+		homeDir:   homeDir,
+		exited:    make(chan struct{}),
+		output:    &tailBuffer{limit: outputLimit},
+	}
+	s.cmd = exec.Command(bin, "server", "--address", addr, "--console-address", consoleAddr, dir)
+	s.cmd.Env = append(environ(), "MINIO_ROOT_USER="+user, "MINIO_ROOT_PASSWORD="+password, "MINIO_UPDATE=off", "HOME="+homeDir)
+	s.cmd.Stdout = s.output
+	s.cmd.Stderr = s.output
+	s.cmd.SysProcAttr = sysProcAttr()
+	if err := s.cmd.Start(); err != nil {
+		_ = os.RemoveAll(homeDir)
+		return nil, fmt.Errorf("miniotest: start %s: %w", bin, err)
+	}
+	go func() {
+		_ = s.cmd.Wait()
+		close(s.exited)
+	}()
+	if err := s.waitReady(); err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
+	s.Client, err = minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(user, password, "")})
+	if err != nil {
+		_ = s.Stop()
+		return nil, fmt.Errorf("miniotest: client: %w", err)
+	}
+	return s, nil
+}
+
+// waitReady polls MinIO's readiness probe until it answers 200, the
+// process exits or readyTimeout passes.
+func (s *Server) waitReady() error {
+	client := &http.Client{Timeout: time.Second}
+	url := s.URL() + "/minio/health/ready"
+	deadline := time.Now().Add(readyTimeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("miniotest: server at %s not ready within %s:\n%s", s.Endpoint, readyTimeout, s.Output())
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("miniotest: %w (%s):\n%s", errExited, s.cmd.ProcessState, s.Output())
+		case <-tick.C:
+		}
+	}
+}
+
+// environ is the process environment without HOME and MINIO_* variables,
+// so a developer's settings do not leak into the test server.
+func environ() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "MINIO_") && !strings.HasPrefix(kv, "HOME=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// freeAddr returns a 127.0.0.1 address with a port that was free a moment
+// ago.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("miniotest: free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// tailBuffer keeps the last limit bytes written to it.
+type tailBuffer struct {
+	mu    sync.Mutex
+	limit int
+	buf   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.limit; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}

@@ -1,0 +1,8 @@
+//go:build !linux
+
+package miniotest
+
+import "syscall"
+
+// sysProcAttr has nothing to add outside Linux, which alone has Pdeathsig.
+func sysProcAttr() *syscall.SysProcAttr { return nil }

@@ -1,0 +1,239 @@
+package storage
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+)
+
+// Dir is a Storage in a local directory, which may be a volume shared by
+// every replica (ReadWriteMany). All access goes through an os.Root, so no
+// key, symlink or ".." can reach outside the directory.
+type Dir struct {
+	root *os.Root
+}
+
+var _ Storage = (*Dir)(nil)
+
+// NewDir opens (creating if needed) a directory storage at dir.
+func NewDir(dir string) (*Dir, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("storage dir %s: %w", dir, err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("storage dir %s: %w", dir, err)
+	}
+	return &Dir{root: root}, nil
+}
+
+// Close releases the directory.
+func (d *Dir) Close() error { return d.root.Close() }
+
+// Path is the directory the storage lives in.
+func (d *Dir) Path() string { return d.root.Name() }
+
+// Put writes r to a temporary file beside key, syncs it and renames it over
+// key, so the write is atomic.
+func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return Info{}, err
+	}
+	dir, base := path.Split(key)
+	if dir != "" {
+		if err := d.root.MkdirAll(strings.TrimSuffix(dir, "/"), 0o755); err != nil {
+			return Info{}, fmt.Errorf("put %s: %w", key, err)
+		}
+	}
+	tmp := dir + "." + base + ".tmp-" + randomSuffix()
+	f, err := d.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = f.Close()
+			_ = d.root.Remove(tmp)
+		}
+	}()
+	if _, err := io.Copy(f, contextReader{ctx, r}); err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := f.Sync(); err != nil {
+		return Info{}, fmt.Errorf("put %s: sync: %w", key, err)
+	}
+	if err := f.Close(); err != nil {
+		return Info{}, fmt.Errorf("put %s: close: %w", key, err)
+	}
+	if err := d.root.Rename(tmp, key); err != nil {
+		return Info{}, fmt.Errorf("put %s: rename: %w", key, err)
+	}
+	committed = true
+	return d.Stat(ctx, key)
+}
+
+// Open opens key, following a latest pointer.
+func (d *Dir) Open(_ context.Context, key string) (Object, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := d.root.Open(key)
+	if err != nil {
+		return nil, notFound(key, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("open %s: %w", key, err)
+	}
+	if !fi.Mode().IsRegular() {
+		_ = f.Close()
+		return nil, fmt.Errorf("open %s: %w", key, ErrNotFound)
+	}
+	return &dirObject{File: f, info: info(key, fi)}, nil
+}
+
+// Stat describes key, following a latest pointer.
+func (d *Dir) Stat(_ context.Context, key string) (Info, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return Info{}, err
+	}
+	fi, err := d.root.Stat(key)
+	if err != nil {
+		return Info{}, notFound(key, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return Info{}, fmt.Errorf("stat %s: %w", key, ErrNotFound)
+	}
+	return info(key, fi), nil
+}
+
+// Delete removes key and then any directories it leaves empty.
+func (d *Dir) Delete(_ context.Context, key string) error {
+	key, err := CleanKey(key)
+	if err != nil {
+		return err
+	}
+	if err := d.root.Remove(key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	// Prune empty parents; Remove fails harmlessly on a non-empty one.
+	for dir := path.Dir(key); dir != "." && dir != "/"; dir = path.Dir(dir) {
+		if d.root.Remove(dir) != nil {
+			break
+		}
+	}
+	return nil
+}
+
+// List describes the regular files directly in dir, sorted by key. Latest
+// pointers (symlinks) and temporary files are left out.
+func (d *Dir) List(_ context.Context, dir string) ([]Info, error) {
+	dir, err := CleanKey(dir)
+	if err != nil {
+		return nil, err
+	}
+	f, err := d.root.Open(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	defer f.Close()
+	entries, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var out []Info
+	for _, e := range entries {
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		out = append(out, info(dir+"/"+e.Name(), fi))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// SetLatest points key at target with a relative symlink, replaced
+// atomically by renaming a new symlink over the old one.
+func (d *Dir) SetLatest(_ context.Context, key, target string) error {
+	key, err := CleanKey(key)
+	if err != nil {
+		return err
+	}
+	if path.Dir(key) != path.Dir(target) {
+		return fmt.Errorf("set latest %s: %w: target %q is not in the same directory", key, ErrInvalidKey, target)
+	}
+	dir, base := path.Split(key)
+	tmp := dir + "." + base + ".tmp-" + randomSuffix()
+	if err := d.root.Symlink(path.Base(target), tmp); err != nil {
+		return fmt.Errorf("set latest %s: %w", key, err)
+	}
+	if err := d.root.Rename(tmp, key); err != nil {
+		_ = d.root.Remove(tmp)
+		return fmt.Errorf("set latest %s: %w", key, err)
+	}
+	return nil
+}
+
+type dirObject struct {
+	*os.File
+	info Info
+}
+
+func (o *dirObject) Info() Info { return o.info }
+
+// info describes a file; the ETag follows nginx's mtime-size form, which
+// changes with every atomic replacement.
+func info(key string, fi fs.FileInfo) Info {
+	return Info{
+		Key:     key,
+		Size:    fi.Size(),
+		ModTime: fi.ModTime(),
+		ETag:    fmt.Sprintf(`"%x-%x"`, fi.ModTime().UnixNano(), fi.Size()),
+	}
+}
+
+func notFound(key string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s: %w", key, ErrNotFound)
+	}
+	return fmt.Errorf("%s: %w", key, err)
+}
+
+func randomSuffix() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// contextReader stops a copy when its context ends.
+type contextReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c contextReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

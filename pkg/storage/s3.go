@@ -1,0 +1,227 @@
+package storage
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
+)
+
+const (
+	// s3PartSize is the part size of streamed (multipart) uploads. minio-go
+	// holds one buffer of this size per large Put in flight, so such a Put
+	// holds at most 18 MiB whatever its size (this buffer plus the probe
+	// below, grown to at most 2 MiB); with S3's limit of 10,000 parts it caps
+	// an object at 160 GiB.
+	s3PartSize = 16 << 20
+	// s3SinglePutMax is the largest object stored with a single PUT. Put reads
+	// up to this much first: a smaller object (most artifacts) costs one
+	// request and a buffer of its own size; a larger one is streamed in parts.
+	s3SinglePutMax = 1 << 20
+)
+
+// S3 is a Storage in an S3-compatible bucket (AWS S3, MinIO, ...), under an
+// optional key prefix, so every replica of every service sees the same
+// objects and they outlive every process.
+//
+// Writes are atomic because S3's are: a PUT or a completed multipart upload
+// replaces an object at once. The latest pointer is a server-side copy of its
+// target (a symlink on Dir), and List recognises pointers by their name,
+// LatestName. An upload aborted by a crash leaves an incomplete multipart
+// upload behind, invisible to readers; a bucket lifecycle rule
+// (AbortIncompleteMultipartUpload) reclaims its space.
+type S3 struct {
+	client *minio.Client
+	bucket string
+	prefix string // "" or a clean key ending in "/"
+}
+
+var _ Storage = (*S3)(nil)
+
+// NewS3 stores objects in bucket through client, each key under prefix
+// ("" for the bucket's root). It makes no request.
+func NewS3(client *minio.Client, bucket, prefix string) (*S3, error) {
+	if client == nil {
+		return nil, errors.New("s3 storage: no client")
+	}
+	if err := s3utils.CheckValidBucketName(bucket); err != nil {
+		return nil, fmt.Errorf("s3 storage: bucket %q: %w", bucket, err)
+	}
+	prefix = strings.Trim(prefix, "/")
+	if prefix != "" {
+		if _, err := CleanKey(prefix); err != nil {
+			return nil, fmt.Errorf("s3 storage: prefix: %w", err)
+		}
+		prefix += "/"
+	}
+	return &S3{client: client, bucket: bucket, prefix: prefix}, nil
+}
+
+// Bucket is the bucket the storage lives in.
+func (s *S3) Bucket() string { return s.bucket }
+
+// String describes the storage as s3://<bucket>/<prefix>, for logs.
+func (s *S3) String() string { return "s3://" + s.bucket + "/" + s.prefix }
+
+// Put stores r's content under key with one PUT when it is small, and as a
+// streamed multipart upload of unknown length otherwise, so memory stays
+// bounded whatever the size. A failed upload is aborted and leaves the
+// previous object in place.
+func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return Info{}, err
+	}
+	r = contextReader{ctx, r}
+	var head bytes.Buffer
+	if _, err := head.ReadFrom(io.LimitReader(r, s3SinglePutMax+1)); err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	opts := minio.PutObjectOptions{PartSize: s3PartSize}
+	if head.Len() <= s3SinglePutMax {
+		_, err = s.client.PutObject(ctx, s.bucket, s.object(key), bytes.NewReader(head.Bytes()), int64(head.Len()), opts)
+	} else {
+		_, err = s.client.PutObject(ctx, s.bucket, s.object(key), io.MultiReader(&head, r), -1, opts)
+	}
+	if err != nil {
+		return Info{}, s.fail("put", key, err)
+	}
+	return s.Stat(ctx, key)
+}
+
+// Open opens key for reading. The object is pinned by its ETag: if it is
+// replaced while being read, reads fail rather than mix two versions.
+// Reading stops working when ctx ends.
+func (s *S3) Open(ctx context.Context, key string) (Object, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return nil, err
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, s.object(key), minio.GetObjectOptions{})
+	if err != nil {
+		return nil, s.fail("open", key, err)
+	}
+	oi, err := obj.Stat()
+	if err != nil {
+		_ = obj.Close()
+		return nil, s.fail("open", key, err)
+	}
+	return &s3Object{Object: obj, info: s3Info(key, oi)}, nil
+}
+
+// Stat describes key.
+func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return Info{}, err
+	}
+	oi, err := s.client.StatObject(ctx, s.bucket, s.object(key), minio.StatObjectOptions{})
+	if err != nil {
+		return Info{}, s.fail("stat", key, err)
+	}
+	return s3Info(key, oi), nil
+}
+
+// Delete removes key; a missing key is not an error.
+func (s *S3) Delete(ctx context.Context, key string) error {
+	key, err := CleanKey(key)
+	if err != nil {
+		return err
+	}
+	if err := s.client.RemoveObject(ctx, s.bucket, s.object(key), minio.RemoveObjectOptions{}); err != nil {
+		if err := s.fail("delete", key, err); !errors.Is(err, ErrNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// List describes the objects directly under dir, sorted by key. Deeper
+// objects, names starting with "." and latest pointers (objects named
+// LatestName) are left out.
+func (s *S3) List(ctx context.Context, dir string) ([]Info, error) {
+	dir, err := CleanKey(dir)
+	if err != nil {
+		return nil, err
+	}
+	// Stop the listing's goroutine when returning early.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	prefix := s.object(dir) + "/"
+	var out []Info
+	for oi := range s.client.ListObjectsIter(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix}) {
+		if oi.Err != nil {
+			return nil, s.fail("list", dir, oi.Err)
+		}
+		name := strings.TrimPrefix(oi.Key, prefix)
+		// Common prefixes ("sub/") stand for deeper objects.
+		if name == "" || strings.Contains(name, "/") || strings.HasPrefix(name, ".") || name == LatestName {
+			continue
+		}
+		out = append(out, s3Info(dir+"/"+name, oi))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// SetLatest makes key a server-side copy of target, an object in the same
+// directory: S3 has no symlinks, and a copy replaces key atomically. A
+// missing target wraps ErrNotFound. S3 copies objects up to 5 GiB this way.
+func (s *S3) SetLatest(ctx context.Context, key, target string) error {
+	key, err := CleanKey(key)
+	if err != nil {
+		return err
+	}
+	if _, err := CleanKey(target); err != nil {
+		return fmt.Errorf("set latest %s: %w", key, err)
+	}
+	if path.Dir(key) != path.Dir(target) || key == target {
+		return fmt.Errorf("set latest %s: %w: target %q is not another object in the same directory", key, ErrInvalidKey, target)
+	}
+	_, err = s.client.CopyObject(ctx,
+		minio.CopyDestOptions{Bucket: s.bucket, Object: s.object(key)},
+		minio.CopySrcOptions{Bucket: s.bucket, Object: s.object(target)})
+	if err != nil {
+		return s.fail("set latest "+key+" to", target, err)
+	}
+	return nil
+}
+
+// object is the S3 object name of a clean key.
+func (s *S3) object(key string) string { return s.prefix + key }
+
+// fail wraps an S3 error, mapping a missing object to ErrNotFound. A missing
+// bucket is a configuration error, not a missing object, and stays as is.
+func (s *S3) fail(op, key string, err error) error {
+	resp := minio.ToErrorResponse(err)
+	if resp.Code == minio.NoSuchKey || (resp.StatusCode == http.StatusNotFound && resp.Code != minio.NoSuchBucket) {
+		return fmt.Errorf("%s %s: %w", op, key, ErrNotFound)
+	}
+	return fmt.Errorf("%s %s: %w", op, key, err)
+}
+
+type s3Object struct {
+	*minio.Object
+	info Info
+}
+
+func (o *s3Object) Info() Info { return o.info }
+
+// s3Info describes an object; minio-go strips the quotes of S3's ETag and
+// Info's ETag carries them, ready for an HTTP header.
+func s3Info(key string, oi minio.ObjectInfo) Info {
+	return Info{
+		Key:     key,
+		Size:    oi.Size,
+		ModTime: oi.LastModified,
+		ETag:    `"` + strings.Trim(oi.ETag, `"`) + `"`,
+	}
+}

@@ -1,0 +1,147 @@
+// Package storage is Headwater's shared artifact storage: the interface the
+// fetcher, packager and artifact-server share, Flux's layout of keys, and
+// the directory implementation (the embedded default).
+//
+// Keys are slash-separated paths relative to the storage root:
+//
+//	<kind>/<namespace>/<name>/<file>         an artifact (Flux's layout)
+//	<kind>/<namespace>/<name>/latest.tar.gz  the latest pointer
+//	.staging/<job>.tar                       content between fetcher and packager
+//
+// Keys whose first segment starts with a dot are internal and never served.
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// ErrNotFound is returned (wrapped) for a key with no object.
+var ErrNotFound = errors.New("not found")
+
+// ErrInvalidKey is returned (wrapped) for a key that is not a clean relative
+// path inside the storage.
+var ErrInvalidKey = errors.New("invalid key")
+
+// Info describes a stored object.
+type Info struct {
+	// Key of the object.
+	Key string
+	// Size in bytes.
+	Size int64
+	// ModTime is when the object was last written.
+	ModTime time.Time
+	// ETag changes whenever the object's content may have changed.
+	ETag string
+}
+
+// Object is an open stored object, readable and seekable (for HTTP ranges).
+type Object interface {
+	io.ReadSeekCloser
+	// Info describes the object that was opened.
+	Info() Info
+}
+
+// Storage is the shared store of artifacts and staged content. Every
+// implementation is safe for concurrent use by many processes.
+type Storage interface {
+	// Put stores r's content under key atomically: readers see the old
+	// object or the complete new one, never a partial one.
+	Put(ctx context.Context, key string, r io.Reader) (Info, error)
+	// Open opens key for reading.
+	Open(ctx context.Context, key string) (Object, error)
+	// Stat describes key without reading it.
+	Stat(ctx context.Context, key string) (Info, error)
+	// Delete removes key; a missing key is not an error.
+	Delete(ctx context.Context, key string) error
+	// List describes the objects directly under the directory key dir,
+	// excluding pointers made by SetLatest.
+	List(ctx context.Context, dir string) ([]Info, error)
+	// SetLatest makes the pointer key resolve to target, an object in the
+	// same directory, atomically.
+	SetLatest(ctx context.Context, key, target string) error
+}
+
+// LatestName is the file name of the pointer to a source's newest artifact.
+const LatestName = "latest.tar.gz"
+
+// StagingDir is the internal directory of staged content.
+const StagingDir = ".staging"
+
+// SourceDir is the directory of one source's artifacts: <kind>/<namespace>/<name>.
+func SourceDir(kind, namespace, name string) string {
+	return strings.ToLower(kind) + "/" + namespace + "/" + name
+}
+
+// ArtifactKey is the key of an artifact file of a source.
+func ArtifactKey(kind, namespace, name, file string) string {
+	return SourceDir(kind, namespace, name) + "/" + file
+}
+
+// StagingKey is the key of a job's staged content. The job ID is hashed, so
+// any ID maps to a safe, fixed-length name.
+func StagingKey(jobID string) string {
+	return StagingDir + "/" + digest.SHA256.FromString(jobID).Encoded() + ".tar"
+}
+
+// CleanKey checks that key is a clean, relative, slash-separated path with no
+// "." or ".." segments, and returns it.
+func CleanKey(key string) (string, error) {
+	if key == "" || strings.HasPrefix(key, "/") || strings.Contains(key, "\\") || strings.ContainsRune(key, 0) ||
+		path.Clean(key) != key {
+		return "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if seg == "." || seg == ".." {
+			return "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
+		}
+	}
+	return key, nil
+}
+
+// IsInternal reports whether key lies in an internal (dot) directory.
+func IsInternal(key string) bool {
+	return strings.HasPrefix(key, ".")
+}
+
+// Verify reports whether the object at key has the given digest (in
+// "<algorithm>:<hex>" form). A missing object wraps ErrNotFound; a mismatch
+// returns a *DigestMismatchError.
+func Verify(ctx context.Context, s Storage, key, want string) error {
+	expected, err := digest.Parse(want)
+	if err != nil {
+		return fmt.Errorf("verify %s: bad digest %q: %w", key, want, err)
+	}
+	obj, err := s.Open(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer obj.Close()
+	verifier := expected.Verifier()
+	if _, err := io.Copy(verifier, obj); err != nil {
+		return fmt.Errorf("verify %s: read: %w", key, err)
+	}
+	if !verifier.Verified() {
+		return &DigestMismatchError{Key: key, Expected: want}
+	}
+	return nil
+}
+
+// DigestMismatchError says a stored object's content does not match the
+// digest recorded for it.
+type DigestMismatchError struct {
+	Key      string
+	Expected string
+}
+
+// Error uses Flux's wording for the ArtifactVerificationFailed Event.
+func (e *DigestMismatchError) Error() string {
+	return fmt.Sprintf("failed to verify integrity of artifact: computed digest doesn't match '%s'", e.Expected)
+}

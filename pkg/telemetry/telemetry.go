@@ -1,0 +1,158 @@
+// Package telemetry gives every Headwater service the same structured
+// logger, Prometheus metric families and /metrics, /healthz and /readyz
+// endpoints.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Namespace prefixes every Headwater metric.
+const Namespace = "headwater"
+
+// Options configure logging and the telemetry endpoint.
+type Options struct {
+	// Addr serves /metrics, /healthz and /readyz; empty disables it.
+	Addr string
+	// LogLevel is debug, info or error.
+	LogLevel string
+	// LogFormat is json or text.
+	LogFormat string
+}
+
+// BindFlags registers the options on fs with the given default address.
+func (o *Options) BindFlags(fs *flag.FlagSet, defaultAddr string) {
+	fs.StringVar(&o.Addr, "telemetry-addr", defaultAddr, "Address serving /metrics, /healthz and /readyz; empty disables it.")
+	fs.StringVar(&o.LogLevel, "log-level", "info", "Log level: debug, info or error.")
+	fs.StringVar(&o.LogFormat, "log-format", "json", "Log format: json or text.")
+}
+
+// NewLogger returns the service's structured logger, writing to stderr.
+func (o *Options) NewLogger(service string) logr.Logger {
+	level := slog.LevelInfo
+	switch strings.ToLower(o.LogLevel) {
+	case "debug":
+		level = slog.LevelDebug
+	case "error":
+		level = slog.LevelError
+	}
+	ho := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(os.Stderr, ho)
+	if o.LogFormat == "text" {
+		h = slog.NewTextHandler(os.Stderr, ho)
+	}
+	return logr.FromSlogHandler(h).WithValues("service", service)
+}
+
+// NewRegistry returns a registry with the Go and process collectors, the
+// families every service exposes beside its own.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Check is a health or readiness probe: nil means healthy.
+type Check func() error
+
+// Serve serves /metrics from reg, /healthz (the process is alive) and
+// /readyz (every check passes) on addr until ctx ends. It returns once the
+// listener is bound, so a bad address is reported at start-up.
+func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready map[string]Check, log logr.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		var errs []error
+		for name, check := range ready {
+			if err := check(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("telemetry listen %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(err, "telemetry server stopped")
+		}
+	}()
+	context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	log.Info("serving telemetry", "addr", ln.Addr().String())
+	return nil
+}
+
+// JobMetrics are the job families shared by every bus consumer:
+// headwater_jobs_total{service,type,result},
+// headwater_job_duration_seconds{service,type} and
+// headwater_jobs_in_flight{service}.
+type JobMetrics struct {
+	service  string
+	total    *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	inFlight prometheus.Gauge
+}
+
+// NewJobMetrics registers the job families for service on reg.
+func NewJobMetrics(reg prometheus.Registerer, service string) *JobMetrics {
+	m := &JobMetrics{
+		service: service,
+		total: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "jobs_total",
+			Help: "Bus messages handled, by CloudEvent type and result (success, retry, error, rejected, interrupted).",
+		}, []string{"service", "type", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "job_duration_seconds",
+			Help:    "Time to handle one bus message, by CloudEvent type.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"service", "type"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "jobs_in_flight",
+			Help:        "Bus messages being handled now.",
+			ConstLabels: prometheus.Labels{"service": service},
+		}),
+	}
+	reg.MustRegister(m.total, m.duration, m.inFlight)
+	return m
+}
+
+// Start counts a message as in flight; call the returned func when done.
+func (m *JobMetrics) Start() func() {
+	m.inFlight.Inc()
+	return m.inFlight.Dec
+}
+
+// Observe records one handled message.
+func (m *JobMetrics) Observe(eventType, result string, d time.Duration) {
+	m.total.WithLabelValues(m.service, eventType, result).Inc()
+	m.duration.WithLabelValues(m.service, eventType).Observe(d.Seconds())
+}

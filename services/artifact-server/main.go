@@ -1,0 +1,69 @@
+// Command artifact-server serves Headwater's shared artifact storage over
+// HTTP, as Flux's source-controller does, and announces every job result on
+// the bus as a public CloudEvent with the artifact's download URL.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+
+	"github.com/headwater-gitops/headwater/services/artifact-server/internal/sink"
+)
+
+// service names the artifact-server on the bus, in logs and in metrics.
+const service = "artifact-server"
+
+// options are the artifact-server's flags; every flag can also be set from
+// HEADWATER_<FLAG> (see package flagenv).
+type options struct {
+	bus       bus.Options
+	storage   storage.Options
+	telemetry telemetry.Options
+	// addr is the HTTP listen address of the artifact file server.
+	addr string
+	// advAddr is the host[:port] put into artifact URLs.
+	advAddr string
+	// concurrency bounds the results announced at once.
+	concurrency int
+	// sinks are HTTP endpoints that also receive every public CloudEvent.
+	sinks sink.URLs
+}
+
+func (o *options) bindFlags(fs *flag.FlagSet) {
+	o.bus.BindFlags(fs)
+	o.storage.BindFlags(fs)
+	o.telemetry.BindFlags(fs, ":9103")
+	fs.StringVar(&o.addr, "storage-addr", ":9090", "Address the artifact file server listens on.")
+	fs.StringVar(&o.advAddr, "storage-adv-addr", "",
+		"Host[:port] put into artifact URLs (http://<addr>/<path>). Default: the -storage-addr, with an empty host "+
+			"replaced by localhost and 0.0.0.0 or :: by this machine's hostname.")
+	fs.IntVar(&o.concurrency, "concurrency", 8, "Job results announced at once.")
+	fs.Var(&o.sinks, "event-sink-url",
+		"HTTP endpoint that also receives every public CloudEvent (binary HTTP binding); repeatable or comma-separated.")
+}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet(service, flag.ExitOnError)
+	o.bindFlags(fs)
+	if err := flagenv.Parse(fs, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "artifact-server:", err)
+		stop()
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/go-logr/logr"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+)
+
+func TestFlags(t *testing.T) {
+	t.Setenv("HEADWATER_STORAGE_ADV_ADDR", "artifacts.flux-system.svc:80")
+	t.Setenv("HEADWATER_EVENT_SINK_URL", "http://a/hook,http://b/hook")
+	var o options
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	o.bindFlags(fs)
+	if err := flagenv.Parse(fs, []string{"-concurrency", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.addr != ":9090" || o.telemetry.Addr != ":9103" || o.concurrency != 3 {
+		t.Errorf("addr %q telemetry %q concurrency %d", o.addr, o.telemetry.Addr, o.concurrency)
+	}
+	if o.advAddr != "artifacts.flux-system.svc:80" {
+		t.Errorf("advAddr = %q", o.advAddr)
+	}
+	if len(o.sinks) != 2 || o.sinks[1] != "http://b/hook" {
+		t.Errorf("sinks = %v", o.sinks)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(url string) (int, []byte, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// TestRun starts the whole service against a real NATS server and storage
+// directory: it becomes ready, serves an artifact, announces a result with
+// the artifact's URL, and stops cleanly when its context ends.
+func TestRun(t *testing.T) {
+	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	dir := filepath.Join(t.TempDir(), "data")
+
+	var o options
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	o.bindFlags(fs)
+	addr, telemetryAddr := freeAddr(t), freeAddr(t)
+	if err := fs.Parse([]string{"-nats-url", ns.ClientURL(), "-storage-path", dir, "-storage-addr", addr,
+		"-telemetry-addr", telemetryAddr, "-log-level", "error"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- run(ctx, o) }()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if code, _, err := get("http://" + telemetryAddr + "/readyz"); err == nil && code == http.StatusOK {
+			break
+		}
+		select {
+		case err := <-runErr:
+			t.Fatalf("run ended early: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	store, err := storage.NewDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	key := storage.ArtifactKey("GitRepository", "default", "podinfo", "abc.tar.gz")
+	content := []byte("artifact bytes")
+	if _, err := store.Put(ctx, key, bytes.NewReader(content)); err != nil {
+		t.Fatal(err)
+	}
+	if code, body, err := get("http://" + addr + "/" + key); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
+		t.Fatalf("GET artifact: %d %q %v", code, body, err)
+	}
+
+	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "test", logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sub, err := conn.NC.SubscribeSync(events.EventSubjectPrefix + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := events.Job{ID: "job-1", Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "podinfo", UID: "u", Generation: 1}}
+	out := events.Outcome{Job: job, Artifact: &meta.Artifact{Path: key, Revision: "main@sha1:abc", Digest: "sha256:" + string(bytes.Repeat([]byte("0"), 64))}}
+	if err := conn.NewPublisher("packager").Publish(ctx, events.PublishSubject("GitRepository"), events.TypePackaged, job, &out); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := sub.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := events.Decode(msg.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := m.Data.(*events.Outcome).Artifact.URL
+	if url != "http://"+addr+"/"+key {
+		t.Fatalf("announced URL %q", url)
+	}
+	// The announced URL downloads the artifact.
+	if code, body, err := get(url); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
+		t.Fatalf("GET announced URL: %d %q %v", code, body, err)
+	}
+	// The job is counted once it is acknowledged, just after the announcement.
+	for want := []byte(`headwater_jobs_total{result="success",service="artifact-server",type="` + events.TypePackaged + `"} 1`); ; {
+		code, body, err := get("http://" + telemetryAddr + "/metrics")
+		if err == nil && code == http.StatusOK && bytes.Contains(body, want) {
+			if !bytes.Contains(body, []byte(`headwater_http_requests_total{code="200",method="GET"} 2`)) {
+				t.Fatalf("http metrics missing:\n%s", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics: %d %v\n%s", code, err, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	cancel()
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	if _, _, err := get("http://" + addr + "/" + key); err == nil {
+		t.Error("artifact server still answers after shutdown")
+	}
+}

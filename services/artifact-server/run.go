@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+
+	"github.com/headwater-gitops/headwater/services/artifact-server/internal/announce"
+	"github.com/headwater-gitops/headwater/services/artifact-server/internal/httpserver"
+	"github.com/headwater-gitops/headwater/services/artifact-server/internal/sink"
+)
+
+// shutdownTimeout bounds how long downloads in progress may finish after a
+// stop signal.
+const shutdownTimeout = 20 * time.Second
+
+// run serves artifacts and announces results until ctx ends, then stops the
+// announcer and lets downloads in progress finish.
+func run(ctx context.Context, o options) error {
+	log := o.telemetry.NewLogger(service)
+	reg := telemetry.NewRegistry()
+
+	store, err := o.storage.Open()
+	if err != nil {
+		return err
+	}
+	if c, ok := store.(io.Closer); ok {
+		defer c.Close()
+	}
+
+	conn, err := bus.Connect(ctx, o.bus, service, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for NATS
+		}
+		return err
+	}
+	defer conn.Close()
+	if err := conn.EnsureStreams(ctx); err != nil {
+		return err
+	}
+	cons, err := conn.EnsureConsumer(ctx, events.PublishStream,
+		events.Consumer(events.PublishStream, events.ArtifactServerConsumer, events.ConsumerOptions{}))
+	if err != nil {
+		return err
+	}
+
+	sinks, err := sink.New(o.sinks, sink.Options{}, reg, log.WithName("sink"))
+	if err != nil {
+		return err
+	}
+	advertised := o.advAddr
+	if advertised == "" {
+		advertised = httpserver.AdvertisedAddr(o.addr)
+	}
+	ann := &announce.Announcer{
+		Publisher:  conn.NewPublisher(service),
+		Service:    service,
+		Advertised: advertised,
+	}
+	if len(o.sinks) > 0 {
+		ann.Sink = sinks
+	}
+	worker := &bus.Worker{
+		Service:     service,
+		Consumer:    cons,
+		Concurrency: o.concurrency,
+		Handler:     ann.Handle,
+		Metrics:     telemetry.NewJobMetrics(reg, service),
+		Log:         log.WithName("announce"),
+	}
+
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", o.addr, err)
+	}
+	srv := &http.Server{
+		Handler:           httpserver.New(store, reg, log.WithName("http")),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
+		_ = ln.Close()
+		return err
+	}
+
+	serveErr := make(chan error, 1)
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		serveErr <- err
+		cancel()
+	}()
+	sinksDone := make(chan struct{})
+	go func() {
+		defer close(sinksDone)
+		sinks.Run(ctx)
+	}()
+	log.Info("serving artifacts", "addr", ln.Addr().String(), "advertised", advertised,
+		"sinks", len(o.sinks), "concurrency", o.concurrency)
+
+	workErr := worker.Run(ctx)
+	cancel()
+	log.Info("shutting down")
+	sctx, scancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer scancel()
+	shutErr := srv.Shutdown(sctx)
+	if shutErr != nil {
+		shutErr = fmt.Errorf("http shutdown: %w", shutErr)
+	}
+	<-sinksDone
+	return errors.Join(workErr, <-serveErr, shutErr)
+}

@@ -1,0 +1,170 @@
+// Package controller holds the watcher's reconciler: one generic
+// controller-runtime reconciler, instantiated per source kind, that turns
+// objects and their intervals into fetch jobs on the bus. It does no
+// fetching itself; outcomes come back through package results.
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/fluxcd/pkg/runtime/jitter"
+	"github.com/fluxcd/pkg/runtime/patch"
+	"github.com/fluxcd/pkg/runtime/predicates"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
+)
+
+// FieldOwner is the field manager of every write the watcher makes.
+const FieldOwner = "headwater-watcher"
+
+// Publisher publishes jobs on the bus (a *bus.Publisher).
+type Publisher interface {
+	Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error
+}
+
+// Reconciler reconciles the objects of one source kind.
+type Reconciler struct {
+	// Client reads and writes the objects.
+	Client client.Client
+	// Kind is the source kind reconciled.
+	Kind source.Kind
+	// Jobs publishes fetch and delete jobs.
+	Jobs Publisher
+	// Now returns the current time; time.Now when nil.
+	Now func() time.Time
+}
+
+// SetupWithManager registers the reconciler. It reacts to spec changes
+// (generation) and reconcile requests (the requestedAt annotation) only, so
+// the watcher's own status writes never trigger a reconcile.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(strings.ToLower(r.Kind.Name)).
+		For(r.Kind.New(), builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency}).
+		Complete(r)
+}
+
+// Reconcile runs, in order: deletion (finalize), the finalizer, suspend,
+// then publishes a fetch job and requeues after the jittered interval.
+// Conditions: Reconciling and Ready (Unknown) when a new generation starts;
+// everything else is written when the job's outcome arrives.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	obj := r.Kind.New()
+	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	logger := log.FromContext(ctx)
+
+	if !obj.GetDeletionTimestamp().IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, obj)
+	}
+	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
+		base := obj.DeepCopyObject().(client.Object)
+		controllerutil.AddFinalizer(obj, sourcev1.SourceFinalizer)
+		if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(FieldOwner)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+	if r.Kind.Suspended(obj) {
+		logger.Info("reconciliation is suspended for this object")
+		return ctrl.Result{}, nil
+	}
+
+	job := r.job(obj)
+	fetch := &events.FetchRequested{Job: job, Previous: obj.GetArtifact()}
+	fetch.Force = r.Kind.Request(obj, fetch)
+
+	// Mark a new generation as in progress before the job exists, so its
+	// outcome, however fast, always lands after this write.
+	st := r.Kind.Status(obj)
+	if obj.GetGeneration() != *st.ObservedGeneration {
+		helper, err := patch.NewHelper(obj, r.Client)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		status.MarkProgressing(obj, st)
+		if err := helper.Patch(ctx, obj, patch.WithFieldOwner(FieldOwner),
+			patch.WithOwnedConditions{Conditions: []string{meta.ReadyCondition, meta.ReconcilingCondition}}); err != nil {
+			return ctrl.Result{}, fmt.Errorf("mark progressing: %w", err)
+		}
+	}
+
+	if err := r.Jobs.Publish(ctx, events.FetchSubject(r.Kind.Name), events.TypeFetchRequested, job, fetch); err != nil {
+		// The bus is unreachable: retry with controller-runtime's backoff.
+		return ctrl.Result{}, err
+	}
+	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force)
+	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(obj.GetRequeueAfter())}, nil
+}
+
+// finalize asks the packagers to remove the object's artifacts, then removes
+// the finalizer. The deletion job is durable on the bus once Publish returns,
+// so the object need not wait for it.
+func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
+	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
+		return nil
+	}
+	job := events.Job{
+		ID:          string(obj.GetUID()) + "/delete",
+		Object:      ref(r.Kind.Name, obj),
+		RequestedAt: r.now(),
+	}
+	if err := r.Jobs.Publish(ctx, events.PackageSubject(r.Kind.Name), events.TypeDeleteRequested, job,
+		&events.DeleteRequested{Job: job}); err != nil {
+		return err
+	}
+	base := obj.DeepCopyObject().(client.Object)
+	controllerutil.RemoveFinalizer(obj, sourcev1.SourceFinalizer)
+	if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(FieldOwner)); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
+	}
+	log.FromContext(ctx).Info("artifacts scheduled for deletion; finalizer removed")
+	return nil
+}
+
+// job makes the fetch job for this reconcile. Its ID is unique per object,
+// generation, reconcile request and second, so a repeated publish of the
+// same reconcile is stored once while every new reconcile gets its own job.
+func (r *Reconciler) job(obj source.Object) events.Job {
+	now := r.now()
+	token, _ := meta.ReconcileAnnotationValue(obj.GetAnnotations())
+	return events.Job{
+		ID:             fmt.Sprintf("%s/%d/%s/%d", obj.GetUID(), obj.GetGeneration(), token, now.Unix()),
+		Object:         ref(r.Kind.Name, obj),
+		ReconcileToken: token,
+		RequestedAt:    now,
+	}
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func ref(kind string, obj source.Object) events.ObjectRef {
+	return events.ObjectRef{
+		Kind:       kind,
+		Namespace:  obj.GetNamespace(),
+		Name:       obj.GetName(),
+		UID:        string(obj.GetUID()),
+		Generation: obj.GetGeneration(),
+	}
+}

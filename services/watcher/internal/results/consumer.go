@@ -1,0 +1,143 @@
+// Package results applies the artifact-server's public events to the
+// sources they are about: it is the only place status changes after a job,
+// and the only place the watcher records Kubernetes Events for outcomes.
+package results
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/go-logr/logr"
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/fluxcd/pkg/runtime/patch"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
+)
+
+// Consumer is a manager Runnable that consumes the public event stream. Like
+// the reconcilers it runs on the elected leader only.
+type Consumer struct {
+	// Conn is the bus connection.
+	Conn *bus.Conn
+	// Jobs publishes clean-up jobs for artifacts of deleted objects.
+	Jobs controller.Publisher
+	// Reader reads objects live from the API server (not from the cache),
+	// so an outcome is applied on top of every earlier write.
+	Reader client.Reader
+	// Writer patches status.
+	Writer client.Client
+	// Recorder records Kubernetes Events.
+	Recorder recorder.EventRecorder
+	// Concurrency bounds the outcomes applied at once.
+	Concurrency int
+	// Metrics records handled messages.
+	Metrics *telemetry.JobMetrics
+	// Log is the consumer's logger.
+	Log logr.Logger
+}
+
+var _ manager.Runnable = (*Consumer)(nil)
+
+// Start consumes until ctx ends.
+func (c *Consumer) Start(ctx context.Context) error {
+	cons, err := c.Conn.EnsureConsumer(ctx, events.EventStream, events.Consumer(events.EventStream, events.WatcherConsumer,
+		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), DeliverNew: true}))
+	if err != nil {
+		return err
+	}
+	w := &bus.Worker{
+		Service:     "watcher",
+		Consumer:    cons,
+		Concurrency: c.Concurrency,
+		Handler:     c.handle,
+		Metrics:     c.Metrics,
+		Log:         c.Log,
+	}
+	return w.Run(ctx)
+}
+
+func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
+	o, ok := msg.Data.(*events.Outcome)
+	if !ok {
+		return bus.Terminal(fmt.Errorf("unexpected %s on the event stream", msg.Event.Type()))
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	kind, ok := source.ByName(o.Job.Object.Kind)
+	if !ok {
+		return bus.Terminal(fmt.Errorf("unknown kind %q", o.Job.Object.Kind))
+	}
+	obj := kind.New()
+	key := types.NamespacedName{Namespace: o.Job.Object.Namespace, Name: o.Job.Object.Name}
+	if err := c.Reader.Get(ctx, key, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return c.orphaned(ctx, msg.Event.Type(), o)
+		}
+		return fmt.Errorf("get %s: %w", key, err)
+	}
+	if string(obj.GetUID()) != o.Job.Object.UID {
+		log.V(1).Info("ignoring outcome for a previous object with the same name")
+		return nil
+	}
+	if msg.Event.Type() == events.TypeArtifactDeleted {
+		return nil
+	}
+
+	helper, err := patch.NewHelper(obj, c.Writer)
+	if err != nil {
+		return err
+	}
+	recorded := status.Apply(kind, obj, msg.Event.Type(), o)
+	owned := append([]string{meta.ReadyCondition, meta.ReconcilingCondition, meta.StalledCondition}, kind.FailureConditions...)
+	if err := helper.Patch(ctx, obj, patch.WithFieldOwner(controller.FieldOwner),
+		patch.WithOwnedConditions{Conditions: owned}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("patch status: %w", err)
+	}
+	for _, e := range recorded {
+		c.Recorder.Eventf(obj, nil, e.Type, e.Reason, "Reconcile", "%s", e.Message)
+	}
+	logOutcome(log, msg.Event.Type(), o)
+	return nil
+}
+
+// orphaned handles an outcome for an object that no longer exists: an
+// artifact stored after the object's deletion job ran is removed too.
+func (c *Consumer) orphaned(ctx context.Context, eventType string, o *events.Outcome) error {
+	if eventType != events.TypeArtifactStored {
+		return nil
+	}
+	job := events.Job{ID: o.Job.Object.UID + "/delete/" + o.Job.ID, Object: o.Job.Object, RequestedAt: o.Job.RequestedAt}
+	return c.Jobs.Publish(ctx, events.PackageSubject(o.Job.Object.Kind), events.TypeDeleteRequested, job,
+		&events.DeleteRequested{Job: job})
+}
+
+// logOutcome logs what Flux records as trace events: the no-change messages.
+func logOutcome(log logr.Logger, eventType string, o *events.Outcome) {
+	switch eventType {
+	case events.TypeArtifactUnchanged:
+		log.Info("no changes since last reconcilation", "reason", "GitOperationSucceeded",
+			"message", fmt.Sprintf("no changes since last reconcilation: observed revision '%s'", o.Revision))
+		if o.Artifact != nil {
+			log.Info("artifact up-to-date", "reason", "ArtifactUpToDate",
+				"message", fmt.Sprintf("artifact up-to-date with remote revision: '%s'", o.Artifact.Revision))
+		}
+	case events.TypeArtifactStored:
+		log.Info("stored artifact", "revision", o.Revision, "message", o.EventMessage)
+	case events.TypeArtifactFailed:
+		if o.Failure != nil {
+			log.Info("reconcile failed", "reason", o.Failure.Reason, "message", o.Failure.Message, "stalled", o.Failure.Stalled)
+		}
+	}
+}

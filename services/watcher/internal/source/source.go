@@ -1,0 +1,68 @@
+// Package source adapts each Flux source kind to the watcher's generic
+// reconciler and outcome handler: how to make an empty object, what its
+// fetch request carries, and where its common status fields live.
+package source
+
+import (
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/fluxcd/pkg/runtime/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// Object is a Flux source object the watcher manages.
+type Object interface {
+	client.Object
+	conditions.Setter
+	GetArtifact() *meta.Artifact
+	GetRequeueAfter() time.Duration
+}
+
+// Status points at the status fields every source kind has, so one piece of
+// code can write them for any kind.
+type Status struct {
+	ObservedGeneration     *int64
+	Artifact               **meta.Artifact
+	LastHandledReconcileAt *string
+}
+
+// Kind adapts one source kind.
+type Kind struct {
+	// Name is the Kubernetes kind, e.g. "GitRepository".
+	Name string
+	// New returns an empty object of the kind.
+	New func() Object
+	// Suspended reports spec.suspend.
+	Suspended func(Object) bool
+	// Request copies the spec into a fetch request and reports whether the
+	// content-affecting part of the spec differs from what the stored
+	// artifact was built with (so the artifact must be rebuilt even if the
+	// upstream revision is unchanged).
+	Request func(Object, *events.FetchRequested) (force bool)
+	// Observe records, after an artifact was built from the object's
+	// current spec, the spec fields status reports as observed.
+	Observe func(Object)
+	// Status returns the object's common status fields.
+	Status func(Object) Status
+	// FailureConditions are the negative-polarity conditions a successful
+	// outcome clears.
+	FailureConditions []string
+}
+
+// Kinds lists every kind the watcher reconciles.
+func Kinds() []Kind {
+	return []Kind{GitRepository()}
+}
+
+// ByName returns the kind with the given name.
+func ByName(name string) (Kind, bool) {
+	for _, k := range Kinds() {
+		if k.Name == name {
+			return k, true
+		}
+	}
+	return Kind{}, false
+}

@@ -1,0 +1,223 @@
+package status
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/fluxcd/pkg/runtime/conditions"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+)
+
+const (
+	rev1 = "master@sha1:1111111111111111111111111111111111111111"
+	rev2 = "master@sha1:2222222222222222222222222222222222222222"
+)
+
+func artifact(rev, digest string, at time.Time) *meta.Artifact {
+	size := int64(42)
+	return &meta.Artifact{Path: "gitrepository/default/podinfo/x.tar.gz", Revision: rev, Digest: digest,
+		LastUpdateTime: metav1.NewTime(at), Size: &size, URL: "http://a/gitrepository/default/podinfo/x.tar.gz"}
+}
+
+func job(gen int64, token string) events.Job {
+	return events.Job{ID: "j", ReconcileToken: token,
+		Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "podinfo", UID: "u", Generation: gen}}
+}
+
+func TestApply(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	failure := &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.GitOperationFailedReason,
+		Message: "failed to checkout and determine revision: unable to clone 'http://x/repo.git': connection refused"}
+
+	tests := []struct {
+		name      string
+		setup     func(*sourcev1.GitRepository)
+		eventType string
+		outcome   *events.Outcome
+		check     func(*testing.T, *sourcev1.GitRepository)
+		events    []Event
+	}{
+		{
+			name:      "first artifact",
+			setup:     func(g *sourcev1.GitRepository) { MarkProgressing(g, source.GitRepository().Status(g)) },
+			eventType: events.TypeArtifactStored,
+			outcome:   &events.Outcome{Job: job(1, "tok"), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0), EventMessage: "stored artifact for commit 'first'"},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantCondition(t, g, sourcev1.ArtifactInStorageCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantNoCondition(t, g, meta.ReconcilingCondition)
+				if g.Status.Artifact == nil || g.Status.Artifact.Digest != "sha256:a" {
+					t.Errorf("artifact = %+v", g.Status.Artifact)
+				}
+				if g.Status.ObservedGeneration != 1 || g.Status.LastHandledReconcileAt != "tok" {
+					t.Errorf("observedGeneration %d, lastHandledReconcileAt %q", g.Status.ObservedGeneration, g.Status.LastHandledReconcileAt)
+				}
+			},
+			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact for commit 'first'"}},
+		},
+		{
+			name: "unchanged emits nothing and keeps the artifact",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
+				g.Status.ObservedGeneration = 1
+				conditions.MarkTrue(g, meta.ReadyCondition, meta.SucceededReason, "%s", ReadyMessage(rev1))
+			},
+			eventType: events.TypeArtifactUnchanged,
+			outcome:   &events.Outcome{Job: job(1, "tok2"), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0)},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				if g.Status.LastHandledReconcileAt != "tok2" {
+					t.Errorf("lastHandledReconcileAt = %q", g.Status.LastHandledReconcileAt)
+				}
+			},
+		},
+		{
+			name: "failure keeps the previous artifact and warns",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
+				g.Status.ObservedGeneration = 1
+				conditions.MarkTrue(g, meta.ReadyCondition, meta.SucceededReason, "%s", ReadyMessage(rev1))
+				conditions.MarkTrue(g, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "%s", ReadyMessage(rev1))
+			},
+			eventType: events.TypeArtifactFailed,
+			outcome:   &events.Outcome{Job: job(1, ""), Failure: failure},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, failure.Reason, failure.Message)
+				wantCondition(t, g, sourcev1.FetchFailedCondition, metav1.ConditionTrue, failure.Reason, failure.Message)
+				wantCondition(t, g, sourcev1.ArtifactInStorageCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantNoCondition(t, g, meta.StalledCondition)
+				if g.Status.Artifact == nil || g.Status.Artifact.Revision != rev1 {
+					t.Errorf("previous artifact lost: %+v", g.Status.Artifact)
+				}
+			},
+			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
+		},
+		{
+			name: "the same failure again records no second event",
+			setup: func(g *sourcev1.GitRepository) {
+				conditions.MarkFalse(g, meta.ReadyCondition, failure.Reason, "%s", failure.Message)
+			},
+			eventType: events.TypeArtifactFailed,
+			outcome:   &events.Outcome{Job: job(1, ""), Failure: failure},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, failure.Reason, failure.Message)
+			},
+		},
+		{
+			name:      "stalled failure",
+			eventType: events.TypeArtifactFailed,
+			outcome: &events.Outcome{Job: job(1, ""), Failure: &events.Failure{Condition: sourcev1.FetchFailedCondition,
+				Reason: sourcev1.URLInvalidReason, Message: "invalid url", Stalled: true}},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, meta.StalledCondition, metav1.ConditionTrue, sourcev1.URLInvalidReason, "invalid url")
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, sourcev1.URLInvalidReason, "invalid url")
+			},
+			events: []Event{{corev1.EventTypeWarning, sourcev1.URLInvalidReason, "invalid url"}},
+		},
+		{
+			name: "recovery clears failures and says so",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
+				conditions.MarkFalse(g, meta.ReadyCondition, failure.Reason, "%s", failure.Message)
+				conditions.MarkTrue(g, sourcev1.FetchFailedCondition, failure.Reason, "%s", failure.Message)
+			},
+			eventType: events.TypeArtifactUnchanged,
+			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0)},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantNoCondition(t, g, sourcev1.FetchFailedCondition)
+			},
+			events: []Event{{corev1.EventTypeNormal, meta.SucceededReason, ReadyMessage(rev1)}},
+		},
+		{
+			name: "a stale outcome from an older generation changes nothing",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.ObservedGeneration = 2
+				g.Status.Artifact = artifact(rev2, "sha256:b", t0.Add(time.Minute))
+			},
+			eventType: events.TypeArtifactStored,
+			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0)},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				if g.Status.Artifact.Revision != rev2 || g.Status.ObservedGeneration != 2 {
+					t.Errorf("stale outcome applied: %+v gen %d", g.Status.Artifact, g.Status.ObservedGeneration)
+				}
+				wantNoCondition(t, g, meta.ReadyCondition)
+			},
+		},
+		{
+			name: "outcome for an older generation keeps Reconciling for the newer one",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Generation = 2
+				MarkProgressing(g, source.GitRepository().Status(g))
+			},
+			eventType: events.TypeArtifactStored,
+			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0), EventMessage: "m"},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				if !conditions.IsReconciling(g) {
+					t.Error("Reconciling was cleared although generation 2 is still being processed")
+				}
+				if g.Status.ObservedGeneration != 1 {
+					t.Errorf("observedGeneration = %d, want 1", g.Status.ObservedGeneration)
+				}
+			},
+			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "m"}},
+		},
+		{
+			name:      "notices become events",
+			eventType: events.TypeArtifactStored,
+			outcome: &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0), EventMessage: "m",
+				Notices: []events.Notice{{Warning: true, Reason: "ArtifactVerificationFailed", Message: "failed to verify integrity of artifact: computed digest doesn't match 'sha256:z'"}}},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+			},
+			events: []Event{
+				{corev1.EventTypeWarning, "ArtifactVerificationFailed", "failed to verify integrity of artifact: computed digest doesn't match 'sha256:z'"},
+				{corev1.EventTypeNormal, NewArtifactReason, "m"},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+			g.Status.ObservedGeneration = -1
+			if tt.setup != nil {
+				tt.setup(g)
+			}
+			got := Apply(source.GitRepository(), g, tt.eventType, tt.outcome)
+			tt.check(t, g)
+			if len(got) != len(tt.events) {
+				t.Fatalf("events = %+v, want %+v", got, tt.events)
+			}
+			for i := range got {
+				if got[i] != tt.events[i] {
+					t.Errorf("event %d = %+v, want %+v", i, got[i], tt.events[i])
+				}
+			}
+		})
+	}
+}
+
+func wantCondition(t *testing.T, g *sourcev1.GitRepository, typ string, status metav1.ConditionStatus, reason, message string) {
+	t.Helper()
+	c := conditions.Get(g, typ)
+	if c == nil {
+		t.Errorf("condition %s missing", typ)
+		return
+	}
+	if c.Status != status || c.Reason != reason || c.Message != message {
+		t.Errorf("condition %s = %s/%s/%q, want %s/%s/%q", typ, c.Status, c.Reason, c.Message, status, reason, message)
+	}
+}
+
+func wantNoCondition(t *testing.T, g *sourcev1.GitRepository, typ string) {
+	t.Helper()
+	if c := conditions.Get(g, typ); c != nil {
+		t.Errorf("condition %s present: %+v", typ, c)
+	}
+}

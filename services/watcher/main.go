@@ -1,0 +1,170 @@
+// Command watcher is Headwater's Kubernetes-facing service: it watches the
+// Flux source objects, turns them and their intervals into fetch jobs on the
+// bus, and applies job outcomes to their status and Events. It is the only
+// Headwater service that writes to the Kubernetes API. Replicas elect a
+// leader; a standby takes over without losing a source.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/fluxcd/pkg/runtime/jitter"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+)
+
+// options are the watcher's flags.
+type options struct {
+	bus       bus.Options
+	telemetry telemetry.Options
+
+	kubeconfig              string
+	healthAddr              string
+	leaderElect             bool
+	leaderElectionNamespace string
+	concurrency             int
+	eventConcurrency        int
+	intervalJitter          float64
+}
+
+func (o *options) bindFlags(fs *flag.FlagSet) {
+	o.bus.BindFlags(fs)
+	o.telemetry.BindFlags(fs, ":9100")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
+	fs.StringVar(&o.healthAddr, "health-addr", ":9110", "Address serving /healthz and /readyz.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader among replicas; only the leader reconciles.")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
+		"Namespace of the leader election lease; default: $POD_NAMESPACE, then \"default\".")
+	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
+	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
+	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux).")
+}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet("watcher", flag.ExitOnError)
+	o.bindFlags(fs)
+	if err := flagenv.Parse(fs, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "watcher:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	log := o.telemetry.NewLogger("watcher")
+	ctrl.SetLogger(log)
+	jitter.SetGlobalIntervalJitter(o.intervalJitter/100, rand.New(rand.NewSource(time.Now().UnixNano())))
+
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := sourcev1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	ns := o.leaderElectionNamespace
+	if ns == "" {
+		ns = os.Getenv("POD_NAMESPACE")
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Logger:                        log,
+		Metrics:                       metricsserver.Options{BindAddress: o.telemetry.Addr},
+		HealthProbeBindAddress:        o.healthAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              "headwater-watcher",
+		LeaderElectionNamespace:       ns,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+
+	conn, err := bus.Connect(ctx, o.bus, "watcher", log)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := conn.EnsureStreams(ctx); err != nil {
+		return err
+	}
+	jobs := conn.NewPublisher("watcher")
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("nats", func(*http.Request) error { return conn.Healthy() }); err != nil {
+		return err
+	}
+	for _, kind := range source.Kinds() {
+		r := &controller.Reconciler{Client: mgr.GetClient(), Kind: kind, Jobs: jobs}
+		if err := r.SetupWithManager(mgr, o.concurrency); err != nil {
+			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
+		}
+	}
+	if err := mgr.Add(&results.Consumer{
+		Conn:        conn,
+		Jobs:        jobs,
+		Reader:      mgr.GetAPIReader(),
+		Writer:      mgr.GetClient(),
+		Recorder:    mgr.GetEventRecorder("headwater-watcher"),
+		Concurrency: o.eventConcurrency,
+		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, "watcher"),
+		Log:         log.WithName("results"),
+	}); err != nil {
+		return err
+	}
+	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns)
+	return mgr.Start(ctx)
+}
+
+// restConfig loads the kubeconfig flag, then $KUBECONFIG, then in-cluster.
+func restConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes config: %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	"github.com/fluxcd/pkg/runtime/conditions"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// env is a real API server with the Flux CRDs, a real NATS server and a
+// running watcher; the test plays the other services through the bus.
+type env struct {
+	k8s  client.Client
+	conn *bus.Conn
+	pub  *bus.Publisher
+	// fetchJobs and packageJobs read what the watcher publishes, as the
+	// fetcher and packager would.
+	fetchJobs, packageJobs jetstream.Consumer
+}
+
+func startEnv(t *testing.T) *env {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
+	}
+	testEnv := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "deploy", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := testEnv.Start()
+	if err != nil {
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = testEnv.Stop() })
+	user, err := testEnv.AddUser(envtest.User{Name: "watcher", Groups: []string{"system:masters"}}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfigPath := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	o := options{kubeconfig: kubeconfigPath, healthAddr: "0", leaderElect: true,
+		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2}
+	o.bus.URL = ns.ClientURL()
+	o.telemetry.Addr = "0"
+	o.telemetry.LogFormat = "text"
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("watcher exited with %v", err)
+		}
+	})
+
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = sourcev1.AddToScheme(scheme)
+	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "test", testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	if err := conn.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fetchJobs, err := conn.EnsureConsumer(ctx, events.FetchStream, events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	packageJobs, err := conn.EnsureConsumer(ctx, events.PackageStream, events.Consumer(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{k8s: k8s, conn: conn, pub: conn.NewPublisher("test"), fetchJobs: fetchJobs, packageJobs: packageJobs}
+}
+
+// next returns the next message on a consumer, decoded, failing after 30s.
+func next(t *testing.T, c jetstream.Consumer) *events.Message {
+	t.Helper()
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for msg := range batch.Messages() {
+		_ = msg.Ack()
+		m, err := events.Decode(msg.Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	t.Fatal("no message within 30s")
+	return nil
+}
+
+// eventually polls cond every 100ms until it holds or 30s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestWatcher runs every case against one environment: a process can hold
+// only one manager with a given controller name.
+func TestWatcher(t *testing.T) {
+	e := startEnv(t)
+	t.Run("lifecycle", func(t *testing.T) { testLifecycle(t, e) })
+	t.Run("suspend", func(t *testing.T) { testSuspend(t, e) })
+}
+
+func testLifecycle(t *testing.T, e *env) {
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: "default", Name: "podinfo"}
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
+		Spec: sourcev1.GitRepositorySpec{
+			URL:       "http://127.0.0.1:1/podinfo.git",
+			Interval:  metav1.Duration{Duration: 5 * time.Minute},
+			Reference: &sourcev1.GitRepositoryRef{Branch: "master"},
+		},
+	}
+	if err := e.k8s.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+
+	// The watcher publishes a fetch job carrying the spec, no credentials.
+	m := next(t, e.fetchJobs)
+	req, ok := m.Data.(*events.FetchRequested)
+	if !ok || m.Event.Type() != events.TypeFetchRequested {
+		t.Fatalf("got %s %T, want a fetch request", m.Event.Type(), m.Data)
+	}
+	if req.GitRepository == nil || req.GitRepository.URL != repo.Spec.URL || req.Previous != nil {
+		t.Fatalf("fetch request = %+v", req)
+	}
+	if req.Job.Object.UID == "" || req.Job.Object.Generation != 1 {
+		t.Fatalf("job object = %+v", req.Job.Object)
+	}
+
+	// The finalizer and Flux's progressing conditions are in place.
+	var got sourcev1.GitRepository
+	eventually(t, "finalizer and Reconciling", func() bool {
+		_ = e.k8s.Get(ctx, key, &got)
+		return len(got.Finalizers) == 1 && got.Finalizers[0] == sourcev1.SourceFinalizer && conditions.IsReconciling(&got)
+	})
+	if got.Spec.Timeout == nil || got.Spec.Timeout.Duration != time.Minute {
+		t.Errorf("spec.timeout = %v, want the CRD default 60s", got.Spec.Timeout)
+	}
+	if r := conditions.Get(&got, meta.ReadyCondition); r == nil || r.Status != metav1.ConditionUnknown {
+		t.Errorf("Ready = %+v, want Unknown while progressing", r)
+	}
+
+	// A malformed message on the event stream is rejected without harm.
+	if _, err := e.conn.JS.Publish(ctx, events.EventSubject("GitRepository", "default", "podinfo"), []byte("not a cloudevent")); err != nil {
+		t.Fatal(err)
+	}
+
+	// The artifact-server announces a stored artifact: status and Event follow.
+	rev := "master@sha1:0123456789abcdef0123456789abcdef01234567"
+	size := int64(1234)
+	stored := &events.Outcome{Job: req.Job, Revision: rev, EventMessage: "stored artifact for commit 'Initial'",
+		Artifact: &meta.Artifact{Path: "gitrepository/default/podinfo/0123.tar.gz", URL: "http://a/gitrepository/default/podinfo/0123.tar.gz",
+			Revision: rev, Digest: "sha256:abc", Size: &size, LastUpdateTime: metav1.Now()}}
+	publishOutcome(t, e, events.TypeArtifactStored, stored)
+	eventually(t, "Ready=True", func() bool {
+		_ = e.k8s.Get(ctx, key, &got)
+		return conditions.IsReady(&got)
+	})
+	if got.Status.Artifact == nil || got.Status.Artifact.Digest != "sha256:abc" || got.Status.ObservedGeneration != 1 {
+		t.Fatalf("status = %+v", got.Status)
+	}
+	if c := conditions.Get(&got, meta.ReadyCondition); c.Message != "stored artifact for revision '"+rev+"'" || c.Reason != meta.SucceededReason {
+		t.Errorf("Ready = %+v", c)
+	}
+	if conditions.IsReconciling(&got) {
+		t.Error("Reconciling still set after the outcome")
+	}
+	waitEvent(t, e, "podinfo", corev1.EventTypeNormal, "NewArtifact", "stored artifact for commit 'Initial'")
+
+	// A reconcile request makes a new job that carries the token and the
+	// stored artifact, so the fetcher can answer "unchanged".
+	patch := client.MergeFrom(got.DeepCopy())
+	got.Annotations = map[string]string{meta.ReconcileRequestAnnotation: "now-1"}
+	if err := e.k8s.Patch(ctx, &got, patch); err != nil {
+		t.Fatal(err)
+	}
+	m = next(t, e.fetchJobs)
+	req2 := m.Data.(*events.FetchRequested)
+	if req2.Job.ReconcileToken != "now-1" || req2.Previous == nil || req2.Previous.Digest != "sha256:abc" || req2.Force {
+		t.Fatalf("second fetch request = %+v", req2)
+	}
+
+	// A failure keeps the artifact and warns.
+	failed := &events.Outcome{Job: req2.Job, Failure: &events.Failure{Condition: sourcev1.FetchFailedCondition,
+		Reason: sourcev1.GitOperationFailedReason, Message: "failed to checkout and determine revision: boom"}}
+	publishOutcome(t, e, events.TypeArtifactFailed, failed)
+	eventually(t, "Ready=False", func() bool {
+		_ = e.k8s.Get(ctx, key, &got)
+		return conditions.IsFalse(&got, meta.ReadyCondition)
+	})
+	if got.Status.Artifact == nil || got.Status.Artifact.Digest != "sha256:abc" {
+		t.Errorf("artifact lost on failure: %+v", got.Status.Artifact)
+	}
+	if !conditions.IsTrue(&got, sourcev1.FetchFailedCondition) || got.Status.LastHandledReconcileAt != "now-1" {
+		t.Errorf("status after failure = %+v", got.Status)
+	}
+	waitEvent(t, e, "podinfo", corev1.EventTypeWarning, sourcev1.GitOperationFailedReason, "failed to checkout and determine revision: boom")
+
+	// Deletion schedules the artifacts' removal and releases the object.
+	if err := e.k8s.Delete(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	m = next(t, e.packageJobs)
+	del, ok := m.Data.(*events.DeleteRequested)
+	if !ok || del.Job.Object.Name != "podinfo" || del.Job.Object.UID != req.Job.Object.UID {
+		t.Fatalf("got %s %+v, want a delete request for podinfo", m.Event.Type(), m.Data)
+	}
+	eventually(t, "object gone", func() bool {
+		return apierrors.IsNotFound(e.k8s.Get(ctx, key, &got))
+	})
+}
+
+func testSuspend(t *testing.T, e *env) {
+	ctx := context.Background()
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "suspended", Namespace: "default"},
+		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/x.git", Suspend: true,
+			Interval: metav1.Duration{Duration: time.Minute}},
+	}
+	if err := e.k8s.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	var got sourcev1.GitRepository
+	eventually(t, "finalizer", func() bool {
+		_ = e.k8s.Get(ctx, client.ObjectKeyFromObject(repo), &got)
+		return len(got.Finalizers) == 1
+	})
+	// Resuming makes the first job; none was made while suspended, so the
+	// first message on the queue must be the resumed generation's.
+	patch := client.MergeFrom(got.DeepCopy())
+	got.Spec.Suspend = false
+	if err := e.k8s.Patch(ctx, &got, patch); err != nil {
+		t.Fatal(err)
+	}
+	m := next(t, e.fetchJobs)
+	req := m.Data.(*events.FetchRequested)
+	if req.Job.Object.Name != "suspended" || req.Job.Object.Generation != got.Generation {
+		t.Fatalf("first job = %+v, want one for the resumed generation %d", req.Job.Object, got.Generation)
+	}
+}
+
+func publishOutcome(t *testing.T, e *env, eventType string, o *events.Outcome) {
+	t.Helper()
+	subject := events.EventSubject(o.Job.Object.Kind, o.Job.Object.Namespace, o.Job.Object.Name)
+	if err := e.pub.Publish(context.Background(), subject, eventType, o.Job, o); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitEvent(t *testing.T, e *env, name, typ, reason, message string) {
+	t.Helper()
+	eventually(t, "event "+reason, func() bool {
+		var list corev1.EventList
+		if err := e.k8s.List(context.Background(), &list, client.InNamespace("default")); err != nil {
+			return false
+		}
+		for _, ev := range list.Items {
+			if ev.InvolvedObject.Name == name && ev.Type == typ && ev.Reason == reason && ev.Message == message {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func testLogger(t *testing.T) logr.Logger {
+	return testr.New(t)
+}
