@@ -7,9 +7,10 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/go-logr/logr"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/patch"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -108,7 +109,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	for _, e := range recorded {
 		c.Recorder.Eventf(obj, nil, e.Type, e.Reason, "Reconcile", "%s", e.Message)
 	}
-	logOutcome(log, msg.Event.Type(), o)
+	logOutcome(log, kind, msg.Event.Type(), o)
 	return nil
 }
 
@@ -124,11 +125,13 @@ func (c *Consumer) orphaned(ctx context.Context, eventType string, o *events.Out
 }
 
 // logOutcome logs what Flux records as trace events: the no-change messages.
-func logOutcome(log logr.Logger, eventType string, o *events.Outcome) {
+func logOutcome(log logr.Logger, kind source.Kind, eventType string, o *events.Outcome) {
 	switch eventType {
 	case events.TypeArtifactUnchanged:
-		log.Info("no changes since last reconcilation", "reason", "GitOperationSucceeded",
-			"message", fmt.Sprintf("no changes since last reconcilation: observed revision '%s'", o.Revision))
+		if kind.UpToDateReason != sourcev1.ArtifactUpToDateReason {
+			log.Info("no changes since last reconcilation", "reason", kind.UpToDateReason,
+				"message", fmt.Sprintf("no changes since last reconcilation: observed revision '%s'", o.Revision))
+		}
 		if o.Artifact != nil {
 			log.Info("artifact up-to-date", "reason", "ArtifactUpToDate",
 				"message", fmt.Sprintf("artifact up-to-date with remote revision: '%s'", o.Artifact.Revision))

@@ -1,6 +1,7 @@
 package source
 
 import (
+	"fmt"
 	"reflect"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -26,6 +27,10 @@ func GitRepository() Kind {
 			g.Status.ObservedInclude = g.Spec.Include
 			g.Status.ObservedSparseCheckout = g.Spec.SparseCheckout
 		},
+		ReadyMessage: func(revision string) string {
+			return fmt.Sprintf("stored artifact for revision '%s'", revision)
+		},
+		UpToDateReason: sourcev1.GitOperationSucceedReason,
 		Status: func(o Object) Status {
 			g := o.(*sourcev1.GitRepository)
 			return Status{

@@ -42,9 +42,15 @@ type Kind struct {
 	// artifact was built with (so the artifact must be rebuilt even if the
 	// upstream revision is unchanged).
 	Request func(Object, *events.FetchRequested) (force bool)
-	// Observe records, after an artifact was built from the object's
-	// current spec, the spec fields status reports as observed.
+	// Observe records, once the artifact for the object's current spec is
+	// in status, the spec fields status reports as observed (and any field
+	// derived from the artifact, such as a Bucket's status.url).
 	Observe func(Object)
+	// ReadyMessage is Flux's Ready and ArtifactInStorage message for a
+	// stored revision, which differs between kinds.
+	ReadyMessage func(revision string) string
+	// UpToDateReason is the reason Flux logs when nothing changed upstream.
+	UpToDateReason string
 	// Status returns the object's common status fields.
 	Status func(Object) Status
 	// FailureConditions are the negative-polarity conditions a successful
@@ -54,7 +60,7 @@ type Kind struct {
 
 // Kinds lists every kind the watcher reconciles.
 func Kinds() []Kind {
-	return []Kind{GitRepository()}
+	return []Kind{GitRepository(), Bucket()}
 }
 
 // ByName returns the kind with the given name.

@@ -41,11 +41,6 @@ const (
 	NewArtifactReason = "NewArtifact"
 )
 
-// ReadyMessage is Flux's Ready and ArtifactInStorage message.
-func ReadyMessage(revision string) string {
-	return fmt.Sprintf("stored artifact for revision '%s'", revision)
-}
-
 // ProgressingMessage is the Reconciling message for a new generation.
 func ProgressingMessage(observed, current int64) string {
 	return fmt.Sprintf("processing object: new generation %d -> %d", observed, current)
@@ -89,14 +84,14 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		if !stale {
 			*st.Artifact = o.Artifact.DeepCopy()
 		}
-		msg := ReadyMessage((*st.Artifact).Revision)
+		msg := kind.ReadyMessage((*st.Artifact).Revision)
 		conditions.MarkTrue(obj, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "%s", msg)
 		for _, c := range kind.FailureConditions {
 			conditions.Delete(obj, c)
 		}
 		conditions.Delete(obj, meta.StalledCondition)
 		conditions.MarkTrue(obj, meta.ReadyCondition, meta.SucceededReason, "%s", msg)
-		if current && eventType == events.TypeArtifactStored && kind.Observe != nil {
+		if current && kind.Observe != nil {
 			kind.Observe(obj)
 		}
 		switch {

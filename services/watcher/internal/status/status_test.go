@@ -1,6 +1,7 @@
 package status
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -49,8 +50,8 @@ func TestApply(t *testing.T) {
 			eventType: events.TypeArtifactStored,
 			outcome:   &events.Outcome{Job: job(1, "tok"), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0), EventMessage: "stored artifact for commit 'first'"},
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
-				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
-				wantCondition(t, g, sourcev1.ArtifactInStorageCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
+				wantCondition(t, g, sourcev1.ArtifactInStorageCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 				wantNoCondition(t, g, meta.ReconcilingCondition)
 				if g.Status.Artifact == nil || g.Status.Artifact.Digest != "sha256:a" {
 					t.Errorf("artifact = %+v", g.Status.Artifact)
@@ -66,12 +67,12 @@ func TestApply(t *testing.T) {
 			setup: func(g *sourcev1.GitRepository) {
 				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
 				g.Status.ObservedGeneration = 1
-				conditions.MarkTrue(g, meta.ReadyCondition, meta.SucceededReason, "%s", ReadyMessage(rev1))
+				conditions.MarkTrue(g, meta.ReadyCondition, meta.SucceededReason, "%s", readyMessage(rev1))
 			},
 			eventType: events.TypeArtifactUnchanged,
 			outcome:   &events.Outcome{Job: job(1, "tok2"), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0)},
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
-				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 				if g.Status.LastHandledReconcileAt != "tok2" {
 					t.Errorf("lastHandledReconcileAt = %q", g.Status.LastHandledReconcileAt)
 				}
@@ -82,15 +83,15 @@ func TestApply(t *testing.T) {
 			setup: func(g *sourcev1.GitRepository) {
 				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
 				g.Status.ObservedGeneration = 1
-				conditions.MarkTrue(g, meta.ReadyCondition, meta.SucceededReason, "%s", ReadyMessage(rev1))
-				conditions.MarkTrue(g, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "%s", ReadyMessage(rev1))
+				conditions.MarkTrue(g, meta.ReadyCondition, meta.SucceededReason, "%s", readyMessage(rev1))
+				conditions.MarkTrue(g, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "%s", readyMessage(rev1))
 			},
 			eventType: events.TypeArtifactFailed,
 			outcome:   &events.Outcome{Job: job(1, ""), Failure: failure},
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
 				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, failure.Reason, failure.Message)
 				wantCondition(t, g, sourcev1.FetchFailedCondition, metav1.ConditionTrue, failure.Reason, failure.Message)
-				wantCondition(t, g, sourcev1.ArtifactInStorageCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantCondition(t, g, sourcev1.ArtifactInStorageCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 				wantNoCondition(t, g, meta.StalledCondition)
 				if g.Status.Artifact == nil || g.Status.Artifact.Revision != rev1 {
 					t.Errorf("previous artifact lost: %+v", g.Status.Artifact)
@@ -130,10 +131,10 @@ func TestApply(t *testing.T) {
 			eventType: events.TypeArtifactUnchanged,
 			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0)},
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
-				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 				wantNoCondition(t, g, sourcev1.FetchFailedCondition)
 			},
-			events: []Event{{corev1.EventTypeNormal, meta.SucceededReason, ReadyMessage(rev1)}},
+			events: []Event{{corev1.EventTypeNormal, meta.SucceededReason, readyMessage(rev1)}},
 		},
 		{
 			name: "a stale outcome from an older generation changes nothing",
@@ -174,7 +175,7 @@ func TestApply(t *testing.T) {
 			outcome: &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0), EventMessage: "m",
 				Notices: []events.Notice{{Warning: true, Reason: "ArtifactVerificationFailed", Message: "failed to verify integrity of artifact: computed digest doesn't match 'sha256:z'"}}},
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
-				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, ReadyMessage(rev1))
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 			},
 			events: []Event{
 				{corev1.EventTypeWarning, "ArtifactVerificationFailed", "failed to verify integrity of artifact: computed digest doesn't match 'sha256:z'"},
@@ -219,5 +220,38 @@ func wantNoCondition(t *testing.T, g *sourcev1.GitRepository, typ string) {
 	t.Helper()
 	if c := conditions.Get(g, typ); c != nil {
 		t.Errorf("condition %s present: %+v", typ, c)
+	}
+}
+
+func readyMessage(rev string) string { return source.GitRepository().ReadyMessage(rev) }
+
+func TestApplyBucket(t *testing.T) {
+	b := &sourcev1.Bucket{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "default", UID: "u", Generation: 1}}
+	b.Status.ObservedGeneration = -1
+	ignore := "*.txt"
+	b.Spec.Ignore = &ignore
+	rev := "sha256:" + strings.Repeat("ab", 32)
+	a := artifact(rev, "sha256:d", time.Now())
+	a.Path = "bucket/default/b/" + strings.Repeat("ab", 32) + ".tar.gz"
+	a.URL = "http://srv/" + a.Path
+	o := &events.Outcome{Job: job(1, ""), Revision: rev, Artifact: a,
+		EventMessage: "stored artifact with 1 fetched files from 'testbucket' bucket"}
+	o.Job.Object.Kind = sourcev1.BucketKind
+
+	got := Apply(source.Bucket(), b, events.TypeArtifactStored, o)
+
+	c := conditions.Get(b, meta.ReadyCondition)
+	if c == nil || c.Message != "stored artifact: revision '"+rev+"'" {
+		t.Errorf("Ready = %+v, want Flux's Bucket message", c)
+	}
+	if b.Status.URL != "http://srv/bucket/default/b/latest.tar.gz" {
+		t.Errorf("status.url = %q", b.Status.URL)
+	}
+	if b.Status.ObservedIgnore == nil || *b.Status.ObservedIgnore != ignore {
+		t.Errorf("observedIgnore = %v", b.Status.ObservedIgnore)
+	}
+	want := []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact with 1 fetched files from 'testbucket' bucket"}}
+	if len(got) != 1 || got[0] != want[0] {
+		t.Errorf("events = %+v, want %+v", got, want)
 	}
 }

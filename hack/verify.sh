@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# verify.sh checks what must stay in sync (run by `make verify`, after
+# `make manifests` has regenerated the CRDs):
+#   - the generated CRDs match the committed ones;
+#   - go.work lists every module of the workspace;
+#   - every module's go.mod and go.sum are tidy;
+#   - every module resolves the shared dependencies to the same versions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail=0
+say() { printf '%s\n' "$*" >&2; }
+
+if [ -n "$(git status --porcelain -- deploy/crds)" ]; then
+	say "deploy/crds is out of date: run 'make manifests' and commit the result"
+	git status --porcelain -- deploy/crds >&2
+	fail=1
+fi
+
+# Modules of the workspace: every go.mod except the pinned tool modules
+# under hack/, which build on their own with GOWORK=off.
+mapfile -t modules < <(find . -name go.mod -not -path './hack/*' -not -path './bin/*' -not -path './.run/*' \
+	-printf '%h\n' | sed 's#^\./##' | sort)
+mapfile -t used < <(go work edit -json | sed -n 's/.*"DiskPath": "\.\/\(.*\)".*/\1/p' | sort)
+if [ "${modules[*]}" != "${used[*]}" ]; then
+	say "go.work does not list exactly the workspace modules:"
+	say "  modules: ${modules[*]}"
+	say "  go.work: ${used[*]}"
+	fail=1
+fi
+
+for m in "${modules[@]}"; do
+	if ! (cd "$m" && go mod tidy -diff >/dev/null 2>&1); then
+		say "$m: go.mod/go.sum are not tidy: run 'cd $m && go mod tidy'"
+		fail=1
+	fi
+done
+
+# One resolution for the whole workspace: each module, built on its own,
+# must pick the same versions of the dependencies the services share.
+shared="k8s.io/api k8s.io/apimachinery k8s.io/client-go sigs.k8s.io/controller-runtime github.com/fluxcd/source-controller/api github.com/nats-io/nats.go github.com/cloudevents/sdk-go/v2 helm.sh/helm/v3"
+declare -A seen
+for m in "${modules[@]}"; do
+	while read -r path version; do
+		[ -n "$version" ] || continue
+		if [ -n "${seen[$path]:-}" ] && [ "${seen[$path]}" != "$version" ]; then
+			say "$m resolves $path $version, another module ${seen[$path]}: run 'go work sync'"
+			fail=1
+		fi
+		seen[$path]=$version
+	done < <(cd "$m" && for p in $shared; do GOWORK=off go list -m -f '{{.Path}} {{.Version}}' "$p" 2>/dev/null || true; done)
+done
+
+if [ "$fail" -ne 0 ]; then
+	exit 1
+fi
+echo "verify: ok"

@@ -1,0 +1,57 @@
+package source
+
+import (
+	"fmt"
+	"path"
+	"reflect"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+)
+
+// Bucket adapts sourcev1.Bucket.
+func Bucket() Kind {
+	return Kind{
+		Name:      sourcev1.BucketKind,
+		New:       func() Object { return &sourcev1.Bucket{} },
+		Suspended: func(o Object) bool { return o.(*sourcev1.Bucket).Spec.Suspend },
+		Request: func(o Object, req *events.FetchRequested) bool {
+			b := o.(*sourcev1.Bucket)
+			req.Bucket = b.Spec.DeepCopy()
+			return b.Status.Artifact != nil && !reflect.DeepEqual(b.Spec.Ignore, b.Status.ObservedIgnore)
+		},
+		Observe: func(o Object) {
+			b := o.(*sourcev1.Bucket)
+			b.Status.ObservedIgnore = b.Spec.Ignore
+			if a := b.Status.Artifact; a != nil && a.URL != "" {
+				// Flux's status.url: the stable URL of the latest artifact.
+				b.Status.URL = latestURL(a.URL)
+			}
+		},
+		ReadyMessage: func(revision string) string {
+			return fmt.Sprintf("stored artifact: revision '%s'", revision)
+		},
+		UpToDateReason: sourcev1.ArtifactUpToDateReason,
+		Status: func(o Object) Status {
+			b := o.(*sourcev1.Bucket)
+			return Status{
+				ObservedGeneration:     &b.Status.ObservedGeneration,
+				Artifact:               &b.Status.Artifact,
+				LastHandledReconcileAt: &b.Status.LastHandledReconcileAt,
+			}
+		},
+		FailureConditions: []string{
+			sourcev1.FetchFailedCondition,
+			sourcev1.StorageOperationFailedCondition,
+			sourcev1.ArtifactOutdatedCondition,
+		},
+	}
+}
+
+// latestURL replaces the file name of an artifact URL with the latest pointer.
+func latestURL(artifactURL string) string {
+	dir, _ := path.Split(artifactURL)
+	return dir + storage.LatestName
+}
