@@ -95,6 +95,8 @@ test: kube-tools minio build ## Run every test: unit, integration and end-to-end
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(GO_TEST_FLAGS) ./...) || exit 1; \
 	done
+	@echo "==> go test hack/deployvalidate"
+	@cd hack/deployvalidate && GOWORK=off go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no built tools (fast).
@@ -109,6 +111,7 @@ bench: kube-tools build ## Run the benchmarks and print a table.
 .PHONY: lint
 lint: ## go vet every module.
 	@for m in $(MODULES); do echo "==> go vet $$m"; (cd $$m && go vet ./...) || exit 1; done
+	@cd hack/deployvalidate && GOWORK=off go vet ./...
 
 .PHONY: verify
 verify: manifests ## Check generated files, go.mod tidiness and one dependency resolution.

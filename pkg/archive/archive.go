@@ -15,6 +15,9 @@ package archive
 import (
 	"archive/tar"
 	"context"
+	// go-digest only knows the hash functions linked into the binary.
+	_ "crypto/sha256"
+	_ "crypto/sha512"
 	"errors"
 	"fmt"
 	"io"

@@ -49,13 +49,8 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
 		return Info{}, err
 	}
 	dir, base := path.Split(key)
-	if dir != "" {
-		if err := d.root.MkdirAll(strings.TrimSuffix(dir, "/"), 0o755); err != nil {
-			return Info{}, fmt.Errorf("put %s: %w", key, err)
-		}
-	}
 	tmp := dir + "." + base + ".tmp-" + randomSuffix()
-	f, err := d.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := d.createIn(dir, tmp)
 	if err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", key, err)
 	}
@@ -80,6 +75,32 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
 	}
 	committed = true
 	return d.Stat(ctx, key)
+}
+
+// createIn creates the new file name in dir, creating dir first. Delete
+// prunes directories it leaves empty, so a concurrent Delete may remove dir
+// between the two steps, and a concurrent MkdirAll of the same directory may
+// make ours fail with "file exists"; the pair is retried until the file
+// exists (once it does, dir is not empty and stays).
+func (d *Dir) createIn(dir, name string) (*os.File, error) {
+	var err error
+	for range 100 {
+		if dir != "" {
+			err = d.root.MkdirAll(strings.TrimSuffix(dir, "/"), 0o755)
+			if errors.Is(err, fs.ErrExist) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		var f *os.File
+		f, err = d.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return f, err
+		}
+	}
+	return nil, err
 }
 
 // Open opens key, following a latest pointer.

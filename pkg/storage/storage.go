@@ -1,6 +1,8 @@
 // Package storage is Headwater's shared artifact storage: the interface the
 // fetcher, packager and artifact-server share, Flux's layout of keys, and
-// the directory implementation (the embedded default).
+// two implementations: Dir, a local or shared directory (the embedded
+// default), and S3, any S3-compatible object store. The latest pointer is a
+// symlink in a directory and a server-side copy on S3.
 //
 // Keys are slash-separated paths relative to the storage root:
 //
@@ -13,6 +15,9 @@ package storage
 
 import (
 	"context"
+	// go-digest only knows the hash functions linked into the binary.
+	_ "crypto/sha256"
+	_ "crypto/sha512"
 	"errors"
 	"fmt"
 	"io"

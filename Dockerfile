@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+#
+# One image per Headwater service, built from the go.work workspace:
+#
+#   docker build --build-arg SERVICE=fetcher -t headwater/fetcher:dev .
+#
+# SERVICE is one of watcher, fetcher, packager, artifact-server. The binary is
+# static (CGO_ENABLED=0) and runs as the distroless "nonroot" user (65532) on
+# an image without a shell or package manager. No service shells out: the
+# fetcher clones with go-git, so the image needs no git binary.
+
+ARG GO_VERSION=1.26
+
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
+ARG SERVICE
+ARG TARGETOS
+ARG TARGETARCH
+WORKDIR /src
+
+# Module files first, so dependency downloads are cached across source edits.
+# Every module of go.work must be present, even those not built here.
+COPY go.work go.work.sum ./
+COPY pkg/go.mod pkg/go.sum pkg/
+COPY services/watcher/go.mod services/watcher/go.sum services/watcher/
+COPY services/fetcher/go.mod services/fetcher/go.sum services/fetcher/
+COPY services/packager/go.mod services/packager/go.sum services/packager/
+COPY services/artifact-server/go.mod services/artifact-server/go.sum services/artifact-server/
+COPY e2e/go.mod e2e/go.sum e2e/
+RUN --mount=type=cache,target=/go/pkg/mod \
+    go mod download
+
+COPY . .
+RUN case "${SERVICE}" in \
+      watcher|fetcher|packager|artifact-server) ;; \
+      *) echo "build arg SERVICE must be watcher, fetcher, packager or artifact-server (got '${SERVICE}')" >&2; exit 1 ;; \
+    esac
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    cd "services/${SERVICE}" && \
+    CGO_ENABLED=0 GOOS="${TARGETOS}" GOARCH="${TARGETARCH}" \
+      go build -trimpath -buildvcs=false -ldflags="-s -w" -o /out/headwater . && \
+    mkdir -p /out/data
+
+FROM gcr.io/distroless/static:nonroot
+ARG SERVICE
+LABEL org.opencontainers.image.title="headwater-${SERVICE}" \
+      org.opencontainers.image.description="Headwater ${SERVICE}: a horizontally scalable Flux source-controller" \
+      org.opencontainers.image.source="https://github.com/headwater-gitops/headwater"
+COPY --from=build /out/headwater /headwater
+# /data is where the dir storage backend lives. Created owned by the runtime
+# user, so a fresh named volume mounted there (docker compose) is writable.
+COPY --from=build --chown=65532:65532 /out/data /data
+USER 65532:65532
+ENTRYPOINT ["/headwater"]

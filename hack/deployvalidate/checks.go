@@ -1,0 +1,380 @@
+package deployvalidate
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// HealthFlag is the flag whose address serves a service's /healthz and
+// /readyz: the watcher has its own, the others serve them with /metrics.
+func HealthFlag(service string) string {
+	if service == "watcher" {
+		return "health-addr"
+	}
+	return "telemetry-addr"
+}
+
+// varRef matches a $(VAR) reference in an env value, a command or an arg.
+var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+// CheckWorkload checks one pod template: every container's security,
+// resources, probes, environment and arguments. Containers named after a
+// Headwater service are checked against that service's flags; no other
+// container may set HEADWATER_* variables.
+func CheckWorkload(w Workload, flags map[string]FlagSet) []string {
+	var problems []string
+	report := func(format string, args ...any) {
+		problems = append(problems, fmt.Sprintf("%s/%s: ", w.Kind, w.Name)+fmt.Sprintf(format, args...))
+	}
+	pod := w.Template.Spec
+	if w.Selector == nil {
+		report("no selector")
+	} else if sel, err := metav1.LabelSelectorAsSelector(w.Selector); err != nil {
+		report("selector: %v", err)
+	} else if !sel.Matches(labels.Set(w.Template.Labels)) {
+		report("selector %s does not match the pod template's labels", sel)
+	}
+	if pod.ServiceAccountName == "" {
+		report("no serviceAccountName (the namespace's default account would be used)")
+	}
+	volumes := map[string]bool{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = true
+	}
+	if w.Kind == "StatefulSet" {
+		// volumeClaimTemplates are volumes too; their names are not in
+		// the template, so accept any mount the pod does not define here.
+		volumes["*"] = true
+	}
+	all := slices.Concat(pod.InitContainers, pod.Containers)
+	if len(pod.Containers) == 0 {
+		report("no containers")
+	}
+	for _, c := range all {
+		for _, p := range checkContainer(pod, c, volumes, flags) {
+			report("container %s: %s", c.Name, p)
+		}
+	}
+	return problems
+}
+
+func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]bool, flags map[string]FlagSet) []string {
+	var problems []string
+	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if q, ok := c.Resources.Limits[r]; !ok || q.IsZero() {
+			report("no %s limit", r)
+		}
+		if q, ok := c.Resources.Requests[r]; !ok || q.IsZero() {
+			report("no %s request", r)
+		}
+	}
+
+	psc := pod.SecurityContext
+	if psc == nil {
+		psc = &corev1.PodSecurityContext{}
+	}
+	sc := c.SecurityContext
+	if sc == nil {
+		sc = &corev1.SecurityContext{}
+	}
+	if nonRoot := firstBool(sc.RunAsNonRoot, psc.RunAsNonRoot); nonRoot == nil || !*nonRoot {
+		report("runAsNonRoot is not true")
+	}
+	if uid := firstInt(sc.RunAsUser, psc.RunAsUser); uid != nil && *uid == 0 {
+		report("runs as uid 0")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		report("readOnlyRootFilesystem is not true")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		report("allowPrivilegeEscalation is not false")
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		report("privileged")
+	}
+	if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		report("capabilities do not drop ALL")
+	} else if len(sc.Capabilities.Add) > 0 {
+		report("adds capabilities %v", sc.Capabilities.Add)
+	}
+	seccomp := sc.SeccompProfile
+	if seccomp == nil {
+		seccomp = psc.SeccompProfile
+	}
+	if seccomp == nil || seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		report("seccomp profile is not RuntimeDefault")
+	}
+
+	for _, m := range c.VolumeMounts {
+		if !volumes[m.Name] && !volumes["*"] {
+			report("mounts volume %q, which the pod does not define", m.Name)
+		}
+	}
+
+	// Environment: no duplicates, $(VAR) only to variables defined before.
+	seen := map[string]bool{}
+	var names []string
+	for _, e := range c.Env {
+		if seen[e.Name] {
+			report("environment variable %s is set twice", e.Name)
+		}
+		for _, ref := range varRef.FindAllStringSubmatch(e.Value, -1) {
+			if !seen[ref[1]] {
+				report("environment variable %s refers to $(%s), which is not defined before it", e.Name, ref[1])
+			}
+		}
+		seen[e.Name] = true
+		names = append(names, e.Name)
+	}
+	for _, a := range slices.Concat(c.Command, c.Args) {
+		for _, ref := range varRef.FindAllStringSubmatch(a, -1) {
+			if !seen[ref[1]] {
+				report("argument %q refers to $(%s), which is not defined", a, ref[1])
+			}
+		}
+	}
+
+	service := c.Name
+	if !IsService(service) {
+		for _, n := range names {
+			if strings.HasPrefix(n, EnvPrefix) {
+				report("is no Headwater service but sets %s", n)
+			}
+		}
+		return append(problems, checkProbes(c, "", nil)...)
+	}
+	fs, ok := flags[service]
+	if !ok {
+		return append(problems, fmt.Sprintf("no flags known for service %s", service))
+	}
+	if !strings.Contains(c.Image, service) {
+		report("image %q is not the %s image", c.Image, service)
+	}
+	if len(c.Command) > 0 {
+		report("overrides the image's entrypoint with %v", c.Command)
+	}
+	problems = append(problems, CheckEnv(service, fs, names)...)
+	problems = append(problems, CheckArgs(service, fs, c.Args)...)
+	problems = append(problems, checkProbes(c, service, fs)...)
+	return problems
+}
+
+// checkProbes checks that the container has liveness and readiness probes
+// on one of its ports and, for a Headwater service, that they are on the
+// port its health flag listens on, at /healthz and /readyz.
+func checkProbes(c corev1.Container, service string, fs FlagSet) []string {
+	var problems []string
+	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	wantPort := -1
+	if service != "" {
+		flag := HealthFlag(service)
+		addr, ok := FlagValue(c, flag)
+		if !ok {
+			report("-%s is not set (env %s or argument), so its probes cannot be checked", flag, EnvName(flag))
+		} else if port, err := addrPort(addr); err != nil {
+			report("-%s %q: %v", flag, addr, err)
+		} else {
+			wantPort = port
+		}
+	}
+	for _, p := range []struct {
+		kind  string
+		probe *corev1.Probe
+		path  string
+	}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil {
+			report("no %s probe", p.kind)
+			continue
+		}
+		if p.probe.HTTPGet == nil {
+			if service != "" {
+				report("%s probe is not an HTTP GET", p.kind)
+			}
+			continue
+		}
+		port, err := ContainerPort(c, p.probe.HTTPGet.Port)
+		if err != nil {
+			report("%s probe: %v", p.kind, err)
+			continue
+		}
+		if service == "" {
+			continue
+		}
+		if wantPort >= 0 && port != wantPort {
+			report("%s probe on port %d, but -%s listens on %d", p.kind, port, HealthFlag(service), wantPort)
+		}
+		if path, _, _ := strings.Cut(p.probe.HTTPGet.Path, "?"); path != p.path {
+			report("%s probe path %q, want %q", p.kind, p.probe.HTTPGet.Path, p.path)
+		}
+	}
+	return problems
+}
+
+// FlagValue returns the value container c gives a flag: its argument, which
+// wins, else its literal HEADWATER_* environment variable.
+func FlagValue(c corev1.Container, flag string) (string, bool) {
+	if v, ok := ArgValue(c.Args, flag); ok {
+		return v, true
+	}
+	return EnvValue(c, EnvName(flag))
+}
+
+// ContainerPort resolves a probe's or Service's target port against the
+// container's declared ports; a named port must be declared, a number must
+// be too.
+func ContainerPort(c corev1.Container, p intstr.IntOrString) (int, error) {
+	for _, cp := range c.Ports {
+		if (p.Type == intstr.String && cp.Name == p.StrVal) || (p.Type == intstr.Int && cp.ContainerPort == p.IntVal) {
+			return int(cp.ContainerPort), nil
+		}
+	}
+	return 0, fmt.Errorf("port %s is not a declared container port", p.String())
+}
+
+// addrPort returns the port of a listen address such as ":9100".
+func addrPort(addr string) (int, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(port)
+}
+
+// CheckReferences checks what the resources refer to among themselves:
+// namespaces, Service selectors and target ports, ServiceAccounts, volumes'
+// PersistentVolumeClaims, ConfigMaps and Secrets, and RBAC bindings. Secrets
+// named in external exist outside the manifests (created by the user).
+func CheckReferences(m *Manifests, namespace string, external []string) []string {
+	var problems []string
+	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	for id, ns := range m.namespaced() {
+		if ns != namespace {
+			report("%s is in namespace %q, want %q", id, ns, namespace)
+		}
+	}
+	if !m.Has("Namespace", namespace) {
+		report("namespace %s is not created", namespace)
+	}
+
+	workloads := m.Workloads()
+	for _, s := range m.Services {
+		if len(s.Spec.Selector) == 0 {
+			report("Service %s has no selector", s.Name)
+			continue
+		}
+		var backends []Workload
+		for _, w := range workloads {
+			if labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(w.Template.Labels)) {
+				backends = append(backends, w)
+			}
+		}
+		if len(backends) == 0 {
+			report("Service %s selects no pods", s.Name)
+			continue
+		}
+		for _, sp := range s.Spec.Ports {
+			target := sp.TargetPort
+			if target.Type == intstr.Int && target.IntVal == 0 {
+				target = intstr.FromInt32(sp.Port)
+			}
+			for _, w := range backends {
+				found := false
+				for _, c := range w.Template.Spec.Containers {
+					if _, err := ContainerPort(c, target); err == nil {
+						found = true
+					}
+				}
+				if !found {
+					report("Service %s port %d: target %s is no port of %s/%s", s.Name, sp.Port, target.String(), w.Kind, w.Name)
+				}
+			}
+		}
+	}
+
+	secrets := slices.Concat(m.Names("Secret"), external)
+	for _, w := range workloads {
+		id := w.Kind + "/" + w.Name
+		pod := w.Template.Spec
+		if sa := pod.ServiceAccountName; sa != "" && !m.Has("ServiceAccount", sa) {
+			report("%s uses ServiceAccount %s, which does not exist", id, sa)
+		}
+		for _, v := range pod.Volumes {
+			switch {
+			case v.PersistentVolumeClaim != nil && !m.Has("PersistentVolumeClaim", v.PersistentVolumeClaim.ClaimName):
+				report("%s volume %s: PersistentVolumeClaim %s does not exist", id, v.Name, v.PersistentVolumeClaim.ClaimName)
+			case v.ConfigMap != nil && !m.Has("ConfigMap", v.ConfigMap.Name):
+				report("%s volume %s: ConfigMap %s does not exist", id, v.Name, v.ConfigMap.Name)
+			case v.Secret != nil && !slices.Contains(secrets, v.Secret.SecretName):
+				report("%s volume %s: Secret %s does not exist", id, v.Name, v.Secret.SecretName)
+			}
+		}
+		for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+			for _, e := range c.Env {
+				if e.ValueFrom == nil {
+					continue
+				}
+				if r := e.ValueFrom.SecretKeyRef; r != nil && !slices.Contains(secrets, r.Name) {
+					report("%s container %s: %s refers to Secret %s, which does not exist", id, c.Name, e.Name, r.Name)
+				}
+				if r := e.ValueFrom.ConfigMapKeyRef; r != nil && !m.Has("ConfigMap", r.Name) {
+					report("%s container %s: %s refers to ConfigMap %s, which does not exist", id, c.Name, e.Name, r.Name)
+				}
+			}
+		}
+	}
+
+	checkSubjects := func(id string, subjects []rbacv1.Subject) {
+		for _, s := range subjects {
+			if s.Kind != "ServiceAccount" {
+				continue
+			}
+			if !m.Has("ServiceAccount", s.Name) || s.Namespace != namespace {
+				report("%s binds ServiceAccount %s/%s, which does not exist", id, s.Namespace, s.Name)
+			}
+		}
+	}
+	for _, b := range m.ClusterRoleBindings {
+		if b.RoleRef.Kind != "ClusterRole" || !m.Has("ClusterRole", b.RoleRef.Name) {
+			report("ClusterRoleBinding %s refers to %s %s, which is not defined here", b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		checkSubjects("ClusterRoleBinding/"+b.Name, b.Subjects)
+	}
+	for _, b := range m.RoleBindings {
+		if !(b.RoleRef.Kind == "Role" && m.Has("Role", b.RoleRef.Name)) && !(b.RoleRef.Kind == "ClusterRole" && m.Has("ClusterRole", b.RoleRef.Name)) {
+			report("RoleBinding %s refers to %s %s, which is not defined here", b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		checkSubjects("RoleBinding/"+b.Name, b.Subjects)
+	}
+	return problems
+}
+
+func firstBool(vs ...*bool) *bool {
+	for _, v := range vs {
+		if v != nil {
+			return v
+		}
+	}
+	return nil
+}
+
+func firstInt(vs ...*int64) *int64 {
+	for _, v := range vs {
+		if v != nil {
+			return v
+		}
+	}
+	return nil
+}

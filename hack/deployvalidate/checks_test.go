@@ -1,0 +1,202 @@
+package deployvalidate
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// TestChecksCatchMistakes breaks the real rendering of deploy/ one way at a
+// time and expects the checks to say so: a validator that passes anything
+// would pass the real files too.
+func TestChecksCatchMistakes(t *testing.T) {
+	root := repoRoot(t)
+	flags, err := AllServiceFlags(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(root, "deploy")
+	fresh := func(t *testing.T) *Manifests {
+		t.Helper()
+		m, err := Build(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	deployment := func(m *Manifests, name string) *appsv1.Deployment {
+		for i := range m.Deployments {
+			if m.Deployments[i].Name == name {
+				return &m.Deployments[i]
+			}
+		}
+		t.Fatalf("no Deployment %s", name)
+		return nil
+	}
+	containerOf := func(m *Manifests, name string) *corev1.Container {
+		return &deployment(m, name).Spec.Template.Spec.Containers[0]
+	}
+	tests := []struct {
+		name   string
+		mutate func(m *Manifests)
+		want   string
+	}{
+		{"no memory limit", func(m *Manifests) {
+			delete(containerOf(m, "fetcher").Resources.Limits, corev1.ResourceMemory)
+		}, "no memory limit"},
+		{"zero cpu limit", func(m *Manifests) {
+			containerOf(m, "packager").Resources.Limits[corev1.ResourceCPU] = resource.Quantity{}
+		}, "no cpu limit"},
+		{"runs as root", func(m *Manifests) {
+			f := false
+			containerOf(m, "watcher").SecurityContext.RunAsNonRoot = &f
+		}, "runAsNonRoot is not true"},
+		{"writable root filesystem", func(m *Manifests) {
+			containerOf(m, "artifact-server").SecurityContext.ReadOnlyRootFilesystem = nil
+		}, "readOnlyRootFilesystem is not true"},
+		{"keeps capabilities", func(m *Manifests) {
+			containerOf(m, "fetcher").SecurityContext.Capabilities = nil
+		}, "capabilities do not drop ALL"},
+		{"no seccomp profile", func(m *Manifests) {
+			deployment(m, "packager").Spec.Template.Spec.SecurityContext.SeccompProfile = nil
+		}, "seccomp profile is not RuntimeDefault"},
+		{"env var of no flag", func(m *Manifests) {
+			c := containerOf(m, "packager")
+			c.Env = append(c.Env, corev1.EnvVar{Name: "HEADWATER_STORAGE_ADV_ADDR", Value: "x"})
+		}, "HEADWATER_STORAGE_ADV_ADDR matches no flag"},
+		{"env var for another service's flag", func(m *Manifests) {
+			c := containerOf(m, "watcher")
+			c.Env = append(c.Env, corev1.EnvVar{Name: "HEADWATER_STORAGE_PATH", Value: "/data"})
+		}, "HEADWATER_STORAGE_PATH matches no flag"},
+		{"misspelt argument", func(m *Manifests) {
+			c := containerOf(m, "artifact-server")
+			c.Args = append(c.Args, "--storage-adv-adr=x")
+		}, `argument "--storage-adv-adr=x" names no flag`},
+		{"probe on the metrics port", func(m *Manifests) {
+			containerOf(m, "watcher").LivenessProbe.HTTPGet.Port = intstr.FromString("metrics")
+		}, "liveness probe on port 9100, but -health-addr listens on 9110"},
+		{"probe on an undeclared port", func(m *Manifests) {
+			containerOf(m, "fetcher").ReadinessProbe.HTTPGet.Port = intstr.FromInt32(8080)
+		}, "port 8080 is not a declared container port"},
+		{"wrong probe path", func(m *Manifests) {
+			containerOf(m, "packager").ReadinessProbe.HTTPGet.Path = "/healthz"
+		}, `readiness probe path "/healthz", want "/readyz"`},
+		{"health address not set", func(m *Manifests) {
+			c := containerOf(m, "fetcher")
+			for i := range c.Env {
+				if c.Env[i].Name == "HEADWATER_TELEMETRY_ADDR" {
+					c.Env[i].Name = "UNUSED"
+				}
+			}
+		}, "-telemetry-addr is not set"},
+		{"undefined variable reference", func(m *Manifests) {
+			c := containerOf(m, "artifact-server")
+			for i := range c.Env {
+				if c.Env[i].Name == "HEADWATER_STORAGE_ADV_ADDR" {
+					c.Env[i].Value = "source-controller.$(NAMESPACE).svc"
+				}
+			}
+		}, "refers to $(NAMESPACE)"},
+		{"duplicate env var", func(m *Manifests) {
+			c := containerOf(m, "fetcher")
+			c.Env = append(c.Env, corev1.EnvVar{Name: "HOME", Value: "/"})
+		}, "HOME is set twice"},
+		{"mount of an undefined volume", func(m *Manifests) {
+			d := deployment(m, "packager")
+			d.Spec.Template.Spec.Volumes = d.Spec.Template.Spec.Volumes[1:]
+		}, "which the pod does not define"},
+		{"entrypoint replaced", func(m *Manifests) {
+			containerOf(m, "watcher").Command = []string{"/bin/sh"}
+		}, "overrides the image's entrypoint"},
+		{"headwater env on nats", func(m *Manifests) {
+			c := &m.StatefulSets[0].Spec.Template.Spec.Containers[0]
+			c.Env = append(c.Env, corev1.EnvVar{Name: "HEADWATER_NATS_URL", Value: "x"})
+		}, "is no Headwater service but sets HEADWATER_NATS_URL"},
+		{"Service selects nothing", func(m *Manifests) {
+			for i := range m.Services {
+				if m.Services[i].Name == "source-controller" {
+					m.Services[i].Spec.Selector = map[string]string{"app.kubernetes.io/name": "artifact-servers"}
+				}
+			}
+		}, "Service source-controller selects no pods"},
+		{"Service targets a missing port", func(m *Manifests) {
+			for i := range m.Services {
+				if m.Services[i].Name == "source-controller" {
+					m.Services[i].Spec.Ports[0].TargetPort = intstr.FromString("https")
+				}
+			}
+		}, "target https is no port"},
+		{"missing claim", func(m *Manifests) {
+			m.PVCs = nil
+		}, "PersistentVolumeClaim headwater-artifacts does not exist"},
+		{"missing ServiceAccount", func(m *Manifests) {
+			deployment(m, "fetcher").Spec.Template.Spec.ServiceAccountName = "fetchers"
+		}, "uses ServiceAccount fetchers, which does not exist"},
+		{"binding to another namespace", func(m *Manifests) {
+			m.ClusterRoleBindings[0].Subjects[0].Namespace = "default"
+		}, "binds ServiceAccount default/"},
+		{"object in another namespace", func(m *Manifests) {
+			deployment(m, "packager").Namespace = "flux-system"
+		}, `Deployment/packager is in namespace "flux-system"`},
+		{"selector does not match the template", func(m *Manifests) {
+			deployment(m, "watcher").Spec.Template.Labels = map[string]string{"app": "watcher"}
+		}, "does not match the pod template's labels"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := fresh(t)
+			tt.mutate(m)
+			var problems []string
+			for _, w := range m.Workloads() {
+				problems = append(problems, CheckWorkload(w, flags)...)
+			}
+			problems = append(problems, CheckReferences(m, namespace, nil)...)
+			for _, p := range problems {
+				if strings.Contains(p, tt.want) {
+					return
+				}
+			}
+			t.Errorf("no problem mentions %q; problems: %q", tt.want, problems)
+		})
+	}
+}
+
+func TestAddIsStrict(t *testing.T) {
+	tests := []struct {
+		name, doc, want string
+	}{
+		{
+			name: "misspelt field",
+			doc: `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: x}
+spec:
+  template:
+    spec:
+      containers:
+        - name: x
+          securityContext:
+            readOnlyRootFileSystem: true
+`,
+			want: "readOnlyRootFileSystem",
+		},
+		{
+			name: "unknown kind",
+			doc:  "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n",
+			want: "unexpected kind v1/Pod",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := (&Manifests{}).Add([]byte(tt.doc))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Add = %v, want an error mentioning %q", err, tt.want)
+			}
+		})
+	}
+}

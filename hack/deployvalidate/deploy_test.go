@@ -1,0 +1,595 @@
+package deployvalidate
+
+import (
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// namespace is where deploy/ installs Headwater.
+const namespace = "headwater-system"
+
+// s3Secret is the Secret the S3 overlay reads; the user creates it.
+const s3Secret = "headwater-s3"
+
+// storageServices are the services that read or write the artifact storage.
+var storageServices = []string{"fetcher", "packager", "artifact-server"}
+
+// build renders a kustomization under deploy/ and runs the checks every
+// rendering must pass.
+func build(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
+	t.Helper()
+	root := repoRoot(t)
+	m, err := Build(filepath.Join(root, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags, err := AllServiceFlags(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range m.Workloads() {
+		for _, p := range CheckWorkload(w, flags) {
+			t.Error(p)
+		}
+	}
+	for _, p := range CheckReferences(m, namespace, []string{s3Secret}) {
+		t.Error(p)
+	}
+	return m, flags
+}
+
+// container returns the container named after the Deployment.
+func container(t *testing.T, m *Manifests, name string) (corev1.Container, corev1.PodSpec) {
+	t.Helper()
+	d, ok := m.Deployment(name)
+	if !ok {
+		t.Fatalf("no Deployment %s", name)
+	}
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if c.Name == name {
+			return c, d.Spec.Template.Spec
+		}
+	}
+	t.Fatalf("Deployment %s has no container %s", name, name)
+	return corev1.Container{}, corev1.PodSpec{}
+}
+
+func TestDeployBase(t *testing.T) {
+	m, _ := build(t, "deploy")
+	root := repoRoot(t)
+
+	want := map[string][]string{
+		"Namespace":             {namespace},
+		"ServiceAccount":        {"watcher", "fetcher", "packager", "artifact-server", "nats"},
+		"ClusterRole":           {"headwater-watcher", "headwater-fetcher"},
+		"ClusterRoleBinding":    {"headwater-watcher", "headwater-fetcher"},
+		"Role":                  {"headwater-watcher-leader-election"},
+		"RoleBinding":           {"headwater-watcher-leader-election"},
+		"Deployment":            Services,
+		"StatefulSet":           {"nats"},
+		"Service":               {"nats", "source-controller"},
+		"PersistentVolumeClaim": {"headwater-artifacts"},
+	}
+	for kind, names := range want {
+		for _, n := range names {
+			if !m.Has(kind, n) {
+				t.Errorf("no %s %s (have %v)", kind, n, m.Names(kind))
+			}
+		}
+	}
+
+	// Every generated CRD is installed.
+	files, err := filepath.Glob(filepath.Join(root, "deploy", "crds", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CRDs in deploy/crds: %v", err)
+	}
+	for _, f := range files {
+		var crd CRD
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(b, &crd); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if !m.Has("CustomResourceDefinition", crd.Name) {
+			t.Errorf("CRD %s (%s) is not in deploy/kustomization.yaml", crd.Name, filepath.Base(f))
+		}
+	}
+
+	for _, s := range Services {
+		d, _ := m.Deployment(s)
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+			t.Errorf("Deployment %s: replicas %v, want 2", s, d.Spec.Replicas)
+		}
+		c, _ := container(t, m, s)
+		e, ok := EnvVar(c, "POD_NAMESPACE")
+		if !ok || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+			t.Errorf("%s: POD_NAMESPACE does not come from the downward API (metadata.namespace)", s)
+		}
+		if u, ok := FlagValue(c, "nats-url"); !ok {
+			t.Errorf("%s: -nats-url is not set", s)
+		} else {
+			checkNATSURL(t, m, s, u)
+		}
+	}
+
+	// Watcher: leader election on, its Lease in the pod's namespace.
+	watcher, _ := container(t, m, "watcher")
+	if v, ok := FlagValue(watcher, "leader-elect"); ok && v != "true" {
+		t.Errorf("watcher: -leader-elect=%s, want true with 2 replicas", v)
+	}
+	if v, ok := FlagValue(watcher, "leader-election-namespace"); ok && Expand(v, watcher.Env, namespace) != namespace {
+		t.Errorf("watcher: -leader-election-namespace %q is not the pod's namespace", v)
+	}
+	checkWatcherRBAC(t, m)
+	checkFetcherRBAC(t, m)
+
+	// Fetcher: /tmp is a writable emptyDir, HOME and TMPDIR point at it.
+	fetcher, fetcherPod := container(t, m, "fetcher")
+	if !mountsEmptyDir(fetcher, fetcherPod, "/tmp") {
+		t.Errorf("fetcher: /tmp is not an emptyDir")
+	}
+	for _, n := range []string{"HOME", "TMPDIR"} {
+		if v, _ := EnvValue(fetcher, n); v != "/tmp" {
+			t.Errorf("fetcher: %s=%q, want /tmp", n, v)
+		}
+	}
+
+	// Shared directory storage on a ReadWriteMany claim at /data.
+	for _, pvc := range m.PVCs {
+		if pvc.Name == "headwater-artifacts" && !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
+			t.Errorf("PVC headwater-artifacts: access modes %v, want ReadWriteMany", pvc.Spec.AccessModes)
+		}
+	}
+	for _, s := range storageServices {
+		c, pod := container(t, m, s)
+		if claim := mountedClaim(c, pod, "/data"); claim != "headwater-artifacts" {
+			t.Errorf("%s: /data is %q, want the PVC headwater-artifacts", s, claim)
+		}
+		if v, _ := FlagValue(c, "storage-backend"); v != "dir" {
+			t.Errorf("%s: -storage-backend=%q, want dir", s, v)
+		}
+		if v, ok := FlagValue(c, "storage-path"); ok && v != "/data" {
+			t.Errorf("%s: -storage-path=%q, want /data", s, v)
+		}
+	}
+	if _, ok := EnvVar(watcher, EnvName("storage-backend")); ok {
+		t.Errorf("watcher: sets storage flags it does not have")
+	}
+
+	checkArtifactService(t, m)
+	checkNATS(t, m)
+}
+
+// checkNATSURL checks that a service's NATS URL names the nats Service and
+// one of its ports.
+func checkNATSURL(t *testing.T, m *Manifests, service, raw string) {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "nats" {
+		t.Errorf("%s: -nats-url %q is not a nats:// URL", service, raw)
+		return
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		t.Errorf("%s: -nats-url %q: %v", service, raw, err)
+		return
+	}
+	name, _, _ := strings.Cut(host, ".")
+	svc, ok := m.Service(name)
+	if !ok {
+		t.Errorf("%s: -nats-url %q names no Service", service, raw)
+		return
+	}
+	for _, p := range svc.Spec.Ports {
+		if port == itoa(p.Port) {
+			return
+		}
+	}
+	t.Errorf("%s: -nats-url %q: Service %s has no port %s", service, raw, name, port)
+}
+
+func checkWatcherRBAC(t *testing.T, m *Manifests) {
+	t.Helper()
+	role, ok := m.ClusterRole("headwater-watcher")
+	if !ok {
+		t.Fatal("no ClusterRole headwater-watcher")
+	}
+	const group = "source.toolkit.fluxcd.io"
+	for _, kind := range []string{"gitrepositories", "helmrepositories", "helmcharts", "buckets", "ocirepositories"} {
+		for _, verb := range []string{"get", "list", "watch", "patch", "update"} {
+			if !Allows(role.Rules, group, kind, verb) {
+				t.Errorf("watcher cannot %s %s", verb, kind)
+			}
+		}
+		for _, sub := range []string{"status", "finalizers"} {
+			for _, verb := range []string{"patch", "update"} {
+				if !Allows(role.Rules, group, kind+"/"+sub, verb) {
+					t.Errorf("watcher cannot %s %s/%s", verb, kind, sub)
+				}
+			}
+		}
+	}
+	for _, g := range []string{"", "events.k8s.io"} {
+		for _, verb := range []string{"create", "patch"} {
+			if !Allows(role.Rules, g, "events", verb) {
+				t.Errorf("watcher cannot %s events in group %q", verb, g)
+			}
+		}
+	}
+	if Allows(role.Rules, "", "secrets", "get") {
+		t.Errorf("watcher can read Secrets; only the fetcher needs them")
+	}
+	le, ok := m.Role("headwater-watcher-leader-election")
+	if !ok {
+		t.Fatal("no Role headwater-watcher-leader-election")
+	}
+	for _, verb := range []string{"get", "create", "update"} {
+		if !Allows(le.Rules, "coordination.k8s.io", "leases", verb) {
+			t.Errorf("watcher cannot %s leases", verb)
+		}
+	}
+	bound := false
+	for _, b := range m.RoleBindings {
+		if b.RoleRef.Name == le.Name && slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool { return s.Name == "watcher" }) {
+			bound = true
+		}
+	}
+	if !bound {
+		t.Errorf("Role %s is not bound to the watcher", le.Name)
+	}
+}
+
+func checkFetcherRBAC(t *testing.T, m *Manifests) {
+	t.Helper()
+	role, ok := m.ClusterRole("headwater-fetcher")
+	if !ok {
+		t.Fatal("no ClusterRole headwater-fetcher")
+	}
+	for _, r := range []string{"secrets", "configmaps"} {
+		if !Allows(role.Rules, "", r, "get") {
+			t.Errorf("fetcher cannot get %s", r)
+		}
+		for _, verb := range []string{"list", "watch", "create", "update", "patch", "delete"} {
+			if Allows(role.Rules, "", r, verb) {
+				t.Errorf("fetcher may %s %s; it needs get only", verb, r)
+			}
+		}
+	}
+	for _, rule := range role.Rules {
+		for _, r := range rule.Resources {
+			if r != "secrets" && r != "configmaps" {
+				t.Errorf("fetcher may access %s; it needs secrets and configmaps only", r)
+			}
+		}
+	}
+	// The fetcher reads Secrets; no other Headwater pod carries a token
+	// bound to that role.
+	for _, b := range m.ClusterRoleBindings {
+		if b.RoleRef.Name != role.Name {
+			continue
+		}
+		for _, s := range b.Subjects {
+			if s.Name != "fetcher" {
+				t.Errorf("ClusterRole %s is bound to %s", role.Name, s.Name)
+			}
+		}
+	}
+	for _, s := range []string{"packager", "artifact-server"} {
+		_, pod := container(t, m, s)
+		if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+			t.Errorf("%s mounts a service account token but never talks to Kubernetes", s)
+		}
+	}
+}
+
+// checkArtifactService checks the Service that makes artifact URLs look like
+// Flux's: source-controller:80 -> artifact-server's -storage-addr.
+func checkArtifactService(t *testing.T, m *Manifests) {
+	t.Helper()
+	svc, ok := m.Service("source-controller")
+	if !ok {
+		t.Fatal("no Service source-controller")
+	}
+	c, _ := container(t, m, "artifact-server")
+	addr, ok := FlagValue(c, "storage-addr")
+	if !ok {
+		addr = ":9090" // the flag's default
+	}
+	listen, err := addrPort(addr)
+	if err != nil {
+		t.Fatalf("artifact-server -storage-addr %q: %v", addr, err)
+	}
+	found := false
+	for _, p := range svc.Spec.Ports {
+		if p.Port != 80 {
+			continue
+		}
+		found = true
+		port, err := ContainerPort(c, p.TargetPort)
+		if err != nil {
+			t.Errorf("Service source-controller: %v", err)
+		} else if port != listen {
+			t.Errorf("Service source-controller:80 targets %d, but the artifact-server listens on %d", port, listen)
+		}
+	}
+	if !found {
+		t.Errorf("Service source-controller has no port 80")
+	}
+	adv, ok := FlagValue(c, "storage-adv-addr")
+	if want := "source-controller." + namespace + ".svc.cluster.local."; !ok || Expand(adv, c.Env, namespace) != want {
+		t.Errorf("artifact-server -storage-adv-addr %q, want it to expand to %q", adv, want)
+	}
+}
+
+// checkNATS checks the JetStream server: a StatefulSet with a volume claim,
+// and a configuration nats-server itself accepts with JetStream on that
+// volume.
+func checkNATS(t *testing.T, m *Manifests) {
+	t.Helper()
+	i := slices.IndexFunc(m.StatefulSets, func(s appsv1.StatefulSet) bool { return s.Name == "nats" })
+	if i < 0 {
+		t.Fatal("no StatefulSet nats")
+	}
+	sts := m.StatefulSets[i]
+	if len(sts.Spec.VolumeClaimTemplates) == 0 {
+		t.Errorf("StatefulSet nats has no volumeClaimTemplates")
+	}
+	pod := sts.Spec.Template.Spec
+	c := pod.Containers[0]
+	if !strings.HasPrefix(c.Image, "nats:") {
+		t.Errorf("nats image %q", c.Image)
+	}
+	config, ok := ArgValue(c.Args, "config")
+	if !ok {
+		t.Fatalf("nats: no --config argument in %v", c.Args)
+	}
+	var mount corev1.VolumeMount
+	for _, vm := range c.VolumeMounts {
+		if strings.HasPrefix(config, vm.MountPath+"/") {
+			mount = vm
+		}
+	}
+	vi := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == mount.Name })
+	if vi < 0 || pod.Volumes[vi].ConfigMap == nil {
+		t.Fatalf("nats: %s is not in a ConfigMap volume", config)
+	}
+	cm, ok := m.ConfigMap(pod.Volumes[vi].ConfigMap.Name)
+	if !ok {
+		t.Fatalf("nats: no ConfigMap %s", pod.Volumes[vi].ConfigMap.Name)
+	}
+	text, ok := cm.Data[strings.TrimPrefix(config, mount.MountPath+"/")]
+	if !ok {
+		t.Fatalf("nats: ConfigMap %s has no key for %s", cm.Name, config)
+	}
+	file := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("POD_NAME", "nats-0")
+	opts, err := server.ProcessConfigFile(file)
+	if err != nil {
+		t.Fatalf("nats-server rejects the configuration: %v", err)
+	}
+	if !opts.JetStream {
+		t.Errorf("nats: JetStream is off")
+	}
+	if opts.ServerName != "nats-0" {
+		t.Errorf("nats: server_name %q, want the pod name", opts.ServerName)
+	}
+	dataMounted := slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool {
+		return vm.MountPath == opts.StoreDir && slices.ContainsFunc(sts.Spec.VolumeClaimTemplates, func(p corev1.PersistentVolumeClaim) bool { return p.Name == vm.Name })
+	})
+	if !dataMounted {
+		t.Errorf("nats: store_dir %q is not a volume claim", opts.StoreDir)
+	}
+	for _, want := range []struct {
+		name string
+		port int
+	}{{"client", opts.Port}, {"monitor", opts.HTTPPort}} {
+		got := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == want.name && int(p.ContainerPort) == want.port })
+		if got < 0 {
+			t.Errorf("nats: no container port %s = %d (the configuration's)", want.name, want.port)
+		}
+	}
+}
+
+func TestDeployS3Overlay(t *testing.T) {
+	m, _ := build(t, filepath.Join("deploy", "overlays", "s3"))
+	if len(m.PVCs) != 0 {
+		t.Errorf("the S3 overlay keeps PVCs %v", m.Names("PersistentVolumeClaim"))
+	}
+	for _, s := range Services {
+		if !m.Has("Deployment", s) {
+			t.Errorf("the S3 overlay lost Deployment %s", s)
+		}
+	}
+	for _, s := range storageServices {
+		c, pod := container(t, m, s)
+		if v, _ := FlagValue(c, "storage-backend"); v != "s3" {
+			t.Errorf("%s: -storage-backend=%q, want s3", s, v)
+		}
+		if _, ok := EnvVar(c, EnvName("storage-path")); ok {
+			t.Errorf("%s: still sets %s", s, EnvName("storage-path"))
+		}
+		for _, v := range pod.Volumes {
+			if v.PersistentVolumeClaim != nil {
+				t.Errorf("%s: still mounts PVC %s", s, v.PersistentVolumeClaim.ClaimName)
+			}
+		}
+		for _, vm := range c.VolumeMounts {
+			if vm.MountPath == "/data" {
+				t.Errorf("%s: still mounts /data", s)
+			}
+		}
+		for flag, key := range map[string]string{
+			"storage-s3-access-key": "accesskey",
+			"storage-s3-secret-key": "secretkey",
+			"storage-s3-bucket":     "bucket",
+			"storage-s3-endpoint":   "endpoint",
+		} {
+			e, ok := EnvVar(c, EnvName(flag))
+			if !ok || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+				e.ValueFrom.SecretKeyRef.Name != s3Secret || e.ValueFrom.SecretKeyRef.Key != key {
+				t.Errorf("%s: %s does not come from Secret %s key %s", s, EnvName(flag), s3Secret, key)
+			}
+			if ok && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && key != "region" &&
+				e.ValueFrom.SecretKeyRef.Optional != nil && *e.ValueFrom.SecretKeyRef.Optional {
+				t.Errorf("%s: %s is optional", s, EnvName(flag))
+			}
+		}
+	}
+}
+
+// TestKEDAExample checks the sample ScaledObjects against the bus contract:
+// the stream and consumer names in pkg/events and the nats Service.
+func TestKEDAExample(t *testing.T) {
+	root := repoRoot(t)
+	m, err := Build(filepath.Join(root, "deploy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := os.ReadFile(filepath.Join(root, "pkg", "events", "streams.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	constant := func(name string) string {
+		t.Helper()
+		mm := regexp.MustCompile(name + `\s*=\s*"([^"]+)"`).FindSubmatch(events)
+		if mm == nil {
+			t.Fatalf("pkg/events/streams.go: no constant %s", name)
+		}
+		return string(mm[1])
+	}
+	want := map[string][2]string{
+		"fetcher":  {constant("FetchStream"), constant("FetcherConsumer")},
+		"packager": {constant("PackageStream"), constant("PackagerConsumer")},
+	}
+
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "examples", "keda-scaledobjects.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type scaledObject struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			Namespace string `json:"namespace"`
+		} `json:"metadata"`
+		Spec struct {
+			ScaleTargetRef struct {
+				Name string `json:"name"`
+			} `json:"scaleTargetRef"`
+			MinReplicaCount *int `json:"minReplicaCount"`
+			MaxReplicaCount *int `json:"maxReplicaCount"`
+			Triggers        []struct {
+				Type     string            `json:"type"`
+				Metadata map[string]string `json:"metadata"`
+			} `json:"triggers"`
+		} `json:"spec"`
+	}
+	seen := map[string]bool{}
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		var so scaledObject
+		if err := yaml.Unmarshal([]byte(doc), &so); err != nil {
+			t.Fatal(err)
+		}
+		if so.Kind != "ScaledObject" {
+			continue
+		}
+		target := so.Spec.ScaleTargetRef.Name
+		seen[target] = true
+		w, ok := want[target]
+		if !ok {
+			t.Errorf("ScaledObject scales %q, not the fetcher or the packager", target)
+			continue
+		}
+		if so.Metadata.Namespace != namespace {
+			t.Errorf("ScaledObject for %s in namespace %q", target, so.Metadata.Namespace)
+		}
+		if so.Spec.MinReplicaCount == nil || *so.Spec.MinReplicaCount < 1 {
+			t.Errorf("ScaledObject for %s may scale to zero: a pending job would wait for the first poll", target)
+		}
+		if len(so.Spec.Triggers) != 1 || so.Spec.Triggers[0].Type != "nats-jetstream" {
+			t.Errorf("ScaledObject for %s: want one nats-jetstream trigger", target)
+			continue
+		}
+		md := so.Spec.Triggers[0].Metadata
+		if md["stream"] != w[0] || md["consumer"] != w[1] {
+			t.Errorf("ScaledObject for %s: stream/consumer %s/%s, want %s/%s", target, md["stream"], md["consumer"], w[0], w[1])
+		}
+		host, port, err := net.SplitHostPort(md["natsServerMonitoringEndpoint"])
+		name, ns, _ := strings.Cut(host, ".")
+		ns, _, _ = strings.Cut(ns, ".")
+		svc, ok := m.Service(name)
+		if err != nil || !ok || ns != namespace || !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return itoa(p.Port) == port }) {
+			t.Errorf("ScaledObject for %s: monitoring endpoint %q is not a port of a Service in %s", target, md["natsServerMonitoringEndpoint"], namespace)
+		}
+	}
+	for target := range want {
+		if !seen[target] {
+			t.Errorf("no ScaledObject for %s", target)
+		}
+	}
+}
+
+// mountsEmptyDir reports whether c mounts an emptyDir at path.
+func mountsEmptyDir(c corev1.Container, pod corev1.PodSpec, path string) bool {
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath != path {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == vm.Name && v.EmptyDir != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mountedClaim returns the PVC c mounts at path, if any.
+func mountedClaim(c corev1.Container, pod corev1.PodSpec, path string) string {
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath != path {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == vm.Name && v.PersistentVolumeClaim != nil {
+				return v.PersistentVolumeClaim.ClaimName
+			}
+		}
+	}
+	return ""
+}
+
+func itoa(i int32) string { return strconv.Itoa(int(i)) }
+
+// TestDeployBaseAlone checks that deploy/base is deploy/ without the CRDs,
+// for clusters that have Flux's CRDs already.
+func TestDeployBaseAlone(t *testing.T) {
+	m, _ := build(t, filepath.Join("deploy", "base"))
+	full, err := Build(filepath.Join(repoRoot(t), "deploy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.CRDs) != 0 {
+		t.Errorf("deploy/base installs CRDs %v", m.Names("CustomResourceDefinition"))
+	}
+	if len(full.CRDs) == 0 || m.Count != full.Count-len(full.CRDs) {
+		t.Errorf("deploy/base renders %d resources, deploy/ %d of which %d CRDs", m.Count, full.Count, len(full.CRDs))
+	}
+}

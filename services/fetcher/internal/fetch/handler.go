@@ -1,0 +1,240 @@
+// Package fetch is the fetcher's job handler: it takes a FetchRequested off
+// the bus, asks the Source of the job's kind for the upstream revision,
+// answers FetchUnchanged when the stored artifact already holds it, and
+// otherwise downloads the content, stages it as a tar in the shared storage
+// and hands it to the packager with a Fetched job. Failures become
+// FetchFailed outcomes with Flux's reasons and messages.
+package fetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-logr/logr"
+
+	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+)
+
+// Notice reasons the fetcher reports besides the outcome.
+const (
+	// ArtifactVerificationFailedReason: the stored artifact does not match
+	// its digest and is rebuilt (Flux's Event reason).
+	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
+	// ArtifactMissingReason: the stored artifact is gone and is rebuilt.
+	ArtifactMissingReason = "ArtifactMissing"
+)
+
+// Publisher publishes CloudEvents; *bus.Publisher is one.
+type Publisher interface {
+	Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error
+}
+
+// errStagingStopped ends the archive writer when storage stops reading.
+var errStagingStopped = errors.New("staging stopped")
+
+// Handler handles fetch jobs.
+type Handler struct {
+	// Sources fetch each kind, keyed by kind ("GitRepository").
+	Sources map[string]source.Source
+	// Storage holds the artifacts and the staging area.
+	Storage storage.Storage
+	// Publisher publishes results.
+	Publisher Publisher
+	// MaxAttempts bounds the attempts of a job that keeps failing
+	// transiently; the last failure is final.
+	MaxAttempts uint64
+	// MaxFileSize, when positive, fails a fetch with a larger file.
+	MaxFileSize int64
+	// TempDir is where downloads go; the system's when empty.
+	TempDir string
+	// Metrics, when set, records fetch durations and bytes.
+	Metrics *Metrics
+}
+
+// Handle is a bus.Handler for the fetch stream.
+func (h *Handler) Handle(ctx context.Context, msg *events.Message, d bus.Delivery) error {
+	req, ok := msg.Data.(*events.FetchRequested)
+	if !ok {
+		return bus.Terminal(fmt.Errorf("unexpected event type %s on the fetch stream", msg.Event.Type()))
+	}
+	start := time.Now()
+	kind := req.Job.Object.Kind
+	log := logr.FromContextOrDiscard(ctx)
+
+	result, err := h.fetch(ctx, req)
+	if err == nil {
+		h.observe(kind, result, start)
+		return nil
+	}
+	var ferr *source.Error
+	if !errors.As(err, &ferr) {
+		// Not the fetch's fault (the bus, the storage): retry.
+		return err
+	}
+	if ctx.Err() != nil {
+		// Shutting down: the job goes to another replica, unreported.
+		return ctx.Err()
+	}
+	h.observe(kind, ResultFailed, start)
+	failure := ferr.Failure()
+	log.Info("fetch failed", "reason", failure.Reason, "message", failure.Message, "stalled", failure.Stalled)
+	out := &events.Outcome{Job: req.Job, Failure: failure}
+	if perr := h.Publisher.Publish(ctx, events.PublishSubject(kind), events.TypeFetchFailed, req.Job, out); perr != nil {
+		return perr
+	}
+	switch {
+	case ferr.Handling != source.Transient:
+		return bus.Terminal(failure)
+	case h.MaxAttempts > 0 && d.Attempt >= h.MaxAttempts:
+		return bus.Terminal(fmt.Errorf("giving up after %d attempts: %w", d.Attempt, failure))
+	default:
+		return failure
+	}
+}
+
+// fetch does the job and publishes its result, except a failure, which it
+// returns as a *source.Error; any other error is the platform's.
+func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string, error) {
+	kind := req.Job.Object.Kind
+	src, ok := h.Sources[kind]
+	if !ok {
+		return "", source.StalledError(source.UnsupportedKindReason, "fetching sources of kind '%s' is not supported", kind)
+	}
+	// The spec's timeout bounds the work; publishing the result is not
+	// part of it.
+	work, cancel := context.WithTimeout(ctx, src.Timeout(req))
+	defer cancel()
+	log := logr.FromContextOrDiscard(ctx)
+
+	res, err := src.Resolve(work, req)
+	if err != nil {
+		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
+	}
+	revision := res.Revision()
+
+	var notices []events.Notice
+	if prev := req.Previous; prev != nil && !req.Force && revision != "" && revision == prev.Revision {
+		notice, err := h.verify(work, prev)
+		if err != nil {
+			return "", err
+		}
+		if notice == nil {
+			out := &events.Outcome{Job: req.Job, Revision: revision, Artifact: prev}
+			if err := h.Publisher.Publish(ctx, events.PublishSubject(kind), events.TypeFetchUnchanged, req.Job, out); err != nil {
+				return "", err
+			}
+			log.V(1).Info("revision unchanged", "revision", revision)
+			return ResultUnchanged, nil
+		}
+		log.Info("stored artifact is not usable: rebuilding", "reason", notice.Reason, "message", notice.Message)
+		notices = append(notices, *notice)
+	}
+
+	dir, err := os.MkdirTemp(h.TempDir, "fetch-")
+	if err != nil {
+		return "", &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
+			Err: fmt.Errorf("failed to create temporary working directory: %w", err)}
+	}
+	defer func() {
+		if err := os.RemoveAll(dir); err != nil {
+			log.Error(err, "removing temporary working directory", "dir", dir)
+		}
+	}()
+	content, err := res.Download(work, dir)
+	if err != nil {
+		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
+	}
+
+	key := storage.StagingKey(req.Job.ID)
+	size, err := h.stage(work, key, content)
+	if err != nil {
+		return "", err
+	}
+	if h.Metrics != nil {
+		h.Metrics.bytes.WithLabelValues(kind).Add(float64(size))
+	}
+	out := &events.Fetched{
+		Job:          req.Job,
+		Revision:     content.Revision,
+		Staging:      key,
+		ArtifactName: content.ArtifactName,
+		EventMessage: content.EventMessage,
+		Notices:      notices,
+	}
+	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
+		return "", err
+	}
+	log.Info("content staged", "revision", content.Revision, "staging", key, "bytes", size)
+	return ResultFetched, nil
+}
+
+// verify checks that the previous artifact is stored intact. It returns the
+// notice to carry when it is not; an error only when storage cannot tell.
+func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Notice, error) {
+	err := storage.Verify(ctx, h.Storage, prev.Path, prev.Digest)
+	var mismatch *storage.DigestMismatchError
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrInvalidKey):
+		return &events.Notice{Warning: true, Reason: ArtifactMissingReason,
+			Message: fmt.Sprintf("artifact '%s' is missing from storage: rebuilding", prev.Path)}, nil
+	case errors.As(err, &mismatch):
+		return &events.Notice{Warning: true, Reason: ArtifactVerificationFailedReason, Message: mismatch.Error()}, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	default:
+		// An unreadable artifact is rebuilt like a corrupt one.
+		return &events.Notice{Warning: true, Reason: ArtifactVerificationFailedReason,
+			Message: fmt.Sprintf("failed to verify integrity of artifact: %s", err.Error())}, nil
+	}
+}
+
+// stage streams the tar of content into storage at key and returns its
+// size. An archiving failure is a *source.Error; a storage failure is not.
+func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := archive.WriteTar(ctx, pw, content.Root, archive.TarOptions{Exclude: content.Exclude, MaxFileSize: h.MaxFileSize})
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	info, err := h.Storage.Put(ctx, key, pr)
+	// Unblock the writer if Put stopped reading early.
+	pr.CloseWithError(errStagingStopped)
+	if werr := <-done; werr != nil && !errors.Is(werr, errStagingStopped) {
+		handling := source.Transient
+		if errors.Is(werr, archive.ErrTooLarge) {
+			// The same content is as large the next time.
+			handling = source.Final
+		}
+		return 0, &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+			Handling: handling, Err: fmt.Errorf("unable to archive artifact to storage: %w", werr)}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// The spec's timeout ran out while staging.
+			return 0, &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+				Err: fmt.Errorf("unable to archive artifact to storage: %w", ctx.Err())}
+		}
+		return 0, fmt.Errorf("stage %s: %w", key, err)
+	}
+	return info.Size, nil
+}
+
+func (h *Handler) observe(kind, result string, start time.Time) {
+	if h.Metrics != nil {
+		h.Metrics.duration.WithLabelValues(kind, result).Observe(time.Since(start).Seconds())
+	}
+}

@@ -1,0 +1,39 @@
+package fetch
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+)
+
+// Results of a fetch, the result label of the fetch metrics.
+const (
+	ResultFetched   = "fetched"
+	ResultUnchanged = "unchanged"
+	ResultFailed    = "failed"
+)
+
+// Metrics are the fetcher's own families:
+// headwater_fetch_duration_seconds{kind,result} and
+// headwater_fetch_bytes_total{kind}.
+type Metrics struct {
+	duration *prometheus.HistogramVec
+	bytes    *prometheus.CounterVec
+}
+
+// NewMetrics registers the fetch families on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_duration_seconds",
+			Help:    "Time to fetch one source, from resolving its revision to staging its content, by kind and result (fetched, unchanged, failed).",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"kind", "result"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_bytes_total",
+			Help: "Bytes of content staged for packaging, by kind.",
+		}, []string{"kind"}),
+	}
+	reg.MustRegister(m.duration, m.bytes)
+	return m
+}

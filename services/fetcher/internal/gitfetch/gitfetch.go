@@ -1,0 +1,318 @@
+// Package gitfetch fetches GitRepository sources over HTTP(S) with go-git:
+// it resolves spec.ref to a commit with Flux's precedence by listing the
+// remote's references (no clone), and downloads a commit's tree with the
+// smallest fetch that holds it (depth 1 for a branch, tag or name; the
+// branch's history for a commit). Revisions, reasons and messages are
+// Flux's.
+package gitfetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-git/go-billy/v5/osfs"
+	"github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/config"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/cache"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	"github.com/go-git/go-git/v5/storage/filesystem"
+	"github.com/go-git/go-git/v5/storage/memory"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+)
+
+// Kind is the source kind this package fetches.
+const Kind = sourcev1.GitRepositoryKind
+
+// targetRef is where a download keeps the fetched reference.
+const targetRef = "refs/headwater/target"
+
+// checkoutPrefix starts the message of every clone and checkout failure,
+// as in Flux.
+const checkoutPrefix = "failed to checkout and determine revision: "
+
+// Source fetches GitRepository sources.
+type Source struct {
+	// Secrets reads the Secrets named by spec.secretRef; nil means none
+	// can be read.
+	Secrets secrets.Reader
+}
+
+var _ source.Source = (*Source)(nil)
+
+// Timeout is spec.timeout, 60s when unset.
+func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
+	if spec := req.GitRepository; spec != nil && spec.Timeout != nil && spec.Timeout.Duration > 0 {
+		return spec.Timeout.Duration
+	}
+	return source.DefaultTimeout
+}
+
+// Resolve validates the spec, reads its Secret and resolves spec.ref to a
+// commit. A commit given in the spec is resolved without asking the remote.
+func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
+	spec := req.GitRepository
+	if spec == nil {
+		return nil, source.StalledError(source.InvalidSpecReason, "fetch request for %s '%s/%s' has no GitRepository spec",
+			req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name)
+	}
+	u, err := url.Parse(spec.URL)
+	if err != nil {
+		return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': %w", spec.URL, err)
+	}
+	switch u.Scheme {
+	case "http", "https":
+	case "ssh":
+		return nil, source.StalledError(sourcev1.GitOperationFailedReason,
+			"failed to checkout and determine revision: ssh transport is not supported yet: '%s'", spec.URL)
+	default:
+		return nil, source.StalledError(sourcev1.URLInvalidReason,
+			"failed to parse url '%s': unsupported scheme '%s': http and https are supported", spec.URL, u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': no host", spec.URL)
+	}
+	r, err := newRef(spec.Reference)
+	if err != nil {
+		return nil, err
+	}
+	creds, err := s.authenticate(ctx, req, u)
+	if err != nil {
+		return nil, err
+	}
+	res := &resolved{url: spec.URL, ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil}
+	if err := res.resolve(ctx); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// resolved is a spec.ref resolved to a commit.
+type resolved struct {
+	url         string
+	ref         *ref
+	creds       *credentials
+	ignore      *string
+	hadArtifact bool
+
+	// reference is the full name of the reference to fetch ("" for all
+	// branches), commit the commit it resolved to.
+	reference string
+	commit    string
+}
+
+// Revision is the resolved revision in Flux's format.
+func (r *resolved) Revision() string {
+	return Revision(r.revisionRef(), r.commit, r.ref.absolute())
+}
+
+// revisionRef is the reference revisions are formatted with.
+func (r *resolved) revisionRef() string {
+	if r.ref.name != "" {
+		return r.ref.name
+	}
+	return r.reference
+}
+
+// resolve finds the commit, listing the remote unless the spec names it.
+func (r *resolved) resolve(ctx context.Context) error {
+	switch r.ref.kind {
+	case refCommit:
+		r.commit = r.ref.commit
+		switch {
+		case r.ref.name != "":
+			r.reference = r.ref.name
+		case r.ref.branch != "":
+			r.reference = plumbing.NewBranchReferenceName(r.ref.branch).String()
+		}
+		return nil
+	case refName:
+		r.reference = r.ref.name
+	case refTag:
+		r.reference = plumbing.NewTagReferenceName(r.ref.tag).String()
+	case refBranch:
+		r.reference = plumbing.NewBranchReferenceName(r.ref.branch).String()
+	}
+	l, err := r.list(ctx)
+	if err != nil {
+		return err
+	}
+	if r.ref.kind == refSemVer {
+		tag, ok := l.highestTag(r.ref.semver)
+		if !ok {
+			return source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"no match found for semver: %s", r.ref.expr)
+		}
+		r.reference = plumbing.NewTagReferenceName(tag).String()
+	}
+	commit, ok := l.commit(r.reference)
+	if !ok {
+		if r.ref.kind == refName {
+			return source.Failed(sourcev1.GitOperationFailedReason,
+				checkoutPrefix+"unable to resolve ref '%s' to a specific commit", r.reference)
+		}
+		return source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to clone '%s': %w", r.url, notFound(r.reference))
+	}
+	r.commit = commit
+	return nil
+}
+
+// list asks the remote for its references.
+func (r *resolved) list(ctx context.Context) (*listed, error) {
+	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{r.url}})
+	refs, err := remote.ListContext(ctx, &git.ListOptions{
+		Auth:          r.creds.method,
+		CABundle:      r.creds.ca,
+		PeelingOption: git.AppendPeeled,
+	})
+	if err != nil {
+		// Flux words it as a clone, or as a list when it had an artifact
+		// to compare with.
+		format := checkoutPrefix + "unable to clone '%s': %w"
+		if r.hadArtifact {
+			format = checkoutPrefix + "unable to list remote for '%s': %w"
+		}
+		return nil, gitError(err, format, r.url)
+	}
+	return newListed(refs), nil
+}
+
+// Download fetches the commit into dir/git and checks its tree out in
+// dir/tree.
+func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, error) {
+	gitDir, tree := filepath.Join(dir, "git"), filepath.Join(dir, "tree")
+	if err := os.MkdirAll(tree, 0o755); err != nil {
+		return nil, source.Failed(sourcev1.DirCreationFailedReason, "failed to create temporary working directory: %w", err)
+	}
+	storer := filesystem.NewStorage(osfs.New(gitDir), cache.NewObjectLRUDefault())
+	repo, err := git.Init(storer, osfs.New(tree))
+	if err != nil {
+		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to init repository: %w", err)
+	}
+	if _, err := repo.CreateRemote(&config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{r.url}}); err != nil {
+		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to configure remote: %w", err)
+	}
+	opts := &git.FetchOptions{
+		RemoteName: git.DefaultRemoteName,
+		Auth:       r.creds.method,
+		CABundle:   r.creds.ca,
+		Tags:       git.NoTags,
+	}
+	src := r.reference
+	if base, ok := strings.CutSuffix(src, tagDereferenceSuffix); ok {
+		src = base
+	}
+	if r.ref.kind == refCommit {
+		// The commit may be anywhere in the history: fetch all of it.
+		if src == "" {
+			opts.RefSpecs = []config.RefSpec{"+refs/heads/*:refs/remotes/origin/*"}
+		} else {
+			opts.RefSpecs = []config.RefSpec{config.RefSpec("+" + src + ":" + targetRef)}
+		}
+	} else {
+		opts.RefSpecs = []config.RefSpec{config.RefSpec("+" + src + ":" + targetRef)}
+		opts.Depth = 1
+	}
+	if err := repo.FetchContext(ctx, opts); err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
+		return nil, gitError(err, checkoutPrefix+"unable to clone '%s': %w", r.url)
+	}
+
+	commit, err := r.fetchedCommit(repo)
+	if err != nil {
+		return nil, err
+	}
+	wt, err := repo.Worktree()
+	if err != nil {
+		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to open repo worktree: %w", err)
+	}
+	if err := wt.Checkout(&git.CheckoutOptions{Hash: commit.Hash, Force: true}); err != nil {
+		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to checkout commit '%s': %w", commit.Hash, err)
+	}
+	// go-git links a work tree to a separate object store with a .git file.
+	if err := os.Remove(filepath.Join(tree, git.GitDirName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to unlink work tree: %w", err)
+	}
+	if err := resolveSymlinks(tree); err != nil {
+		return nil, &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+			Err: fmt.Errorf("failed to resolve symlinks in repository: %w", err)}
+	}
+	filter, err := ignore.Load(tree, r.ignore)
+	if err != nil {
+		return nil, source.Failed("SourceIgnoreError", "%w", err)
+	}
+	hash := commit.Hash.String()
+	return &source.Content{
+		Root:         tree,
+		Exclude:      excludeGitDir(filter.Exclude),
+		Revision:     Revision(r.revisionRef(), hash, r.ref.absolute()),
+		ArtifactName: hash + ".tar.gz",
+		EventMessage: fmt.Sprintf("stored artifact for commit '%s'", ShortMessage(commit.Message)),
+	}, nil
+}
+
+// fetchedCommit returns the commit to check out: the spec's commit, or the
+// (peeled) tip of the fetched reference, which may be newer than the
+// listed one if the remote moved in between.
+func (r *resolved) fetchedCommit(repo *git.Repository) (*object.Commit, error) {
+	if r.ref.kind == refCommit {
+		c, err := repo.CommitObject(plumbing.NewHash(r.commit))
+		if err != nil {
+			return nil, source.Failed(sourcev1.GitOperationFailedReason,
+				checkoutPrefix+"unable to resolve commit object for '%s': %w", r.commit, err)
+		}
+		return c, nil
+	}
+	tip, err := repo.Reference(targetRef, true)
+	if err != nil {
+		return nil, source.Failed(sourcev1.GitOperationFailedReason,
+			checkoutPrefix+"unable to clone '%s': %w", r.url, notFound(r.reference))
+	}
+	hash := tip.Hash()
+	if tag, err := repo.TagObject(hash); err == nil {
+		c, err := tag.Commit()
+		if err != nil {
+			return nil, source.Failed(sourcev1.GitOperationFailedReason,
+				checkoutPrefix+"unable to resolve commit object for tag '%s': %w", r.reference, err)
+		}
+		return c, nil
+	}
+	c, err := repo.CommitObject(hash)
+	if err != nil {
+		return nil, source.Failed(sourcev1.GitOperationFailedReason,
+			checkoutPrefix+"unable to resolve commit object for HEAD '%s': %w", hash, err)
+	}
+	return c, nil
+}
+
+// gitError classifies a go-git error: 401 and 403 are authentication
+// failures, an empty repository is Flux's EmptyGitRepository, the rest are
+// transient Git operation failures.
+func gitError(err error, format string, u string) error {
+	switch {
+	case errors.Is(err, transport.ErrEmptyRemoteRepository):
+		return source.Failed(source.EmptyGitRepositoryReason, "git repository is empty")
+	case errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
+		errors.Is(err, transport.ErrInvalidAuthMethod):
+		return source.Failed(sourcev1.AuthenticationFailedReason, format, u, err)
+	default:
+		return source.Failed(sourcev1.GitOperationFailedReason, format, u, err)
+	}
+}
+
+// excludeGitDir leaves any .git entry at the root out, whatever the rules.
+func excludeGitDir(exclude func(string, bool) bool) func(string, bool) bool {
+	return func(rel string, isDir bool) bool {
+		return rel == git.GitDirName || exclude(rel, isDir)
+	}
+}

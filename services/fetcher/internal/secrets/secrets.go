@@ -1,0 +1,118 @@
+// Package secrets reads the Secrets that sources name for their
+// credentials, straight from the Kubernetes API (no cache, no watch): a
+// fetcher reads a few Secrets per job and must see a changed Secret at once.
+package secrets
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+)
+
+// Reader reads the data of a Secret.
+type Reader interface {
+	// Get returns the data of the Secret namespace/name.
+	Get(ctx context.Context, namespace, name string) (map[string][]byte, error)
+}
+
+// Options locate the Kubernetes API server.
+type Options struct {
+	// Kubeconfig is a kubeconfig file; when empty, the KUBECONFIG
+	// environment variable, the in-cluster config and ~/.kube/config are
+	// tried in turn (controller-runtime's loading rules).
+	Kubeconfig string
+}
+
+// BindFlags registers the options on fs.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "",
+		"Kubeconfig file of the cluster whose Secrets hold credentials; default: KUBECONFIG, in-cluster, ~/.kube/config.")
+}
+
+// RESTConfig loads the API server configuration.
+func (o *Options) RESTConfig() (*rest.Config, error) {
+	if o.Kubeconfig != "" {
+		cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: o.Kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("load kubeconfig %s: %w", o.Kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubernetes config: %w", err)
+	}
+	return cfg, nil
+}
+
+// NewReader returns a Reader on the configured cluster. When no cluster is
+// configured it still returns a Reader, whose every Get fails with the
+// reason, together with that reason as the error: a fetcher without a
+// cluster serves every source that needs no Secret.
+func (o *Options) NewReader() (Reader, error) {
+	cfg, err := o.RESTConfig()
+	if err != nil {
+		return Unavailable{Err: err}, err
+	}
+	r, err := NewKubeForConfig(cfg)
+	if err != nil {
+		return Unavailable{Err: err}, err
+	}
+	return r, nil
+}
+
+// Kube reads Secrets through a controller-runtime client.
+type Kube struct {
+	c client.Reader
+}
+
+// NewKube returns a Kube reading through c, which should not be a cached
+// client (reading Secrets through a cache would watch every Secret).
+func NewKube(c client.Reader) *Kube { return &Kube{c: c} }
+
+// NewKubeForConfig returns a Kube with an uncached client for cfg. It does
+// not contact the API server.
+func NewKubeForConfig(cfg *rest.Config) (*Kube, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return NewKube(c), nil
+}
+
+// Get returns the data of the Secret namespace/name.
+func (k *Kube) Get(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+	var s corev1.Secret
+	if err := k.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &s); err != nil {
+		return nil, err
+	}
+	return s.Data, nil
+}
+
+// Unavailable is the Reader of a fetcher that has no cluster to read from.
+type Unavailable struct {
+	// Err says why there is no cluster.
+	Err error
+}
+
+// ErrNoCluster is wrapped by every error of Unavailable.
+var ErrNoCluster = errors.New("no Kubernetes API server is configured")
+
+// Get always fails.
+func (u Unavailable) Get(context.Context, string, string) (map[string][]byte, error) {
+	return nil, fmt.Errorf("%w: %w", ErrNoCluster, u.Err)
+}

@@ -1,0 +1,52 @@
+// Package source is the contract between the fetch job handler and the
+// kinds of source it fetches: a kind implements Source, and the handler does
+// the rest (the unchanged check, staging, publishing and retries) the same
+// way for every kind.
+package source
+
+import (
+	"context"
+	"time"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// DefaultTimeout is the deadline of a whole fetch when the spec sets none,
+// as in Flux.
+const DefaultTimeout = 60 * time.Second
+
+// Source fetches sources of one kind.
+type Source interface {
+	// Timeout is the deadline of the whole fetch of req, from resolving the
+	// revision to staging the content.
+	Timeout(req *events.FetchRequested) time.Duration
+	// Resolve checks req, reads the credentials it names and asks the
+	// upstream for its current revision without downloading any content.
+	// Errors are *Error values.
+	Resolve(ctx context.Context, req *events.FetchRequested) (Resolved, error)
+}
+
+// Resolved is an upstream revision, ready to be downloaded.
+type Resolved interface {
+	// Revision is the upstream revision in Flux's format, e.g.
+	// "main@sha1:<commit>".
+	Revision() string
+	// Download writes the content into dir, an empty directory the caller
+	// removes afterwards, and describes it. Errors are *Error values.
+	Download(ctx context.Context, dir string) (*Content, error)
+}
+
+// Content is downloaded content, ready to be staged.
+type Content struct {
+	// Root is the directory to archive.
+	Root string
+	// Exclude leaves paths out of the archive (see archive.TarOptions).
+	Exclude func(rel string, isDir bool) bool
+	// Revision of the downloaded content, which may be newer than the
+	// resolved one if the upstream moved in between.
+	Revision string
+	// ArtifactName is the file name the artifact is stored under.
+	ArtifactName string
+	// EventMessage is the message of the NewArtifact event, in Flux's words.
+	EventMessage string
+}

@@ -1,0 +1,125 @@
+// Command fetcher takes fetch jobs off NATS JetStream, fetches the sources
+// they name (GitRepository for now), stages their content in the shared
+// storage and publishes the result: Fetched for the packager, or
+// FetchUnchanged / FetchFailed for the artifact-server. Any number of
+// replicas share the work.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/fetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+)
+
+const service = "fetcher"
+
+// options are the fetcher's flags.
+type options struct {
+	bus         bus.Options
+	storage     storage.Options
+	telemetry   telemetry.Options
+	secrets     secrets.Options
+	concurrency int
+	maxAttempts uint64
+	maxFileSize int64
+}
+
+func (o *options) bindFlags(fs *flag.FlagSet) {
+	o.bus.BindFlags(fs)
+	o.storage.BindFlags(fs)
+	o.telemetry.BindFlags(fs, ":9101")
+	o.secrets.BindFlags(fs)
+	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once (and pulled ahead from the bus).")
+	fs.Uint64Var(&o.maxAttempts, "max-attempts", 5, "Attempts of a job that keeps failing transiently before its failure is final.")
+	fs.Int64Var(&o.maxFileSize, "max-file-size", 0, "Largest file a source may contain, in bytes; 0 means no limit.")
+}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet(service, flag.ExitOnError)
+	o.bindFlags(fs)
+	if err := flagenv.Parse(fs, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := run(ctx, o)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, service+":", err)
+		os.Exit(1)
+	}
+}
+
+// run builds the fetcher and handles jobs until ctx ends.
+func run(ctx context.Context, o options) error {
+	if o.concurrency < 1 {
+		return errors.New("--concurrency must be at least 1")
+	}
+	log := o.telemetry.NewLogger(service)
+	ctrllog.SetLogger(log)
+	ctx = logr.NewContext(ctx, log)
+
+	store, err := o.storage.Open()
+	if err != nil {
+		return err
+	}
+	secretReader, err := o.secrets.NewReader()
+	if err != nil {
+		log.Info("no kubernetes cluster: sources that name a secret will fail", "error", err.Error())
+	}
+
+	conn, err := bus.Connect(ctx, o.bus, service, log)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := conn.EnsureStreams(ctx); err != nil {
+		return err
+	}
+	consumer, err := conn.EnsureConsumer(ctx, events.FetchStream,
+		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
+	if err != nil {
+		return err
+	}
+
+	reg := telemetry.NewRegistry()
+	handler := &fetch.Handler{
+		Sources:     map[string]source.Source{gitfetch.Kind: &gitfetch.Source{Secrets: secretReader}},
+		Storage:     store,
+		Publisher:   conn.NewPublisher(service),
+		MaxAttempts: o.maxAttempts,
+		MaxFileSize: o.maxFileSize,
+		Metrics:     fetch.NewMetrics(reg),
+	}
+	worker := &bus.Worker{
+		Service:     service,
+		Consumer:    consumer,
+		Concurrency: o.concurrency,
+		Handler:     handler.Handle,
+		Metrics:     telemetry.NewJobMetrics(reg, service),
+		Log:         log,
+	}
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
+		return err
+	}
+	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind})
+	return worker.Run(ctx)
+}

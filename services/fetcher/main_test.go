@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/gitserver"
+)
+
+func TestFlags(t *testing.T) {
+	var o options
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	o.bindFlags(fs)
+	t.Setenv("HEADWATER_MAX_ATTEMPTS", "7")
+	if err := flagenv.Parse(fs, []string{"-concurrency", "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" {
+		t.Errorf("options = %+v", o)
+	}
+}
+
+// TestRun starts the fetcher as main does, without a cluster, and has it
+// fetch a repository.
+func TestRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+
+	root := t.TempDir()
+	repo, err := gitserver.NewRepo(root, "app", t.TempDir(), "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := repo.Write(map[string]string{"app.yaml": "kind: Namespace\n"}); err != nil {
+		t.Fatal(err)
+	}
+	commit, err := repo.Commit("add app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &gitserver.Server{Root: root}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Stop() }()
+
+	var o options
+	o.bindFlags(flag.NewFlagSet(service, flag.ContinueOnError))
+	o.bus.URL = ns.ClientURL()
+	o.storage.Path = t.TempDir()
+	o.telemetry.Addr = freeAddr(t)
+	o.telemetry.LogLevel = "error"
+	o.secrets.Kubeconfig = filepath.Join(t.TempDir(), "no-cluster")
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, o) }()
+
+	waitReady(t, "http://"+o.telemetry.Addr+"/readyz")
+
+	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "test", logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := &events.FetchRequested{
+		Job:           events.Job{ID: "job-1", Object: events.ObjectRef{Kind: sourcev1.GitRepositoryKind, Namespace: "default", Name: "app"}},
+		GitRepository: &sourcev1.GitRepositorySpec{URL: srv.RepoURL("app"), Reference: &sourcev1.GitRepositoryRef{Branch: "main"}},
+	}
+	if err := conn.NewPublisher("test").Publish(ctx, events.FetchSubject(sourcev1.GitRepositoryKind), events.TypeFetchRequested, req.Job, req); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := conn.EnsureConsumer(ctx, events.PackageStream, events.Consumer(events.PackageStream, "test", events.ConsumerOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(30 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := events.Decode(msg.Data())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := m.Data.(*events.Fetched); !ok || f.Revision != "main@sha1:"+commit {
+		t.Errorf("fetched = %+v, want revision main@sha1:%s", m.Data, commit)
+	}
+
+	// The job is counted once the handler returns, just after it publishes.
+	families := []string{"headwater_fetch_duration_seconds", "headwater_fetch_bytes_total", `headwater_jobs_total{result="success"`}
+	deadline := time.Now().Add(30 * time.Second)
+	for missing := families; len(missing) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %q after 30s", missing)
+		}
+		body := get(t, "http://"+o.telemetry.Addr+"/metrics")
+		missing = nil
+		for _, family := range families {
+			if !strings.Contains(body, family) {
+				missing = append(missing, family)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func waitReady(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(url); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s not ready after 30s", url)
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

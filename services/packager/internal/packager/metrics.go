@@ -1,0 +1,34 @@
+package packager
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+)
+
+// Metrics are the packager's own families, beside the shared job metrics:
+// headwater_artifact_bytes and headwater_gc_deleted_total.
+type Metrics struct {
+	// ArtifactBytes observes the size of every artifact written.
+	ArtifactBytes prometheus.Histogram
+	// GCDeleted counts the artifacts removed by retention.
+	GCDeleted prometheus.Counter
+}
+
+// NewMetrics registers the packager's families on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		ArtifactBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: telemetry.Namespace, Name: "artifact_bytes",
+			Help: "Size in bytes of the artifacts written.",
+			// 1 KiB to 1 GiB, by powers of four.
+			Buckets: prometheus.ExponentialBuckets(1024, 4, 11),
+		}),
+		GCDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "gc_deleted_total",
+			Help: "Artifacts deleted by retention garbage collection.",
+		}),
+	}
+	reg.MustRegister(m.ArtifactBytes, m.GCDeleted)
+	return m
+}

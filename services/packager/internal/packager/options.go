@@ -1,0 +1,68 @@
+package packager
+
+import (
+	// The digest algorithms are only available when their hash is linked.
+	_ "crypto/sha256"
+	_ "crypto/sha512"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
+)
+
+// Options configure how artifacts are written and kept; the flag names and
+// defaults are Flux source-controller's.
+type Options struct {
+	// DigestAlgo is the artifact digest algorithm: sha256, sha384 or sha512.
+	DigestAlgo string
+	// RetentionRecords is the number of newest artifacts a source keeps.
+	RetentionRecords int
+	// RetentionTTL is how long an older artifact is kept at least.
+	RetentionTTL time.Duration
+	// MaxFileSize, when positive, rejects staged content with a larger file.
+	MaxFileSize int64
+}
+
+// BindFlags registers the options on fs.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.DigestAlgo, "artifact-digest-algo", digest.SHA256.String(),
+		"The hashing algorithm used to calculate the digest of artifacts: sha256, sha384 or sha512.")
+	fs.IntVar(&o.RetentionRecords, "artifact-retention-records", 2,
+		"The maximum number of artifacts to be kept in storage after a garbage collection.")
+	fs.DurationVar(&o.RetentionTTL, "artifact-retention-ttl", time.Minute,
+		"The duration of time that artifacts from previous reconciliations will be kept in storage before being garbage collected.")
+	fs.Int64Var(&o.MaxFileSize, "max-file-size", 0,
+		"The largest file, in bytes, an artifact may contain; 0 means no limit.")
+}
+
+// Validate reports the first invalid option.
+func (o Options) Validate() error {
+	switch {
+	case !o.Algorithm().Available():
+		return fmt.Errorf("--artifact-digest-algo: unsupported algorithm %q (sha256, sha384 or sha512)", o.DigestAlgo)
+	case o.RetentionRecords < 0:
+		return errors.New("--artifact-retention-records must not be negative")
+	case o.RetentionTTL < 0:
+		return errors.New("--artifact-retention-ttl must not be negative")
+	case o.MaxFileSize < 0:
+		return errors.New("--max-file-size must not be negative")
+	}
+	return nil
+}
+
+// Algorithm is the digest algorithm DigestAlgo names (sha256 when empty).
+func (o Options) Algorithm() digest.Algorithm {
+	if o.DigestAlgo == "" {
+		return digest.SHA256
+	}
+	return digest.Algorithm(o.DigestAlgo)
+}
+
+// Retention is the garbage collection policy of the options.
+func (o Options) Retention() retention.Policy {
+	return retention.Policy{Records: o.RetentionRecords, TTL: o.RetentionTTL}
+}

@@ -1,0 +1,376 @@
+// Package packager turns staged content into artifacts: it handles the
+// Fetched and DeleteRequested jobs of the package stream.
+//
+// A Fetched job is done in an order that makes it idempotent: write the
+// artifact (atomically), point latest at it, publish Packaged, and only then
+// delete the staged content and collect garbage. A redelivered job whose
+// staged content is gone therefore finds its artifact stored and publishes
+// Packaged again (deduplicated on the bus by its message ID).
+package packager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
+)
+
+// MaxAttempts is how often a job is tried when storage keeps failing; the
+// last attempt publishes PackageFailed and terminates the job.
+const MaxAttempts = 5
+
+// Publisher publishes a job's result; *bus.Publisher is one.
+type Publisher interface {
+	Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error
+}
+
+// Packager handles the jobs of the package stream. Its Handle method is a
+// bus.Handler.
+type Packager struct {
+	store   storage.Storage
+	pub     Publisher
+	opts    Options
+	metrics *Metrics
+	// now is the clock, replaceable in tests.
+	now func() time.Time
+}
+
+// New returns a Packager writing to store and publishing with pub. metrics
+// may be nil.
+func New(store storage.Storage, pub Publisher, opts Options, metrics *Metrics) *Packager {
+	return &Packager{store: store, pub: pub, opts: opts, metrics: metrics, now: time.Now}
+}
+
+// Handle handles one job. See bus.Handler for what its error means.
+func (p *Packager) Handle(ctx context.Context, m *events.Message, d bus.Delivery) error {
+	switch data := m.Data.(type) {
+	case *events.Fetched:
+		return p.packageFetched(ctx, data, d)
+	case *events.DeleteRequested:
+		return p.deleteSource(ctx, data, d)
+	}
+	return bus.Terminal(fmt.Errorf("%w: the packager does not handle %q", events.ErrMalformed, m.Event.Type()))
+}
+
+// contentError says the staged content itself cannot be archived (an unsafe
+// path, a file over the limit, a corrupt tar): retrying cannot help.
+type contentError struct{ err error }
+
+func (e *contentError) Error() string { return e.err.Error() }
+func (e *contentError) Unwrap() error { return e.err }
+
+// packageFetched stores the artifact of a Fetched job and publishes the
+// outcome.
+func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.Delivery) error {
+	log := logr.FromContextOrDiscard(ctx)
+	dir, err := sourceDir(f.Job.Object)
+	if err != nil {
+		return p.fail(ctx, f, err)
+	}
+	key, err := artifactKey(dir, f.ArtifactName)
+	if err != nil {
+		return p.fail(ctx, f, err)
+	}
+	if err := checkStagingKey(f.Staging); err != nil {
+		return p.fail(ctx, f, err)
+	}
+
+	artifact, err := p.write(ctx, f.Staging, key)
+	var content *contentError
+	switch {
+	case errors.Is(err, errStagingGone):
+		// Redelivered after the staged content was deleted: the artifact
+		// was stored, pointed at and announced before that, so announce it
+		// again (the bus drops the duplicate). The latest pointer is left
+		// alone: a newer job may have moved it on since.
+		artifact, err = p.recover(ctx, key)
+		if errors.Is(err, storage.ErrNotFound) {
+			return p.fail(ctx, f, fmt.Errorf("staged content %s is gone and artifact %s is not stored", f.Staging, key))
+		}
+		if err != nil {
+			return p.retryOrFail(ctx, f, d, err)
+		}
+		log.Info("staged content gone, artifact already stored", "artifact", key)
+	case errors.As(err, &content):
+		if err := p.publishFailure(ctx, f, err); err != nil {
+			return err
+		}
+		p.deleteStaging(ctx, f.Staging)
+		return bus.Terminal(fmt.Errorf("package failed: %w", err))
+	case err != nil:
+		return p.retryOrFail(ctx, f, d, err)
+	default:
+		if err := p.store.SetLatest(ctx, path.Join(dir, storage.LatestName), key); err != nil {
+			return p.retryOrFail(ctx, f, d, fmt.Errorf("update latest pointer: %w", err))
+		}
+		if p.metrics != nil {
+			p.metrics.ArtifactBytes.Observe(float64(*artifact.Size))
+		}
+	}
+	artifact.Revision = f.Revision
+	out := events.Outcome{
+		Job:          f.Job,
+		Revision:     f.Revision,
+		Artifact:     artifact,
+		EventMessage: f.EventMessage,
+		Notices:      f.Notices,
+	}
+	if err := p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackaged, f.Job, out); err != nil {
+		return err
+	}
+	log.Info("artifact stored", "artifact", key, "digest", artifact.Digest, "size", *artifact.Size, "revision", f.Revision)
+	p.deleteStaging(ctx, f.Staging)
+	p.collect(ctx, dir, key)
+	return nil
+}
+
+// errStagingGone is wrapped by write's error when the staged content does
+// not exist.
+var errStagingGone = errors.New("staged content not found")
+
+// write canonicalises the staged tar at staging into the artifact at key,
+// streaming from one to the other through a pipe. A missing staged object
+// wraps errStagingGone; content that cannot be archived is a
+// *contentError; anything else is a storage failure worth retrying.
+func (p *Packager) write(ctx context.Context, staging, key string) (*meta.Artifact, error) {
+	obj, err := p.store.Open(ctx, staging)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open staged content: %w", err)
+	}
+	defer obj.Close()
+
+	src := &recordingReader{r: obj}
+	pr, pw := io.Pipe()
+	dst := &recordingWriter{w: pw}
+	type canonical struct {
+		res archive.Result
+		err error
+	}
+	done := make(chan canonical, 1)
+	go func() {
+		res, err := archive.Canonicalize(dst, src, archive.CanonicalOptions{
+			Algorithm:   p.opts.Algorithm(),
+			MaxFileSize: p.opts.MaxFileSize,
+		})
+		pw.CloseWithError(err) // nil: the reader sees EOF
+		done <- canonical{res, err}
+	}()
+	info, putErr := p.store.Put(ctx, key, pr)
+	// Unblock the writer if Put stopped reading early.
+	pr.CloseWithError(errPutStopped)
+	c := <-done
+
+	switch {
+	case src.err != nil:
+		return nil, fmt.Errorf("read staged content: %w", src.err)
+	case c.err != nil && dst.err == nil:
+		// Canonicalize failed on its own, not because Put stopped.
+		return nil, &contentError{err: c.err}
+	case putErr != nil:
+		return nil, fmt.Errorf("store artifact: %w", putErr)
+	case c.err != nil:
+		return nil, c.err
+	case info.Size != c.res.Size:
+		return nil, fmt.Errorf("store artifact %s: wrote %d bytes, stored %d", key, c.res.Size, info.Size)
+	}
+	size := c.res.Size
+	return &meta.Artifact{
+		Path:           key,
+		Digest:         c.res.Digest.String(),
+		Size:           &size,
+		LastUpdateTime: metav1.NewTime(p.now()),
+	}, nil
+}
+
+var errPutStopped = errors.New("artifact write stopped")
+
+// recover describes the artifact already stored at key, computing its
+// digest from the stored bytes.
+func (p *Packager) recover(ctx context.Context, key string) (*meta.Artifact, error) {
+	obj, err := p.store.Open(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer obj.Close()
+	digester := p.opts.Algorithm().Digester()
+	n, err := io.Copy(digester.Hash(), obj)
+	if err != nil {
+		return nil, fmt.Errorf("read artifact %s: %w", key, err)
+	}
+	return &meta.Artifact{
+		Path:           key,
+		Digest:         digester.Digest().String(),
+		Size:           &n,
+		LastUpdateTime: metav1.NewTime(obj.Info().ModTime),
+	}, nil
+}
+
+// retryOrFail returns a storage failure for a retry, or, on the last
+// attempt, publishes it and terminates the job.
+func (p *Packager) retryOrFail(ctx context.Context, f *events.Fetched, d bus.Delivery, err error) error {
+	if d.Attempt < MaxAttempts {
+		return err
+	}
+	return p.fail(ctx, f, err)
+}
+
+// fail publishes PackageFailed for f and returns a terminal error; when the
+// publish itself fails it returns that error, so the job is retried.
+func (p *Packager) fail(ctx context.Context, f *events.Fetched, cause error) error {
+	if err := p.publishFailure(ctx, f, cause); err != nil {
+		return err
+	}
+	return bus.Terminal(fmt.Errorf("package failed: %w", cause))
+}
+
+// publishFailure publishes PackageFailed for f with cause as its message.
+func (p *Packager) publishFailure(ctx context.Context, f *events.Fetched, cause error) error {
+	out := events.Outcome{
+		Job:      f.Job,
+		Revision: f.Revision,
+		Notices:  f.Notices,
+		Failure: &events.Failure{
+			Condition: sourcev1.StorageOperationFailedCondition,
+			Reason:    sourcev1.ArchiveOperationFailedReason,
+			// Flux's words (GitRepositoryReconciler.reconcileArtifact).
+			Message: fmt.Errorf("unable to archive artifact to storage: %w", cause).Error(),
+		},
+	}
+	return p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackageFailed, f.Job, out)
+}
+
+// deleteStaging removes a job's staged content; a failure is only logged, as
+// the staging janitor removes what is left behind.
+func (p *Packager) deleteStaging(ctx context.Context, key string) {
+	if err := p.store.Delete(ctx, key); err != nil {
+		logr.FromContextOrDiscard(ctx).Error(err, "deleting staged content failed", "staging", key)
+	}
+}
+
+// collect applies retention to a source directory; errors are logged.
+func (p *Packager) collect(ctx context.Context, dir, current string) {
+	log := logr.FromContextOrDiscard(ctx)
+	deleted, err := retention.Collect(ctx, p.store, dir, current, p.opts.Retention(), p.now())
+	if p.metrics != nil {
+		p.metrics.GCDeleted.Add(float64(len(deleted)))
+	}
+	if len(deleted) > 0 {
+		log.Info("garbage collected artifacts", "dir", dir, "deleted", deleted)
+	}
+	if err != nil {
+		log.Error(err, "garbage collection failed", "dir", dir)
+	}
+}
+
+// deleteSource removes every artifact of a deleted source and its latest
+// pointer, then publishes Deleted. Storage failures are retried.
+func (p *Packager) deleteSource(ctx context.Context, r *events.DeleteRequested, _ bus.Delivery) error {
+	dir, err := sourceDir(r.Job.Object)
+	if err != nil {
+		return bus.Terminal(fmt.Errorf("%w: %w", events.ErrMalformed, err))
+	}
+	// The pointer goes first, so it never points at a deleted artifact.
+	if err := p.store.Delete(ctx, path.Join(dir, storage.LatestName)); err != nil {
+		return err
+	}
+	objs, err := p.store.List(ctx, dir)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if err := p.store.Delete(ctx, o.Key); err != nil {
+			return err
+		}
+	}
+	if err := p.pub.Publish(ctx, events.PublishSubject(r.Job.Object.Kind), events.TypeDeleted, r.Job, events.Outcome{Job: r.Job}); err != nil {
+		return err
+	}
+	logr.FromContextOrDiscard(ctx).Info("artifacts deleted", "dir", dir, "count", len(objs))
+	return nil
+}
+
+// sourceDir returns the storage directory of obj, checking that kind,
+// namespace and name are one plain path segment each, so a job can never
+// reach another source's directory or the internal ones.
+func sourceDir(obj events.ObjectRef) (string, error) {
+	for _, s := range []string{obj.Kind, obj.Namespace, obj.Name} {
+		if err := checkSegment(s); err != nil {
+			return "", fmt.Errorf("invalid object %s/%s/%s: %w", obj.Kind, obj.Namespace, obj.Name, err)
+		}
+	}
+	return storage.SourceDir(obj.Kind, obj.Namespace, obj.Name), nil
+}
+
+// artifactKey returns the key of the artifact file name in dir.
+func artifactKey(dir, name string) (string, error) {
+	if err := checkSegment(name); err != nil {
+		return "", fmt.Errorf("invalid artifact name: %w", err)
+	}
+	if name == storage.LatestName {
+		return "", fmt.Errorf("invalid artifact name: %q is the latest pointer", name)
+	}
+	return path.Join(dir, name), nil
+}
+
+// checkStagingKey checks that key is an object of the staging directory, so
+// a job can neither read nor delete anything else.
+func checkStagingKey(key string) error {
+	dir, name := path.Split(key)
+	if dir != storage.StagingDir+"/" || checkSegment(name) != nil {
+		return fmt.Errorf("invalid staging key %q", key)
+	}
+	return nil
+}
+
+// checkSegment accepts a non-empty path segment that is not hidden.
+func checkSegment(s string) error {
+	if s == "" || strings.HasPrefix(s, ".") || strings.ContainsAny(s, "/\\\x00") {
+		return fmt.Errorf("%q is not a plain name", s)
+	}
+	return nil
+}
+
+// recordingReader remembers the first error of its reader other than EOF.
+type recordingReader struct {
+	r   io.Reader
+	err error
+}
+
+func (r *recordingReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF && r.err == nil {
+		r.err = err
+	}
+	return n, err
+}
+
+// recordingWriter remembers the first error of its writer.
+type recordingWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (w *recordingWriter) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	return n, err
+}

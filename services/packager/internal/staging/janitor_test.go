@@ -1,0 +1,173 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+)
+
+// env is a package stream on an embedded NATS server and a directory
+// storage.
+type env struct {
+	t      *testing.T
+	conn   *bus.Conn
+	stream jetstream.Stream
+	store  *storage.Dir
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ctx := context.Background()
+	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "staging-test", testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	if err := conn.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := conn.JS.Stream(ctx, events.PackageStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := storage.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	return &env{t: t, conn: conn, stream: stream, store: store}
+}
+
+// stage stores staged content for a job, aged by age.
+func (e *env) stage(jobID string, age time.Duration) string {
+	e.t.Helper()
+	key := storage.StagingKey(jobID)
+	if _, err := e.store.Put(context.Background(), key, strings.NewReader(jobID)); err != nil {
+		e.t.Fatal(err)
+	}
+	mt := time.Now().Add(-age)
+	if err := os.Chtimes(filepath.Join(e.store.Path(), filepath.FromSlash(key)), mt, mt); err != nil {
+		e.t.Fatal(err)
+	}
+	return key
+}
+
+// fetched publishes a Fetched job for jobID on the package stream.
+func (e *env) fetched(jobID string) {
+	e.t.Helper()
+	j := events.Job{ID: jobID, Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "podinfo"}}
+	f := &events.Fetched{Job: j, Revision: "main@sha1:1", Staging: storage.StagingKey(jobID), ArtifactName: "1.tar.gz"}
+	if err := e.conn.NewPublisher("fetcher").Publish(context.Background(), events.PackageSubject(j.Object.Kind), events.TypeFetched, j, f); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) exists(key string) bool {
+	_, err := e.store.Stat(context.Background(), key)
+	return !errors.Is(err, storage.ErrNotFound)
+}
+
+func TestSweep(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	pendingOld := e.stage("pending-old", 3*time.Hour)
+	abandoned := e.stage("abandoned", 2*time.Hour)
+	young := e.stage("young", time.Minute)
+	e.fetched("pending-old")
+	// Messages that do not name staged content are read past.
+	if _, err := e.conn.JS.Publish(ctx, events.PackageSubject("GitRepository"), []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	e.fetched("no-staging-left")
+
+	j := &Janitor{Store: e.store, TTL: time.Hour, Jobs: StreamJobs(e.stream, 100), Log: testr.New(t)}
+	deleted, err := j.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(deleted, []string{abandoned}) {
+		t.Errorf("deleted %q, want only %q", deleted, abandoned)
+	}
+	for key, want := range map[string]bool{pendingOld: true, abandoned: false, young: true} {
+		if got := e.exists(key); got != want {
+			t.Errorf("%s exists = %v, want %v", key, got, want)
+		}
+	}
+}
+
+func TestSweepSkipsWhenJobsCannotBeListed(t *testing.T) {
+	e := newEnv(t)
+	old := e.stage("old", 2*time.Hour)
+	for _, id := range []string{"a", "b", "c"} {
+		e.fetched(id)
+	}
+	// A limit below the stream's size makes the listing fail.
+	j := &Janitor{Store: e.store, TTL: time.Hour, Jobs: StreamJobs(e.stream, 2), Log: testr.New(t)}
+	deleted, err := j.Sweep(context.Background())
+	if err == nil || len(deleted) != 0 {
+		t.Errorf("Sweep = %q, %v; want nothing deleted and an error", deleted, err)
+	}
+	if !e.exists(old) {
+		t.Error("staged content deleted although the pending jobs were unknown")
+	}
+}
+
+func TestStreamJobsSkipsAcknowledgedMessages(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, id := range []string{"pending-1", "done", "pending-2"} {
+		e.fetched(id)
+	}
+	// A consumer takes every job and acknowledges "done": the work queue
+	// keeps the pending ones, with a gap between them.
+	cons, err := e.conn.EnsureConsumer(ctx, events.PackageStream,
+		events.Consumer(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(3, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for msg := range batch.Messages() {
+		n++
+		m, err := events.Decode(msg.Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if events.JobOf(m.Data).ID == "done" {
+			if err := msg.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n != 3 {
+		t.Fatalf("fetched %d jobs, want 3", n)
+	}
+
+	wanted, err := StreamJobs(e.stream, 100)(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(wanted) != 2 || !wanted[storage.StagingKey("pending-1")] || !wanted[storage.StagingKey("pending-2")] {
+		t.Errorf("wanted = %v, want the two pending jobs' staging", wanted)
+	}
+}

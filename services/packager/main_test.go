@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+)
+
+func TestFlagDefaults(t *testing.T) {
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	var o options
+	o.bindFlags(fs)
+	t.Setenv("HEADWATER_ARTIFACT_RETENTION_RECORDS", "5")
+	if err := flagenv.Parse(fs, []string{"-concurrency=3"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.telemetry.Addr != ":9102" || o.concurrency != 3 || o.stagingTTL != time.Hour ||
+		o.packager.DigestAlgo != "sha256" || o.packager.RetentionRecords != 5 ||
+		o.packager.RetentionTTL != time.Minute || o.packager.MaxFileSize != 0 {
+		t.Errorf("options = %+v", o)
+	}
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	for _, args := range [][]string{
+		{"-artifact-digest-algo=md5"},
+		{"-concurrency=0"},
+		{"-artifact-retention-records=-1"},
+	} {
+		fs := flag.NewFlagSet(service, flag.ContinueOnError)
+		var o options
+		o.bindFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := run(context.Background(), o, testr.New(t), prometheus.NewRegistry()); err == nil {
+			t.Errorf("run accepted %q", args)
+		}
+	}
+}
+
+// TestRun starts the service as main does and packages one job through it.
+func TestRun(t *testing.T) {
+	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	addr := freeAddr(t)
+	dataDir := t.TempDir()
+
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	var o options
+	o.bindFlags(fs)
+	if err := fs.Parse([]string{"-nats-url=" + ns.ClientURL(), "-storage-path=" + dataDir, "-telemetry-addr=" + addr}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, testr.New(t), prometheus.NewRegistry()) }()
+
+	// Ready once connected.
+	eventually(t, "ready", func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	// A fetcher's job: stage and publish.
+	client, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "fetcher", testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	store, err := storage.NewDir(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "README.md"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var tarball bytes.Buffer
+	if _, err := archive.WriteTar(ctx, &tarball, src, archive.TarOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	j := events.Job{ID: "job-1", Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "podinfo"}}
+	f := &events.Fetched{Job: j, Revision: "main@sha1:abc", Staging: storage.StagingKey(j.ID), ArtifactName: "abc.tar.gz"}
+	if _, err := store.Put(ctx, f.Staging, &tarball); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.NewPublisher("fetcher").Publish(ctx, events.PackageSubject(j.Object.Kind), events.TypeFetched, j, f); err != nil {
+		t.Fatal(err)
+	}
+
+	results, err := client.EnsureConsumer(ctx, events.PublishStream, jetstream.ConsumerConfig{Durable: "test", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := results.Next(jetstream.FetchMaxWait(15 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := events.Decode(msg.Data())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := m.Data.(*events.Outcome)
+	if m.Event.Type() != events.TypePackaged || out.Artifact == nil || out.Artifact.Path != "gitrepository/default/podinfo/abc.tar.gz" {
+		t.Fatalf("result %s %+v, want Packaged abc.tar.gz", m.Event.Type(), out)
+	}
+	if err := storage.Verify(ctx, store, out.Artifact.Path, out.Artifact.Digest); err != nil {
+		t.Error(err)
+	}
+
+	eventually(t, "metrics exported", func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var body bytes.Buffer
+		_, _ = body.ReadFrom(resp.Body)
+		for _, sample := range []string{
+			"headwater_artifact_bytes_count 1",
+			"headwater_gc_deleted_total 0",
+			`headwater_jobs_total{result="success",service="packager",type="` + events.TypeFetched + `"} 1`,
+		} {
+			if !strings.Contains(body.String(), sample) {
+				return false
+			}
+		}
+		return true
+	})
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return after cancel")
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true within 15s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
