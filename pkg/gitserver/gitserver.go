@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/cgi"
@@ -40,6 +41,9 @@ func (s *Server) Start(addr string) error {
 		Path: gitPath,
 		Args: []string{"http-backend"},
 		Env:  []string{"GIT_PROJECT_ROOT=" + s.Root, "GIT_HTTP_EXPORT_ALL=1"},
+		// http-backend reports a missing repository on stderr as well as
+		// with a 404; the status is what clients see.
+		Stderr: io.Discard,
 	}
 	handler := http.Handler(backend)
 	if s.Username != "" {

@@ -1,0 +1,98 @@
+package archive_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/headwater-gitops/headwater/pkg/archive"
+)
+
+// FuzzCanonicalize feeds arbitrary bytes to Canonicalize: it must never
+// panic, and whatever it accepts must be an archive that is safe to unpack
+// anywhere, describe itself truthfully, and be a fixed point (canonicalising
+// the canonical tar again gives the same bytes).
+func FuzzCanonicalize(f *testing.F) {
+	staged, _ := writeTar(f, sampleTree().write(f), archive.TarOptions{})
+	f.Add(staged)
+	f.Add(makeTar(f, tar.FormatGNU,
+		tarEntry{name: "d/", typ: tar.TypeDir, mode: 0o700},
+		tarEntry{name: "d/f", typ: tar.TypeReg, mode: 0o755, body: "x", noisy: true},
+		tarEntry{name: "l", typ: tar.TypeSymlink, linkname: "../../etc"},
+		tarEntry{name: strings.Repeat("long/", 40) + "name", typ: tar.TypeReg, mode: 0o644, body: "long"},
+	))
+	f.Add(makeTar(f, tar.FormatPAX, tarEntry{name: "a/../../b", typ: tar.TypeReg, mode: 0o644, body: "evil"}))
+	f.Add([]byte{})
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var out bytes.Buffer
+		res, err := archive.Canonicalize(&out, bytes.NewReader(data), archive.CanonicalOptions{MaxFileSize: 1 << 20})
+		if err != nil {
+			return
+		}
+		if res.Digest != digest.SHA256.FromBytes(out.Bytes()) || res.Size != int64(out.Len()) {
+			t.Fatalf("result %+v does not describe the %d bytes written", res, out.Len())
+		}
+		es := readTarGz(t, out.Bytes())
+		seen := map[string]bool{}
+		files := 0
+		for _, e := range es {
+			name := e.hdr.Name
+			n := strings.TrimSuffix(name, "/")
+			if n == "" || strings.HasPrefix(name, "/") || strings.Contains(name, "\\") {
+				t.Fatalf("unsafe name %q accepted", name)
+			}
+			for _, seg := range strings.Split(n, "/") {
+				if seg == ".." || seg == "." || seg == "" {
+					t.Fatalf("unsafe or unclean name %q accepted", name)
+				}
+			}
+			if seen[n] {
+				t.Fatalf("name %q appears twice", name)
+			}
+			seen[n] = true
+			switch e.hdr.Typeflag {
+			case tar.TypeReg:
+				files++
+			case tar.TypeDir:
+			default:
+				t.Fatalf("%q: entry type %q accepted", name, e.hdr.Typeflag)
+			}
+			if e.hdr.Uid != 0 || e.hdr.Gid != 0 || e.hdr.Uname != "" || e.hdr.Gname != "" || e.hdr.ModTime.Unix() != 0 {
+				t.Fatalf("%q: header not normalised: %+v", name, e.hdr)
+			}
+		}
+		if files != res.Files {
+			t.Fatalf("Files = %d, archive has %d", res.Files, files)
+		}
+
+		// The canonical tar is a fixed point.
+		zr := mustGunzip(t, out.Bytes())
+		var again bytes.Buffer
+		res2, err := archive.Canonicalize(&again, zr, archive.CanonicalOptions{MaxFileSize: 1 << 20})
+		if err != nil {
+			t.Fatalf("canonical output rejected: %v", err)
+		}
+		if res2 != res || !bytes.Equal(again.Bytes(), out.Bytes()) {
+			t.Fatalf("canonicalising the output again gave %+v, want %+v", res2, res)
+		}
+	})
+}
+
+func mustGunzip(t testing.TB, b []byte) io.Reader {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.NewReader(raw)
+}
