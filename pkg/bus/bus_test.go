@@ -835,3 +835,4 @@ func TestErrorMarkers(t *testing.T) {
 		}
 	}
 }
+

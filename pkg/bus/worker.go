@@ -92,7 +92,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: consume: %w", w.Service, err)
 	}
-	stop := context.AfterFunc(ctx, it.Stop)
+	// On shutdown, Drain stops pulling but keeps the messages already
+	// buffered readable, so each is handed back (Nak) to another replica at
+	// once instead of waiting out its AckWait.
+	stop := context.AfterFunc(ctx, it.Drain)
 	defer stop()
 
 	slots := make(chan struct{}, n)
@@ -107,6 +110,11 @@ func (w *Worker) Run(ctx context.Context) error {
 				return nil
 			}
 			w.Log.Error(err, "reading from consumer")
+			continue
+		}
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			<-slots
 			continue
 		}
 		wg.Add(1)
