@@ -47,6 +47,8 @@ type options struct {
 	concurrency             int
 	eventConcurrency        int
 	intervalJitter          float64
+	kubeAPIQPS              float64
+	kubeAPIBurst            int
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -60,6 +62,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
 	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
 	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux).")
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", -1,
+		"Client-side limit of Kubernetes API requests per second; -1 leaves throttling to the API server's priority and fairness.")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
 }
 
 func main() {
@@ -87,6 +92,11 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	// Any kubeconfig source leaves QPS at 0, which client-go reads as its
+	// own default of 5 requests per second: far too few for thousands of
+	// sources. Flux's flags set it explicitly; -1 disables client-side
+	// throttling in favour of the API server's priority and fairness.
+	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err
