@@ -1,0 +1,97 @@
+// Package harness runs Headwater on real parts on one machine: a local
+// Kubernetes control plane (kube-apiserver and etcd, the binaries envtest
+// uses), NATS JetStream embedded in-process, directory storage, a smart-HTTP
+// git server, and the four service binaries as separate processes.
+//
+// The end-to-end tests and `make run` (cmd/headwater-local) start the same
+// Env, so what the tests check is what a user sees. The harness builds
+// nothing: the Makefile builds the services into bin/ and the control-plane
+// binaries into bin/k8s first.
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Service names, which are also the names of their binaries.
+const (
+	Watcher        = "watcher"
+	Fetcher        = "fetcher"
+	Packager       = "packager"
+	ArtifactServer = "artifact-server"
+)
+
+// ServiceNames lists the services in start order: downstream first, so a
+// job never waits for the service that takes it. They stop in reverse.
+var ServiceNames = []string{ArtifactServer, Packager, Fetcher, Watcher}
+
+// controlPlaneBinaries are the binaries envtest and the harness need in
+// Config.AssetsDir.
+var controlPlaneBinaries = []string{"kube-apiserver", "etcd", "kubectl"}
+
+// ErrNotBuilt is wrapped by Config.Check errors about binaries or manifests
+// that are missing: the Makefile builds them (`make kube-tools build
+// manifests`, or simply `make test` / `make run`).
+var ErrNotBuilt = errors.New("not built")
+
+// Config says where an Env finds what it runs and where it keeps its state.
+type Config struct {
+	// Dir holds the Env's state: kubeconfig, control-plane data, NATS
+	// store, artifact storage, git repositories and logs. It is created
+	// if missing and left in place by Stop.
+	Dir string
+	// BinDir holds the four service binaries (`make build`).
+	BinDir string
+	// AssetsDir holds kube-apiserver, etcd and kubectl
+	// (KUBEBUILDER_ASSETS, `make kube-tools`).
+	AssetsDir string
+	// CRDDir holds the CRD manifests (`make manifests`).
+	CRDDir string
+	// Progress, when set, is told about each step of Start and Stop.
+	Progress func(msg string)
+	// ExtraArgs are appended to a service's command line, by service name.
+	ExtraArgs map[string][]string
+}
+
+// Check reports every binary or manifest the Env needs that is missing; the
+// error wraps ErrNotBuilt.
+func (c Config) Check() error {
+	var missing []string
+	need := func(dir, what string, names []string) {
+		if dir == "" {
+			missing = append(missing, what+" is not set")
+			return
+		}
+		for _, name := range names {
+			fi, err := os.Stat(filepath.Join(dir, name))
+			if err != nil || fi.IsDir() {
+				missing = append(missing, fmt.Sprintf("%s not found in %s (%s)", name, dir, what))
+			}
+		}
+	}
+	need(c.AssetsDir, "KUBEBUILDER_ASSETS", controlPlaneBinaries)
+	need(c.BinDir, "the service bin directory", ServiceNames)
+	if c.CRDDir == "" {
+		missing = append(missing, "the CRD directory is not set")
+	} else if m, _ := filepath.Glob(filepath.Join(c.CRDDir, "*.yaml")); len(m) == 0 {
+		missing = append(missing, "no CRD manifests in "+c.CRDDir)
+	}
+	if c.Dir == "" {
+		missing = append(missing, "the state directory is not set")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s", ErrNotBuilt, strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+// progress reports a step, if anyone listens.
+func (c Config) progress(msg string) {
+	if c.Progress != nil {
+		c.Progress(msg)
+	}
+}

@@ -1,0 +1,328 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/nats-io/nats-server/v2/server"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/gitserver"
+)
+
+// Env is Headwater running on real parts. Start brings it up; Stop takes
+// down, in reverse order, everything Start started.
+type Env struct {
+	// Config is what the Env was started with.
+	Config Config
+	// RESTConfig talks to the API server as a cluster admin.
+	RESTConfig *rest.Config
+	// Scheme knows the Kubernetes built-in types and Flux's source.toolkit.fluxcd.io/v1.
+	Scheme *runtime.Scheme
+	// Client is a typed client on Scheme.
+	Client client.Client
+	// Kubeconfig is the path of an admin kubeconfig file for the API server.
+	Kubeconfig string
+	// NATSURL is the embedded NATS server's client URL.
+	NATSURL string
+	// StoragePath is the directory storage shared by the services.
+	StoragePath string
+	// ArtifactAddr is the artifact-server's advertised host:port, the
+	// authority of every artifact URL.
+	ArtifactAddr string
+	// Git serves the repositories under GitRoot over smart HTTP.
+	Git *gitserver.Server
+	// GitRoot holds the served bare repositories.
+	GitRoot string
+
+	controlPlane *envtest.Environment
+	nats         *server.Server
+	services     []*Service
+	logFiles     []*os.File // the control plane's output
+}
+
+// Start brings up the control plane (with the CRDs installed), embedded
+// NATS, the storage directory, the git server and the four services, in that
+// order, and returns once every service is ready. On error it stops what it
+// had started.
+func Start(ctx context.Context, c Config) (_ *Env, err error) {
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
+	e := &Env{Config: c}
+	defer func() {
+		if err != nil {
+			_ = e.Stop()
+		}
+	}()
+	for _, d := range []string{"kube", "nats", "storage", "git", "work", "logs"} {
+		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+	}
+	if err := e.startControlPlane(); err != nil {
+		return nil, err
+	}
+
+	c.progress("starting NATS JetStream (embedded)")
+	e.nats, err = bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(c.Dir, "nats")})
+	if err != nil {
+		return nil, err
+	}
+	e.NATSURL = e.nats.ClientURL()
+
+	e.StoragePath = filepath.Join(c.Dir, "storage")
+	c.progress("using directory storage " + e.StoragePath)
+
+	e.GitRoot = filepath.Join(c.Dir, "git")
+	e.Git = &gitserver.Server{Root: e.GitRoot}
+	if err := e.Git.Start("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	c.progress("serving git repositories at " + e.Git.URL())
+
+	if err := e.defineServices(); err != nil {
+		return nil, err
+	}
+	for _, s := range e.services {
+		c.progress(fmt.Sprintf("starting %s (log %s)", s.Name, s.LogPath))
+		if err := s.Start(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// startControlPlane starts etcd and kube-apiserver with envtest, installs
+// the CRDs and writes an admin kubeconfig for the service processes.
+func (e *Env) startControlPlane() error {
+	c := e.Config
+	c.progress("starting kube-apiserver and etcd")
+	kubeDir := filepath.Join(c.Dir, "kube")
+	apiLog, err := os.Create(filepath.Join(c.Dir, "logs", "kube-apiserver.log"))
+	if err != nil {
+		return fmt.Errorf("control plane log: %w", err)
+	}
+	etcdLog, err := os.Create(filepath.Join(c.Dir, "logs", "etcd.log"))
+	if err != nil {
+		_ = apiLog.Close()
+		return fmt.Errorf("control plane log: %w", err)
+	}
+	e.logFiles = append(e.logFiles, apiLog, etcdLog)
+	e.Scheme = runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(e.Scheme); err != nil {
+		return fmt.Errorf("scheme: %w", err)
+	}
+	if err := sourcev1.AddToScheme(e.Scheme); err != nil {
+		return fmt.Errorf("scheme: %w", err)
+	}
+	useExisting := false
+	e.controlPlane = &envtest.Environment{
+		Scheme:                e.Scheme,
+		CRDDirectoryPaths:     []string{c.CRDDir},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: c.AssetsDir,
+		UseExistingCluster:    &useExisting,
+		ControlPlane: envtest.ControlPlane{
+			APIServer: &envtest.APIServer{
+				Path:    filepath.Join(c.AssetsDir, "kube-apiserver"),
+				CertDir: filepath.Join(kubeDir, "pki"),
+				Out:     apiLog,
+				Err:     apiLog,
+			},
+			Etcd: &envtest.Etcd{
+				Path:    filepath.Join(c.AssetsDir, "etcd"),
+				DataDir: filepath.Join(kubeDir, "etcd"),
+				Out:     etcdLog,
+				Err:     etcdLog,
+			},
+			KubectlPath: filepath.Join(c.AssetsDir, "kubectl"),
+		},
+	}
+	for _, d := range []string{"pki", "etcd"} {
+		if err := os.MkdirAll(filepath.Join(kubeDir, d), 0o700); err != nil {
+			return fmt.Errorf("control plane directory: %w", err)
+		}
+	}
+	e.RESTConfig, err = e.controlPlane.Start()
+	if err != nil {
+		return fmt.Errorf("start control plane (logs in %s): %w", filepath.Join(c.Dir, "logs"), err)
+	}
+	e.Client, err = client.New(e.RESTConfig, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	e.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
+	if err := os.WriteFile(e.Kubeconfig, e.controlPlane.KubeConfig, 0o600); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	c.progress("kube-apiserver is up at " + e.RESTConfig.Host)
+	return nil
+}
+
+// defineServices picks free ports and builds the command line of each service.
+func (e *Env) defineServices() error {
+	ports, err := freePorts(6)
+	if err != nil {
+		return err
+	}
+	addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
+	e.ArtifactAddr = addr(0)
+	telemetry := map[string]string{ArtifactServer: addr(1), Packager: addr(2), Fetcher: addr(3), Watcher: addr(4)}
+	watcherHealth := addr(5)
+
+	env := serviceEnv(e.Kubeconfig)
+	common := func(name string) []string {
+		return []string{"-nats-url", e.NATSURL, "-telemetry-addr", telemetry[name], "-log-format", "text"}
+	}
+	args := map[string][]string{
+		ArtifactServer: append(common(ArtifactServer),
+			"-storage-path", e.StoragePath, "-storage-addr", e.ArtifactAddr, "-storage-adv-addr", e.ArtifactAddr),
+		Packager: append(common(Packager), "-storage-path", e.StoragePath),
+		Fetcher:  append(common(Fetcher), "-storage-path", e.StoragePath),
+		Watcher:  append(common(Watcher), "-health-addr", watcherHealth),
+	}
+	for _, name := range ServiceNames {
+		ready := "http://" + telemetry[name] + "/readyz"
+		if name == Watcher {
+			ready = "http://" + watcherHealth + "/readyz"
+		}
+		e.services = append(e.services, &Service{
+			Name:          name,
+			Path:          filepath.Join(e.Config.BinDir, name),
+			Args:          append(args[name], e.Config.ExtraArgs[name]...),
+			Env:           env,
+			LogPath:       filepath.Join(e.Config.Dir, "logs", name+".log"),
+			ReadyURL:      ready,
+			TelemetryAddr: telemetry[name],
+		})
+	}
+	return nil
+}
+
+// serviceEnv is the environment of the service processes: this process's,
+// without any HEADWATER_* or POD_NAMESPACE setting that could reconfigure
+// them behind the harness's back, and with KUBECONFIG set.
+func serviceEnv(kubeconfig string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "HEADWATER_") || k == "KUBECONFIG" || k == "POD_NAMESPACE" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "KUBECONFIG="+kubeconfig)
+}
+
+// Stop stops the services (in reverse start order), the git server, NATS
+// and the control plane. It leaves Config.Dir in place and returns every
+// error it met, including a service's unclean exit.
+func (e *Env) Stop() error {
+	var errs []error
+	for i := len(e.services) - 1; i >= 0; i-- {
+		s := e.services[i]
+		if !s.Running() {
+			continue
+		}
+		e.Config.progress("stopping " + s.Name)
+		if err := s.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if e.Git != nil {
+		e.Config.progress("stopping the git server")
+		if err := e.Git.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("git server: %w", err))
+		}
+	}
+	if e.nats != nil {
+		e.Config.progress("stopping NATS")
+		e.nats.Shutdown()
+		e.nats.WaitForShutdown()
+		e.nats = nil
+	}
+	if e.controlPlane != nil {
+		e.Config.progress("stopping kube-apiserver and etcd")
+		if err := e.controlPlane.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("control plane: %w", err))
+		}
+		e.controlPlane = nil
+	}
+	for _, f := range e.logFiles {
+		_ = f.Close()
+	}
+	e.logFiles = nil
+	return errors.Join(errs...)
+}
+
+// Service returns the named service, or nil.
+func (e *Env) Service(name string) *Service {
+	for _, s := range e.services {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Services returns every service in start order.
+func (e *Env) Services() []*Service {
+	return append([]*Service(nil), e.services...)
+}
+
+// NewRepo creates a served repository <name>.git on branch, with its work
+// tree under the Env's directory and no commits yet.
+func (e *Env) NewRepo(name, branch string) (*gitserver.Repo, error) {
+	return gitserver.NewRepo(e.GitRoot, name, filepath.Join(e.Config.Dir, "work", name), branch)
+}
+
+// ArtifactURL is the URL the artifact-server serves a storage key at.
+func (e *Env) ArtifactURL(key string) string {
+	return "http://" + e.ArtifactAddr + "/" + key
+}
+
+// Kubectl runs the control plane's kubectl against the Env and returns its
+// combined output.
+func (e *Env) Kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(e.Config.AssetsDir, "kubectl"), append([]string{"--kubeconfig", e.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1. They are free
+// when this returns; a service binds them a moment later.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var listeners []net.Listener
+	defer func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}

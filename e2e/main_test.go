@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/headwater-gitops/headwater/e2e/harness"
+)
+
+// One Env serves the whole package; every test works on objects and
+// repositories of its own name, so tests run in parallel.
+var (
+	env      *harness.Env
+	recorder = &eventRecorder{}
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(runTests(m))
+}
+
+// runTests starts the Env, runs the tests, checks that no service died
+// during them and stops the Env. It builds nothing: `make test` builds the
+// services and the control-plane binaries first. Missing binaries fail the
+// run (a CI must not pass by skipping); only -short skips.
+func runTests(m *testing.M) int {
+	if testing.Short() {
+		return m.Run() // every test skips itself; see requireEnv
+	}
+	cfg, err := testConfig()
+	if err == nil {
+		err = cfg.Check()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n"+
+			"The end-to-end tests run the service binaries against a real kube-apiserver and etcd.\n"+
+			"Run them with `make test`, which builds both (or `make kube-tools build` first).\n", err)
+		return 1
+	}
+	cfg.Dir, err = os.MkdirTemp("", "headwater-e2e-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+		return 1
+	}
+	ctrllog.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	env, err = harness.Start(ctx, cfg)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: start: %v\n", err)
+		dumpServiceLogs(os.Stderr, cfg.Dir)
+		fmt.Fprintf(os.Stderr, "e2e: state and logs kept in %s\n", cfg.Dir)
+		return 1
+	}
+	code := func() int {
+		stop, err := harness.SubscribeEvents(env.NATSURL, recorder.record)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+			return 1
+		}
+		defer stop()
+		return m.Run()
+	}()
+
+	// Whatever the tests did, every service must still be up.
+	for _, s := range env.Services() {
+		if !s.Running() {
+			fmt.Fprintf(os.Stderr, "e2e: %s exited during the tests (%v); its log:\n%s\n", s.Name, s.ExitErr(), s.LogTail(100))
+			code = 1
+		}
+	}
+	if err := env.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: stop (every service must exit cleanly on SIGTERM): %v\n", err)
+		code = 1
+	}
+	if code == 0 {
+		_ = os.RemoveAll(cfg.Dir)
+	} else {
+		fmt.Fprintf(os.Stderr, "e2e: state and logs kept in %s\n", cfg.Dir)
+	}
+	return code
+}
+
+// testConfig finds what the Env runs: KUBEBUILDER_ASSETS and
+// HEADWATER_BIN_DIR as exported by make, or the repository's bin/k8s and
+// bin/ when run by hand after `make kube-tools build`.
+func testConfig() (harness.Config, error) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		return harness.Config{}, err
+	}
+	cfg := harness.Config{
+		BinDir:    os.Getenv("HEADWATER_BIN_DIR"),
+		AssetsDir: os.Getenv("KUBEBUILDER_ASSETS"),
+		CRDDir:    filepath.Join(root, "deploy", "crds"),
+		Dir:       os.TempDir(), // replaced by a fresh directory once checked
+	}
+	if cfg.BinDir == "" {
+		cfg.BinDir = filepath.Join(root, "bin")
+	}
+	if cfg.AssetsDir == "" {
+		cfg.AssetsDir = filepath.Join(root, "bin", "k8s")
+	}
+	return cfg, nil
+}
+
+// dumpServiceLogs prints the tail of every log in a failed start's state.
+func dumpServiceLogs(w *os.File, dir string) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, l := range logs {
+		s := &harness.Service{Name: filepath.Base(l), LogPath: l}
+		fmt.Fprintf(w, "--- %s\n%s\n", l, s.LogTail(60))
+	}
+}
