@@ -55,6 +55,41 @@ type FetchRequested struct {
 	// Force asks for a fresh fetch and artifact even when the revision is
 	// unchanged, because a content-affecting part of the spec changed.
 	Force bool `json:"force,omitempty"`
+	// Includes are the artifacts of other sources to copy into this one's
+	// (a GitRepository's spec.include), resolved by the watcher to the
+	// artifacts those sources have now. Their digests are part of what the
+	// stored artifact was built from: a change of any of them forces a
+	// rebuild.
+	Includes []Include `json:"includes,omitempty"`
+}
+
+// Include is one artifact of another source to copy into an artifact.
+type Include struct {
+	// Name of the included GitRepository (same namespace).
+	Name string `json:"name"`
+	// Artifact is the included source's artifact, read from storage by
+	// Artifact.Path.
+	Artifact meta.Artifact `json:"artifact"`
+	// FromPath is the directory of the included artifact to copy; empty
+	// means all of it.
+	FromPath string `json:"fromPath,omitempty"`
+	// ToPath is where the copy goes in this artifact; never empty (Flux
+	// defaults it to the included source's name).
+	ToPath string `json:"toPath"`
+}
+
+// Verification is the result of checking a source's signatures (a
+// GitRepository's spec.verify), for the SourceVerified condition.
+type Verification struct {
+	// Mode is what was verified: "HEAD", "Tag" or "TagAndHEAD".
+	Mode string `json:"mode"`
+	// Verified is true when every required signature checked out.
+	Verified bool `json:"verified"`
+	// Reason and Message of the SourceVerified condition, in Flux's words
+	// (e.g. Succeeded, "verified signature of commit '<hash>' with key
+	// '<fingerprint>'", or VerificationError and why).
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // DeleteRequested is the data of TypeDeleteRequested: remove every artifact
@@ -82,6 +117,11 @@ type Fetched struct {
 	// Notices are things the fetcher noticed on the way that the watcher
 	// reports as Events, e.g. a corrupted artifact that is being rebuilt.
 	Notices []Notice `json:"notices,omitempty"`
+	// Includes are copied from the request: the packager adds them to the
+	// artifact.
+	Includes []Include `json:"includes,omitempty"`
+	// Verification is the result of spec.verify, when it is set.
+	Verification *Verification `json:"verification,omitempty"`
 }
 
 // Outcome is the data of every result type (TypeFetchUnchanged,
@@ -102,14 +142,22 @@ type Outcome struct {
 	Failure *Failure `json:"failure,omitempty"`
 	// Notices are carried over from the job's earlier stages.
 	Notices []Notice `json:"notices,omitempty"`
+	// IncludedArtifacts are the artifacts of the Includes the stored
+	// artifact was built with (Flux's status.includedArtifacts).
+	IncludedArtifacts []*meta.Artifact `json:"includedArtifacts,omitempty"`
+	// Verification is the result of spec.verify, when it is set; it is also
+	// set on a failure when verification is what failed.
+	Verification *Verification `json:"verification,omitempty"`
 }
 
 // Failure describes why a job failed, in the terms the watcher writes into
 // the object's conditions.
 type Failure struct {
 	// Condition is the negative-polarity condition the failure sets, e.g.
-	// "FetchFailed" or "StorageOperationFailed".
-	Condition string `json:"condition"`
+	// "FetchFailed" or "StorageOperationFailed"; empty when the failure is
+	// reported by another field (a failed Verification sets SourceVerified
+	// to False instead).
+	Condition string `json:"condition,omitempty"`
 	// Reason is Flux's reason, e.g. "GitOperationFailed", "URLInvalid".
 	Reason string `json:"reason"`
 	// Message is safe to show: it never contains credentials.

@@ -1,5 +1,5 @@
 // Command fetcher takes fetch jobs off NATS JetStream, fetches the sources
-// they name (GitRepository for now), stages their content in the shared
+// they name (GitRepository and Bucket), stages their content in the shared
 // storage and publishes the result: Fetched for the packager, or
 // FetchUnchanged / FetchFailed for the artifact-server. Any number of
 // replicas share the work.
@@ -22,6 +22,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/fetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
@@ -39,6 +40,8 @@ type options struct {
 	concurrency int
 	maxAttempts uint64
 	maxFileSize int64
+	// bucketConcurrency bounds the objects of one Bucket downloaded at once.
+	bucketConcurrency int
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -49,6 +52,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once (and pulled ahead from the bus).")
 	fs.Uint64Var(&o.maxAttempts, "max-attempts", 5, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.Int64Var(&o.maxFileSize, "max-file-size", 0, "Largest file a source may contain, in bytes; 0 means no limit.")
+	fs.IntVar(&o.bucketConcurrency, "bucket-concurrency", bucketfetch.DefaultConcurrency, "Objects of one Bucket downloaded at once.")
 }
 
 func main() {
@@ -72,6 +76,9 @@ func main() {
 func run(ctx context.Context, o options) error {
 	if o.concurrency < 1 {
 		return errors.New("--concurrency must be at least 1")
+	}
+	if o.bucketConcurrency < 1 {
+		return errors.New("--bucket-concurrency must be at least 1")
 	}
 	log := o.telemetry.NewLogger(service)
 	ctrllog.SetLogger(log)
@@ -102,7 +109,11 @@ func run(ctx context.Context, o options) error {
 
 	reg := telemetry.NewRegistry()
 	handler := &fetch.Handler{
-		Sources:     map[string]source.Source{gitfetch.Kind: &gitfetch.Source{Secrets: secretReader}},
+		Sources: map[string]source.Source{
+			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader},
+			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
+				MaxFileSize: o.maxFileSize},
+		},
 		Storage:     store,
 		Publisher:   conn.NewPublisher(service),
 		MaxAttempts: o.maxAttempts,
@@ -120,6 +131,6 @@ func run(ctx context.Context, o options) error {
 	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
 		return err
 	}
-	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind})
+	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind})
 	return worker.Run(ctx)
 }

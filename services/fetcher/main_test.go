@@ -29,7 +29,7 @@ func TestFlags(t *testing.T) {
 	if err := flagenv.Parse(fs, []string{"-concurrency", "2"}); err != nil {
 		t.Fatal(err)
 	}
-	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" {
+	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 {
 		t.Errorf("options = %+v", o)
 	}
 }

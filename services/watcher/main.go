@@ -47,6 +47,7 @@ type options struct {
 	concurrency             int
 	eventConcurrency        int
 	intervalJitter          float64
+	requeueDependency       time.Duration
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
 }
@@ -62,6 +63,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
 	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
 	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux).")
+	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
+		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", -1,
 		"Client-side limit of Kubernetes API requests per second; -1 leaves throttling to the API server's priority and fairness.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
@@ -142,8 +145,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, kind := range source.Kinds() {
-		r := &controller.Reconciler{Client: mgr.GetClient(), Kind: kind, Jobs: jobs}
-		if err := r.SetupWithManager(mgr, o.concurrency); err != nil {
+		r := &controller.Reconciler{Client: mgr.GetClient(), Kind: kind, Jobs: jobs,
+			Recorder: mgr.GetEventRecorder("headwater-watcher"), RequeueDependency: o.requeueDependency}
+		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
 		}
 	}

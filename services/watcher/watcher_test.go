@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ func startEnv(t *testing.T) *env {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	o := options{kubeconfig: kubeconfigPath, healthAddr: "0", leaderElect: true,
-		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2}
+		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2, requeueDependency: time.Second}
 	o.bus.URL = ns.ClientURL()
 	o.telemetry.Addr = "0"
 	o.telemetry.LogFormat = "text"
@@ -147,6 +148,7 @@ func TestWatcher(t *testing.T) {
 	e := startEnv(t)
 	t.Run("lifecycle", func(t *testing.T) { testLifecycle(t, e) })
 	t.Run("suspend", func(t *testing.T) { testSuspend(t, e) })
+	t.Run("include", func(t *testing.T) { testInclude(t, e) })
 }
 
 func testLifecycle(t *testing.T, e *env) {
@@ -315,4 +317,107 @@ func waitEvent(t *testing.T, e *env, name, typ, reason, message string) {
 
 func testLogger(t *testing.T) logr.Logger {
 	return testr.New(t)
+}
+
+// testInclude: a source including one that does not exist waits with
+// IncludeUnavailable; once the included source has an artifact, the
+// includer's job carries it; a changed included artifact makes a forced
+// rebuild; a cycle stalls.
+func testInclude(t *testing.T, e *env) {
+	ctx := context.Background()
+	parent := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "parent", Namespace: "default"},
+		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/parent.git", Interval: metav1.Duration{Duration: time.Hour},
+			Include: []sourcev1.GitRepositoryInclude{{GitRepositoryRef: meta.LocalObjectReference{Name: "child"}, ToPath: "deps/child"}}},
+	}
+	if err := e.k8s.Create(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	var got sourcev1.GitRepository
+	eventually(t, "IncludeUnavailable NotFound", func() bool {
+		_ = e.k8s.Get(ctx, client.ObjectKeyFromObject(parent), &got)
+		c := conditions.Get(&got, sourcev1.IncludeUnavailableCondition)
+		return c != nil && c.Reason == "NotFound" && conditions.IsFalse(&got, meta.ReadyCondition)
+	})
+	waitEvent(t, e, "parent", corev1.EventTypeWarning, "NotFound",
+		conditions.Get(&got, sourcev1.IncludeUnavailableCondition).Message)
+
+	child := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "child", Namespace: "default"},
+		Spec:       sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/child.git", Interval: metav1.Duration{Duration: time.Hour}},
+	}
+	if err := e.k8s.Create(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	// The child's job; the parent keeps waiting (NoArtifact) meanwhile.
+	m := next(t, e.fetchJobs)
+	childReq := m.Data.(*events.FetchRequested)
+	if childReq.Job.Object.Name != "child" {
+		t.Fatalf("job for %s, want child", childReq.Job.Object.Name)
+	}
+	eventually(t, "IncludeUnavailable NoArtifact", func() bool {
+		_ = e.k8s.Get(ctx, client.ObjectKeyFromObject(parent), &got)
+		c := conditions.Get(&got, sourcev1.IncludeUnavailableCondition)
+		return c != nil && c.Reason == "NoArtifact" && c.Message == "no artifact available for include 'child'"
+	})
+
+	// The child gets an artifact: the parent is reconciled at once and its
+	// job carries the child's artifact at the include's paths.
+	storeArtifact(t, e, childReq.Job, "sha256:c1")
+	m = next(t, e.fetchJobs)
+	parentReq := m.Data.(*events.FetchRequested)
+	if parentReq.Job.Object.Name != "parent" || len(parentReq.Includes) != 1 {
+		t.Fatalf("job = %+v, want the parent's with one include", parentReq)
+	}
+	if inc := parentReq.Includes[0]; inc.Name != "child" || inc.ToPath != "deps/child" || inc.FromPath != "" || inc.Artifact.Digest != "sha256:c1" {
+		t.Errorf("include = %+v", inc)
+	}
+	eventually(t, "IncludeUnavailable cleared", func() bool {
+		_ = e.k8s.Get(ctx, client.ObjectKeyFromObject(parent), &got)
+		return !conditions.Has(&got, sourcev1.IncludeUnavailableCondition)
+	})
+
+	// The parent's artifact is built with child's c1; a new child artifact
+	// rebuilds the parent, forced, although its own commit is the same.
+	storeArtifact(t, e, parentReq.Job, "sha256:p1", &parentReq.Includes[0].Artifact)
+	eventually(t, "includedArtifacts recorded", func() bool {
+		_ = e.k8s.Get(ctx, client.ObjectKeyFromObject(parent), &got)
+		return len(got.Status.IncludedArtifacts) == 1 && got.Status.IncludedArtifacts[0].Digest == "sha256:c1"
+	})
+	childJob := childReq.Job
+	childJob.ID += "/2"
+	storeArtifact(t, e, childJob, "sha256:c2")
+	m = next(t, e.fetchJobs)
+	rebuild := m.Data.(*events.FetchRequested)
+	if rebuild.Job.Object.Name != "parent" || !rebuild.Force || rebuild.Includes[0].Artifact.Digest != "sha256:c2" {
+		t.Fatalf("rebuild job = %+v, want a forced parent job with child's c2", rebuild)
+	}
+
+	// A cycle (child now includes parent) stalls both ends clearly.
+	if err := e.k8s.Get(ctx, client.ObjectKeyFromObject(child), &got); err != nil {
+		t.Fatal(err)
+	}
+	p := client.MergeFrom(got.DeepCopy())
+	got.Spec.Include = []sourcev1.GitRepositoryInclude{{GitRepositoryRef: meta.LocalObjectReference{Name: "parent"}}}
+	if err := e.k8s.Patch(ctx, &got, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "cycle stalled", func() bool {
+		_ = e.k8s.Get(ctx, client.ObjectKeyFromObject(child), &got)
+		c := conditions.Get(&got, sourcev1.IncludeUnavailableCondition)
+		return c != nil && c.Reason == "IncludeCycle" && c.Message == "include cycle detected: child -> parent -> child" &&
+			conditions.IsStalled(&got)
+	})
+}
+
+// storeArtifact announces a stored artifact with the given digest for job,
+// built with the included artifacts.
+func storeArtifact(t *testing.T, e *env, job events.Job, digest string, included ...*meta.Artifact) {
+	t.Helper()
+	rev := "master@sha1:" + strings.Repeat("a", 40)
+	path := "gitrepository/default/" + job.Object.Name + "/" + strings.TrimPrefix(digest, "sha256:") + ".tar.gz"
+	o := &events.Outcome{Job: job, Revision: rev, EventMessage: "stored",
+		Artifact:          &meta.Artifact{Path: path, URL: "http://a/" + path, Revision: rev, Digest: digest, LastUpdateTime: metav1.Now()},
+		IncludedArtifacts: included}
+	publishOutcome(t, e, events.TypeArtifactStored, o)
 }

@@ -88,7 +88,7 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, d bus.Deliver
 	h.observe(kind, ResultFailed, start)
 	failure := ferr.Failure()
 	log.Info("fetch failed", "reason", failure.Reason, "message", failure.Message, "stalled", failure.Stalled)
-	out := &events.Outcome{Job: req.Job, Failure: failure}
+	out := &events.Outcome{Job: req.Job, Failure: failure, Verification: ferr.Verification}
 	if perr := h.Publisher.Publish(ctx, events.PublishSubject(kind), events.TypeFetchFailed, req.Job, out); perr != nil {
 		return perr
 	}
@@ -170,6 +170,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string
 		ArtifactName: content.ArtifactName,
 		EventMessage: content.EventMessage,
 		Notices:      notices,
+		Verification: content.Verification,
 	}
 	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
 		return "", err

@@ -40,7 +40,8 @@ const (
 // Error is a failed fetch: the condition, reason and message the watcher
 // writes, and how to handle it. Its message never contains credentials.
 type Error struct {
-	// Condition is the negative-polarity condition; FetchFailed when empty.
+	// Condition is the negative-polarity condition; FetchFailed when empty,
+	// except for a failed verification, which sets none.
 	Condition string
 	// Reason is Flux's reason, e.g. sourcev1.GitOperationFailedReason.
 	Reason string
@@ -48,6 +49,10 @@ type Error struct {
 	Handling Handling
 	// Err is the cause, worded as Flux words it.
 	Err error
+	// Verification, when set, is the failed check of signatures this error
+	// reports: the watcher sets SourceVerified=False from it instead of a
+	// negative condition.
+	Verification *events.Verification
 }
 
 // Error returns the message with credentials removed from any URL in it
@@ -62,7 +67,7 @@ func (e *Error) Unwrap() error { return e.Err }
 // Failure converts the error into the failure of an outcome.
 func (e *Error) Failure() *events.Failure {
 	cond := e.Condition
-	if cond == "" {
+	if cond == "" && e.Verification == nil {
 		cond = sourcev1.FetchFailedCondition
 	}
 	return &events.Failure{Condition: cond, Reason: e.Reason, Message: e.Error(), Stalled: e.Handling == Stalled}

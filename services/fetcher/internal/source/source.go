@@ -49,4 +49,7 @@ type Content struct {
 	ArtifactName string
 	// EventMessage is the message of the NewArtifact event, in Flux's words.
 	EventMessage string
+	// Verification is the result of checking the content's signatures
+	// (a GitRepository's spec.verify); nil when none were asked for.
+	Verification *events.Verification
 }

@@ -6,15 +6,18 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/fluxcd/pkg/runtime/conditions"
 	"github.com/fluxcd/pkg/runtime/jitter"
 	"github.com/fluxcd/pkg/runtime/patch"
 	"github.com/fluxcd/pkg/runtime/predicates"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
@@ -44,6 +48,11 @@ type Reconciler struct {
 	Kind source.Kind
 	// Jobs publishes fetch and delete jobs.
 	Jobs Publisher
+	// Recorder records Kubernetes Events.
+	Recorder recorder.EventRecorder
+	// RequeueDependency is how often a source waiting for another one (an
+	// include without an artifact) looks again.
+	RequeueDependency time.Duration
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
 }
@@ -51,13 +60,18 @@ type Reconciler struct {
 // SetupWithManager registers the reconciler. It reacts to spec changes
 // (generation) and reconcile requests (the requestedAt annotation) only, so
 // the watcher's own status writes never trigger a reconcile.
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	return ctrl.NewControllerManagedBy(mgr).
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concurrency int) error {
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(strings.ToLower(r.Kind.Name)).
 		For(r.Kind.New(), builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency}).
-		Complete(r)
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
+	if r.Kind.Setup != nil {
+		if err := r.Kind.Setup(ctx, mgr, b); err != nil {
+			return err
+		}
+	}
+	return b.Complete(r)
 }
 
 // Reconcile runs, in order: deletion (finalize), the finalizer, suspend,
@@ -88,19 +102,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	job := r.job(obj)
 	fetch := &events.FetchRequested{Job: job, Previous: obj.GetArtifact()}
-	fetch.Force = r.Kind.Request(obj, fetch)
+	force, err := r.Kind.Request(ctx, r.Client, obj, fetch)
+	var wait *source.WaitingError
+	if errors.As(err, &wait) {
+		return r.waiting(ctx, obj, wait)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	fetch.Force = force
 
 	// Mark a new generation as in progress before the job exists, so its
-	// outcome, however fast, always lands after this write.
+	// outcome, however fast, always lands after this write. A source that
+	// was waiting for another one stops waiting here too.
 	st := r.Kind.Status(obj)
-	if obj.GetGeneration() != *st.ObservedGeneration {
+	newGeneration := obj.GetGeneration() != *st.ObservedGeneration
+	wasWaiting := conditions.Has(obj, sourcev1.IncludeUnavailableCondition)
+	if newGeneration || wasWaiting {
 		helper, err := patch.NewHelper(obj, r.Client)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		status.MarkProgressing(obj, st)
+		if newGeneration {
+			status.MarkProgressing(obj, st)
+		}
+		conditions.Delete(obj, sourcev1.IncludeUnavailableCondition)
 		if err := helper.Patch(ctx, obj, patch.WithFieldOwner(FieldOwner),
-			patch.WithOwnedConditions{Conditions: []string{meta.ReadyCondition, meta.ReconcilingCondition}}); err != nil {
+			patch.WithOwnedConditions{Conditions: []string{meta.ReadyCondition, meta.ReconcilingCondition,
+				sourcev1.IncludeUnavailableCondition}}); err != nil {
 			return ctrl.Result{}, fmt.Errorf("mark progressing: %w", err)
 		}
 	}
@@ -111,6 +140,40 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force)
 	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(obj.GetRequeueAfter())}, nil
+}
+
+// waiting records that no job can be made yet: the waiting condition
+// (abnormal-true) and Ready=False with its reason and message, a Warning
+// Event when that is news, and a look again after RequeueDependency (or
+// only on a spec change, when stalled).
+func (r *Reconciler) waiting(ctx context.Context, obj source.Object, w *source.WaitingError) (ctrl.Result, error) {
+	helper, err := patch.NewHelper(obj, r.Client)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	old := conditions.Get(obj, meta.ReadyCondition)
+	conditions.MarkTrue(obj, w.Condition, w.Reason, "%s", w.Message)
+	conditions.MarkFalse(obj, meta.ReadyCondition, w.Reason, "%s", w.Message)
+	if w.Stalled {
+		conditions.MarkStalled(obj, w.Reason, "%s", w.Message)
+		conditions.Delete(obj, meta.ReconcilingCondition)
+		*r.Kind.Status(obj).ObservedGeneration = obj.GetGeneration()
+	}
+	if token, ok := meta.ReconcileAnnotationValue(obj.GetAnnotations()); ok {
+		*r.Kind.Status(obj).LastHandledReconcileAt = token
+	}
+	if err := helper.Patch(ctx, obj, patch.WithFieldOwner(FieldOwner), patch.WithOwnedConditions{Conditions: []string{
+		w.Condition, meta.ReadyCondition, meta.StalledCondition, meta.ReconcilingCondition}}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("record waiting: %w", err)
+	}
+	if r.Recorder != nil && (old == nil || old.Reason != w.Reason || old.Message != w.Message) {
+		r.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, w.Reason, "Reconcile", "%s", w.Message)
+	}
+	log.FromContext(ctx).Info("waiting", "reason", w.Reason, "message", w.Message, "stalled", w.Stalled)
+	if w.Stalled {
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{RequeueAfter: r.RequeueDependency}, nil
 }
 
 // finalize asks the packagers to remove the object's artifacts, then removes

@@ -98,7 +98,8 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 		return err
 	}
 	recorded := status.Apply(kind, obj, msg.Event.Type(), o)
-	owned := append([]string{meta.ReadyCondition, meta.ReconcilingCondition, meta.StalledCondition}, kind.FailureConditions...)
+	owned := append([]string{meta.ReadyCondition, meta.ReconcilingCondition, meta.StalledCondition,
+		sourcev1.ArtifactInStorageCondition, sourcev1.SourceVerifiedCondition}, kind.FailureConditions...)
 	if err := helper.Patch(ctx, obj, patch.WithFieldOwner(controller.FieldOwner),
 		patch.WithOwnedConditions{Conditions: owned}); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -1,11 +1,13 @@
 package source
 
 import (
+	"context"
 	"fmt"
 	"path"
 	"reflect"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
@@ -17,10 +19,10 @@ func Bucket() Kind {
 		Name:      sourcev1.BucketKind,
 		New:       func() Object { return &sourcev1.Bucket{} },
 		Suspended: func(o Object) bool { return o.(*sourcev1.Bucket).Spec.Suspend },
-		Request: func(o Object, req *events.FetchRequested) bool {
+		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
 			b := o.(*sourcev1.Bucket)
 			req.Bucket = b.Spec.DeepCopy()
-			return b.Status.Artifact != nil && !reflect.DeepEqual(b.Spec.Ignore, b.Status.ObservedIgnore)
+			return b.Status.Artifact != nil && !reflect.DeepEqual(b.Spec.Ignore, b.Status.ObservedIgnore), nil
 		},
 		Observe: func(o Object) {
 			b := o.(*sourcev1.Bucket)

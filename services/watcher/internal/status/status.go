@@ -109,7 +109,9 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		if f == nil {
 			f = &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: meta.FailedReason, Message: "unknown failure"}
 		}
-		conditions.MarkTrue(obj, f.Condition, f.Reason, "%s", f.Message)
+		if f.Condition != "" {
+			conditions.MarkTrue(obj, f.Condition, f.Reason, "%s", f.Message)
+		}
 		conditions.MarkFalse(obj, meta.ReadyCondition, f.Reason, "%s", f.Message)
 		if f.Stalled {
 			conditions.MarkStalled(obj, f.Reason, "%s", f.Message)
@@ -121,6 +123,10 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 	default:
 		return out
+	}
+
+	if kind.Record != nil {
+		kind.Record(obj, eventType, o)
 	}
 
 	// The job is done: it handled its reconcile request, and if it was made

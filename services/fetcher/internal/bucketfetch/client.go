@@ -1,0 +1,272 @@
+package bucketfetch
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+)
+
+// Secret keys Flux reads for a Bucket.
+const (
+	keyAccessKey = "accesskey"
+	keySecretKey = "secretkey"
+	keyCA        = "ca.crt"
+	keyCert      = "tls.crt"
+	keyKey       = "tls.key"
+	keyCAFile    = "caFile"   // deprecated spelling, still read by Flux
+	keyCertFile  = "certFile" // deprecated spelling, still read by Flux
+	keyKeyFile   = "keyFile"  // deprecated spelling, still read by Flux
+	keyAddress   = "address"
+	keyUsername  = "username"
+	keyPassword  = "password"
+)
+
+// proxySchemes are the proxy URL schemes Flux accepts.
+var proxySchemes = []string{"http", "https", "socks5"}
+
+// customIdleTimeout bounds how long the idle connections of a job's own
+// transport (one with a CA, a client certificate or a proxy) outlive it.
+const customIdleTimeout = 10 * time.Second
+
+// checkSpec refuses, as stalled failures, the specs this fetcher cannot
+// serve whatever the bucket holds.
+func checkSpec(spec *sourcev1.BucketSpec) error {
+	switch spec.Provider {
+	case "", sourcev1.BucketProviderGeneric, sourcev1.BucketProviderAmazon:
+	case sourcev1.BucketProviderGoogle, sourcev1.BucketProviderAzure:
+		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
+			"the '%s' Bucket provider is not supported yet: use 'generic' or 'aws'", spec.Provider)
+	default:
+		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
+			"unsupported Bucket provider '%s': use 'generic' or 'aws'", spec.Provider)
+	}
+	if spec.STS != nil {
+		return source.StalledError(sourcev1.InvalidSTSConfigurationReason,
+			"STS authentication (spec.sts, provider '%s') is not supported yet", spec.STS.Provider)
+	}
+	if spec.ServiceAccountName != "" {
+		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
+			"authentication with spec.serviceAccountName is not supported yet")
+	}
+	return nil
+}
+
+// newClient builds the S3 client of a spec as Flux does: keys from
+// spec.secretRef; without them, the AWS credential chain for provider aws
+// and anonymous access for generic; TLS settings from spec.certSecretRef
+// (HTTPS only); a proxy from spec.proxySecretRef.
+func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (*minio.Client, error) {
+	var keys map[string][]byte
+	if ref := spec.SecretRef; ref != nil {
+		data, err := s.secret(ctx, namespace, ref.Name)
+		if err != nil {
+			return nil, source.Failed(sourcev1.AuthenticationFailedReason, "failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+		}
+		_, hasAccess := data[keyAccessKey]
+		_, hasSecret := data[keySecretKey]
+		if !hasAccess || !hasSecret {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason,
+				"invalid '%s' secret data: required fields '%s' and '%s'", ref.Name, keyAccessKey, keySecretKey)
+		}
+		keys = data
+	}
+	var proxy *url.URL
+	if ref := spec.ProxySecretRef; ref != nil {
+		data, err := s.secret(ctx, namespace, ref.Name)
+		if err != nil {
+			return nil, source.Failed(sourcev1.AuthenticationFailedReason,
+				"failed to get proxy URL: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+		}
+		if proxy, err = proxyURL(data, namespace+"/"+ref.Name); err != nil {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get proxy URL: %w", err)
+		}
+	}
+	secure := !spec.Insecure
+	var tlsConfig *tls.Config
+	if ref := spec.CertSecretRef; ref != nil && secure {
+		data, err := s.secret(ctx, namespace, ref.Name)
+		if err != nil {
+			return nil, source.Failed(sourcev1.AuthenticationFailedReason,
+				"failed to get TLS config: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+		}
+		if tlsConfig, err = tlsConfigFrom(data, namespace+"/"+ref.Name); err != nil {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get TLS config: %w", err)
+		}
+	}
+
+	transport, err := s.transport(secure, tlsConfig, proxy)
+	if err != nil {
+		return nil, source.Failed(sourcev1.BucketOperationFailedReason, "failed to create bucket client transport: %w", err)
+	}
+	opts := &minio.Options{
+		Region:     spec.Region,
+		Secure:     secure,
+		Transport:  transport,
+		MaxRetries: s.MaxRetries,
+	}
+	switch {
+	case keys != nil:
+		// Flux signs only with both keys set; empty ones mean anonymous.
+		if access, secret := string(keys[keyAccessKey]), string(keys[keySecretKey]); access != "" && secret != "" {
+			opts.Creds = credentials.NewStaticV4(access, secret, "")
+		}
+	case spec.Provider == sourcev1.BucketProviderAmazon:
+		if opts.Creds, err = awsCredentials(ctx, transport); err != nil {
+			return nil, err
+		}
+	}
+	client, err := minio.New(spec.Endpoint, opts)
+	if err != nil {
+		return nil, source.StalledError(sourcev1.URLInvalidReason, "invalid endpoint '%s': %w", spec.Endpoint, err)
+	}
+	return client, nil
+}
+
+// secret reads a Secret's data.
+func (s *Source) secret(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+	if s.Secrets == nil {
+		return nil, errors.New("no Kubernetes API server is configured")
+	}
+	return s.Secrets.Get(ctx, namespace, name)
+}
+
+// transport returns the HTTP transport of a client: a shared one without
+// TLS settings or proxy, so connections are reused across jobs, and a
+// job's own one otherwise.
+func (s *Source) transport(secure bool, tlsConfig *tls.Config, proxy *url.URL) (http.RoundTripper, error) {
+	if tlsConfig == nil && proxy == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.transports == nil {
+			s.transports = map[bool]http.RoundTripper{}
+		}
+		if t, ok := s.transports[secure]; ok {
+			return t, nil
+		}
+		t, err := minio.DefaultTransport(secure)
+		if err != nil {
+			return nil, err
+		}
+		s.transports[secure] = t
+		return t, nil
+	}
+	t, err := minio.DefaultTransport(secure)
+	if err != nil {
+		return nil, err
+	}
+	t.IdleConnTimeout = customIdleTimeout
+	if tlsConfig != nil {
+		t.TLSClientConfig = tlsConfig
+	}
+	if proxy != nil {
+		t.Proxy = http.ProxyURL(proxy)
+	}
+	return t, nil
+}
+
+// awsCredentials finds credentials with the AWS chain minio-go provides:
+// the AWS_* environment, the shared credentials file, then the instance,
+// container (ECS, EKS Pod Identity) or web identity (IRSA) endpoints. It
+// fails, as Flux does, when none of them has credentials.
+func awsCredentials(ctx context.Context, transport http.RoundTripper) (*credentials.Credentials, error) {
+	client := &http.Client{Transport: transport}
+	creds := credentials.NewChainCredentials([]credentials.Provider{
+		&credentials.EnvAWS{},
+		&credentials.FileAWSCredentials{},
+		&credentials.IAM{Client: client},
+	})
+	v, err := creds.GetWithContext(&credentials.CredContext{Client: client, Context: ctx})
+	if err == nil && v.AccessKeyID == "" {
+		err = errors.New("no credentials in the environment, the shared credentials file or the instance metadata")
+	}
+	if err != nil {
+		return nil, source.Failed(sourcev1.AuthenticationFailedReason, "AWS authentication failed: %w", err)
+	}
+	return creds, nil
+}
+
+// tlsConfigFrom builds a TLS configuration from a certSecretRef's data with
+// Flux's rules: ca.crt added to the system roots, tls.crt and tls.key as
+// the client certificate; the deprecated caFile, certFile and keyFile are
+// read when the standard keys are absent.
+func tlsConfigFrom(data map[string][]byte, ref string) (*tls.Config, error) {
+	ca, cert, key := first(data, keyCA, keyCAFile), first(data, keyCert, keyCertFile), first(data, keyKey, keyKeyFile)
+	switch {
+	case len(ca) == 0 && len(cert) == 0 && len(key) == 0:
+		return nil, fmt.Errorf("secret '%s' must contain either '%s' or both '%s' and '%s'", ref, keyCA, keyCert, keyKey)
+	case (len(cert) == 0) != (len(key) == 0):
+		return nil, fmt.Errorf("secret '%s' must contain both '%s' and '%s'", ref, keyCert, keyKey)
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if len(cert) > 0 {
+		pair, err := tls.X509KeyPair(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("failed to parse TLS certificate and key: %w", err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	if len(ca) > 0 {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			return nil, fmt.Errorf("cannot retrieve system certificate pool: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(ca) {
+			return nil, errors.New("failed to parse CA certificate")
+		}
+		c.RootCAs = pool
+	}
+	return c, nil
+}
+
+// proxyURL builds the proxy URL of a proxySecretRef's data with Flux's
+// rules: address (http, https or socks5), with username and password.
+func proxyURL(data map[string][]byte, ref string) (*url.URL, error) {
+	address, ok := data[keyAddress]
+	if !ok {
+		return nil, fmt.Errorf("secret '%s' has no '%s' key", ref, keyAddress)
+	}
+	if len(address) == 0 {
+		return nil, fmt.Errorf("secret '%s': proxy address is empty", ref)
+	}
+	u, err := url.Parse(string(address))
+	if err != nil {
+		// The parse error quotes the address, which may hold a password.
+		return nil, fmt.Errorf("secret '%s': failed to parse proxy address", ref)
+	}
+	if !slices.Contains(proxySchemes, u.Scheme) {
+		return nil, fmt.Errorf("secret '%s': proxy URL must use one of the supported schemes (%s), got '%s'",
+			ref, strings.Join(proxySchemes, ", "), u.Scheme)
+	}
+	username, hasUsername := data[keyUsername]
+	password, hasPassword := data[keyPassword]
+	switch {
+	case hasUsername && hasPassword:
+		u.User = url.UserPassword(string(username), string(password))
+	case hasUsername:
+		u.User = url.User(string(username))
+	}
+	return u, nil
+}
+
+// first returns the value of the first of keys that data has.
+func first(data map[string][]byte, keys ...string) []byte {
+	for _, k := range keys {
+		if v, ok := data[k]; ok {
+			return v
+		}
+	}
+	return nil
+}
