@@ -173,11 +173,17 @@ func includesChanged(now []events.Include, built []*meta.Artifact) bool {
 	return false
 }
 
+// verifyModeChanged reports whether spec.verify asks for more than the
+// stored artifact was verified with: TagAndHEAD covers HEAD and Tag.
 func verifyModeChanged(g *sourcev1.GitRepository) bool {
 	if g.Spec.Verification == nil {
 		return false
 	}
-	return g.Status.SourceVerificationMode == nil || *g.Status.SourceVerificationMode != g.Spec.Verification.GetMode()
+	done := g.Status.SourceVerificationMode
+	if done == nil {
+		return true
+	}
+	return *done != g.Spec.Verification.GetMode() && *done != sourcev1.ModeGitTagAndHEAD
 }
 
 // gitRecord writes status.includedArtifacts, SourceVerified and

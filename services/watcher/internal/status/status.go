@@ -111,6 +111,10 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 		if f.Condition != "" {
 			conditions.MarkTrue(obj, f.Condition, f.Reason, "%s", f.Message)
+		} else {
+			// A failure reported by another field (a failed verification)
+			// means the fetch itself worked.
+			conditions.Delete(obj, sourcev1.FetchFailedCondition)
 		}
 		conditions.MarkFalse(obj, meta.ReadyCondition, f.Reason, "%s", f.Message)
 		if f.Stalled {

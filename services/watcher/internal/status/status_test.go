@@ -255,3 +255,40 @@ func TestApplyBucket(t *testing.T) {
 		t.Errorf("events = %+v, want %+v", got, want)
 	}
 }
+
+func TestApplyVerification(t *testing.T) {
+	kind := source.GitRepository()
+	newRepo := func() *sourcev1.GitRepository {
+		g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+		g.Status.ObservedGeneration = -1
+		g.Spec.Verification = &sourcev1.GitRepositoryVerification{Mode: sourcev1.ModeGitHEAD}
+		return g
+	}
+	t.Run("verified", func(t *testing.T) {
+		g := newRepo()
+		Apply(kind, g, events.TypeArtifactStored, &events.Outcome{Job: job(1, ""), Revision: rev1,
+			Artifact:     artifact(rev1, "sha256:a", time.Now()),
+			Verification: &events.Verification{Mode: "HEAD", Verified: true, Reason: meta.SucceededReason, Message: "verified signature of commit"}})
+		wantCondition(t, g, sourcev1.SourceVerifiedCondition, metav1.ConditionTrue, meta.SucceededReason, "verified signature of commit")
+		if g.Status.SourceVerificationMode == nil || *g.Status.SourceVerificationMode != sourcev1.ModeGitHEAD {
+			t.Errorf("sourceVerificationMode = %v", g.Status.SourceVerificationMode)
+		}
+	})
+	t.Run("refused clears a stale FetchFailed", func(t *testing.T) {
+		g := newRepo()
+		conditions.MarkTrue(g, sourcev1.FetchFailedCondition, sourcev1.GitOperationFailedReason, "old")
+		Apply(kind, g, events.TypeArtifactFailed, &events.Outcome{Job: job(1, ""),
+			Failure:      &events.Failure{Reason: "InvalidCommitSignature", Message: "bad signature"},
+			Verification: &events.Verification{Mode: "HEAD", Reason: "InvalidCommitSignature", Message: "bad signature"}})
+		wantCondition(t, g, sourcev1.SourceVerifiedCondition, metav1.ConditionFalse, "InvalidCommitSignature", "bad signature")
+		wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, "InvalidCommitSignature", "bad signature")
+		wantNoCondition(t, g, sourcev1.FetchFailedCondition)
+	})
+	t.Run("verify removed from the spec", func(t *testing.T) {
+		g := newRepo()
+		conditions.MarkTrue(g, sourcev1.SourceVerifiedCondition, meta.SucceededReason, "old")
+		g.Spec.Verification = nil
+		Apply(kind, g, events.TypeArtifactUnchanged, &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", time.Now())})
+		wantNoCondition(t, g, sourcev1.SourceVerifiedCondition)
+	})
+}
