@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -15,6 +16,10 @@ import (
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
 )
+
+// e2eMaxFileSize is the fetcher's -max-file-size in these tests: larger
+// than any file a test commits, except the one that checks the limit.
+const e2eMaxFileSize = 1 << 20
 
 // One Env serves the whole package; every test works on objects and
 // repositories of its own name, so tests run in parallel.
@@ -104,6 +109,9 @@ func testConfig() (harness.Config, error) {
 		AssetsDir: os.Getenv("KUBEBUILDER_ASSETS"),
 		CRDDir:    filepath.Join(root, "deploy", "crds"),
 		Dir:       os.TempDir(), // replaced by a fresh directory once checked
+		ExtraArgs: map[string][]string{
+			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize)},
+		},
 	}
 	if cfg.BinDir == "" {
 		cfg.BinDir = filepath.Join(root, "bin")

@@ -55,6 +55,16 @@ type Config struct {
 	Progress func(msg string)
 	// ExtraArgs are appended to a service's command line, by service name.
 	ExtraArgs map[string][]string
+	// S3, when set, makes the fetcher, the packager and the artifact-server
+	// share this bucket as their storage instead of the directory storage
+	// (which is then left empty).
+	S3 *S3Storage
+	// ArtifactServerReplicas is the number of artifact-server processes;
+	// 0 means 1. Every replica serves the same storage on an address of its
+	// own (Env.ArtifactServerAddrs) and advertises the first's, so artifact
+	// URLs name the first. More than one needs shared storage the replicas
+	// all reach, as the directory on one machine or S3 are.
+	ArtifactServerReplicas int
 }
 
 // Check reports every binary or manifest the Env needs that is missing; the

@@ -43,6 +43,9 @@ type Env struct {
 	// ArtifactAddr is the artifact-server's advertised host:port, the
 	// authority of every artifact URL.
 	ArtifactAddr string
+	// ArtifactServerAddrs are the addresses the artifact-server replicas
+	// listen on, the first being ArtifactAddr; each serves every artifact.
+	ArtifactServerAddrs []string
 	// Git serves the repositories under GitRoot over smart HTTP.
 	Git *gitserver.Server
 	// GitRoot holds the served bare repositories.
@@ -85,7 +88,11 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 	e.NATSURL = e.nats.ClientURL()
 
 	e.StoragePath = filepath.Join(c.Dir, "storage")
-	c.progress("using directory storage " + e.StoragePath)
+	if c.S3 != nil {
+		c.progress("using S3 storage " + c.S3.String())
+	} else {
+		c.progress("using directory storage " + e.StoragePath)
+	}
 
 	e.GitRoot = filepath.Join(c.Dir, "git")
 	e.Git = &gitserver.Server{Root: e.GitRoot}
@@ -175,7 +182,7 @@ func (e *Env) startControlPlane() error {
 
 // defineServices picks free ports and builds the command line of each service.
 func (e *Env) defineServices() error {
-	ports, err := freePorts(6)
+	ports, err := freePorts(6 + 2*e.Config.extraArtifactServers())
 	if err != nil {
 		return err
 	}
@@ -210,6 +217,10 @@ func (e *Env) defineServices() error {
 			TelemetryAddr: telemetry[name],
 		})
 	}
+	if err := e.addArtifactServerReplicas(ports[6:]); err != nil {
+		return err
+	}
+	e.useS3Storage()
 	return nil
 }
 

@@ -835,4 +835,3 @@ func TestErrorMarkers(t *testing.T) {
 		}
 	}
 }
-

@@ -26,6 +26,9 @@ type Server struct {
 	Root string
 	// Username and Password, when set, require HTTP basic auth.
 	Username, Password string
+	// BearerToken, when set, requires an "Authorization: Bearer" header
+	// with it (basic auth is then accepted as well if Username is set).
+	BearerToken string
 
 	srv *http.Server
 	url string
@@ -33,29 +36,9 @@ type Server struct {
 
 // Start serves Root on addr ("127.0.0.1:0" picks a free port) until Stop.
 func (s *Server) Start(addr string) error {
-	gitPath, err := exec.LookPath("git")
+	handler, err := s.handler()
 	if err != nil {
-		return fmt.Errorf("git server: %w", err)
-	}
-	backend := &cgi.Handler{
-		Path: gitPath,
-		Args: []string{"http-backend"},
-		Env:  []string{"GIT_PROJECT_ROOT=" + s.Root, "GIT_HTTP_EXPORT_ALL=1"},
-		// http-backend reports a missing repository on stderr as well as
-		// with a 404; the status is what clients see.
-		Stderr: io.Discard,
-	}
-	handler := http.Handler(backend)
-	if s.Username != "" {
-		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			u, p, ok := r.BasicAuth()
-			if !ok || u != s.Username || p != s.Password {
-				w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
-				http.Error(w, "unauthorized", http.StatusUnauthorized)
-				return
-			}
-			backend.ServeHTTP(w, r)
-		})
+		return err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -65,6 +48,42 @@ func (s *Server) Start(addr string) error {
 	s.srv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.srv.Serve(ln) }()
 	return nil
+}
+
+// handler is `git http-backend` behind the configured authentication.
+func (s *Server) handler() (http.Handler, error) {
+	gitPath, err := exec.LookPath("git")
+	if err != nil {
+		return nil, fmt.Errorf("git server: %w", err)
+	}
+	backend := &cgi.Handler{
+		Path: gitPath,
+		Args: []string{"http-backend"},
+		Env:  []string{"GIT_PROJECT_ROOT=" + s.Root, "GIT_HTTP_EXPORT_ALL=1"},
+		// http-backend reports a missing repository on stderr as well as
+		// with a 404; the status is what clients see.
+		Stderr: io.Discard,
+	}
+	if s.Username == "" && s.BearerToken == "" {
+		return backend, nil
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.authorized(r) {
+			backend.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+	}), nil
+}
+
+// authorized reports whether r carries the configured credentials.
+func (s *Server) authorized(r *http.Request) bool {
+	if s.BearerToken != "" && r.Header.Get("Authorization") == "Bearer "+s.BearerToken {
+		return true
+	}
+	u, p, ok := r.BasicAuth()
+	return s.Username != "" && ok && u == s.Username && p == s.Password
 }
 
 // URL is the base URL of the server, e.g. http://127.0.0.1:41234.

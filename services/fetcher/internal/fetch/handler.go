@@ -171,6 +171,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string
 		EventMessage: content.EventMessage,
 		Notices:      notices,
 		Verification: content.Verification,
+		Includes:     req.Includes,
 	}
 	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
 		return "", err
@@ -217,8 +218,12 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 	if werr := <-done; werr != nil && !errors.Is(werr, errStagingStopped) {
 		handling := source.Transient
 		if errors.Is(werr, archive.ErrTooLarge) {
-			// The same content is as large the next time.
+			// The same content is as large the next time. The message
+			// names the file, not the temporary directory it was in.
 			handling = source.Final
+			if cause := errors.Unwrap(werr); cause != nil {
+				werr = cause
+			}
 		}
 		return 0, &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 			Handling: handling, Err: fmt.Errorf("unable to archive artifact to storage: %w", werr)}

@@ -2,9 +2,13 @@ package gitfetch
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
+	"strings"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-git/go-git/v5/plumbing/transport"
@@ -14,62 +18,116 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
-// Secret keys Flux reads for HTTP(S) Git authentication.
+// Secret keys Flux reads for Git authentication (spec.secretRef) and for
+// the proxy (spec.proxySecretRef).
 const (
 	keyUsername    = "username"
-	keyPassword    = "password"
+	keyPassword    = "password" // HTTP password, or the passphrase of an SSH key
 	keyBearerToken = "bearerToken"
 	keyCA          = "ca.crt"
 	keyCAFile      = "caFile" // deprecated spelling, still read by Flux
+	keyTLSCert     = "tls.crt"
+	keyTLSKey      = "tls.key"
+	keyIdentity    = "identity"
+	keyKnownHosts  = "known_hosts"
+	keyAddress     = "address"
 )
 
-// credentials are what a fetch authenticates with.
+// credentials are what a fetch authenticates and connects with.
 type credentials struct {
 	method transport.AuthMethod
-	ca     []byte
+	// ca is added to the system roots for https; cert and key are the
+	// client certificate for mutual TLS.
+	ca, cert, key []byte
+	// proxy is spec.proxySecretRef's proxy, empty for none.
+	proxy transport.ProxyOptions
+	// ssh is true for an ssh:// URL, whose connections are bounded by the
+	// fetch's deadline (see proxyFor).
+	ssh bool
 }
 
-// authenticate reads the Secret req names, if any, and builds the
-// credentials for u with Flux's rules: ca.crt (or caFile) for the TLS
-// roots; bearerToken when present, else username and password; the URL's
-// user-info when the Secret has none.
+// proxyFor is the proxy to connect through within ctx. For SSH it is a
+// dialer that also bounds the connection by ctx's deadline: go-git's SSH
+// transport ignores the context while it connects and shakes hands.
+func (c *credentials) proxyFor(ctx context.Context) transport.ProxyOptions {
+	if deadline, ok := ctx.Deadline(); ok && c.ssh {
+		return deadlineProxy(deadline, c.proxy)
+	}
+	return c.proxy
+}
+
+// authenticate reads the Secrets req names, if any, and builds the
+// credentials for u with Flux's rules (see credentialsFor and
+// proxyOptions). A Secret that cannot be read is a transient failure; one
+// whose content cannot work stalls the source.
 func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u *url.URL) (*credentials, error) {
 	spec := req.GitRepository
+	ns := req.Job.Object.Namespace
+	var proxy transport.ProxyOptions
+	if spec.ProxySecretRef != nil {
+		data, err := s.secret(ctx, ns, spec.ProxySecretRef.Name)
+		if err != nil {
+			return nil, source.Failed(sourcev1.AuthenticationFailedReason, "failed to configure proxy options: %w", err)
+		}
+		if proxy, err = proxyOptions(ns+"/"+spec.ProxySecretRef.Name, data, u.Scheme); err != nil {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to configure proxy options: %w", err)
+		}
+	}
 	var data map[string][]byte
 	if spec.SecretRef != nil {
-		ns, name := req.Job.Object.Namespace, spec.SecretRef.Name
-		if s.Secrets == nil {
-			return nil, source.Failed(sourcev1.AuthenticationFailedReason,
-				"failed to get secret '%s/%s': no Kubernetes API server is configured", ns, name)
-		}
-		d, err := s.Secrets.Get(ctx, ns, name)
+		name := spec.SecretRef.Name
+		d, err := s.secret(ctx, ns, name)
 		if err != nil {
-			return nil, source.Failed(sourcev1.AuthenticationFailedReason, "failed to get secret '%s/%s': %w", ns, name, err)
+			return nil, source.Failed(sourcev1.AuthenticationFailedReason, "%w", err)
 		}
-		if !hasAnyKey(d, keyUsername, keyPassword, keyBearerToken, keyCA, keyCAFile) {
+		if u.Scheme != "ssh" && !hasAnyKey(d, keyUsername, keyPassword, keyBearerToken, keyCA, keyCAFile, keyTLSCert, keyTLSKey) {
 			return nil, source.StalledError(sourcev1.AuthenticationFailedReason,
-				"failed to configure authentication options: secret '%s/%s' has none of the keys '%s', '%s', '%s' or '%s'",
-				ns, name, keyUsername, keyPassword, keyBearerToken, keyCA)
+				"failed to configure authentication options: secret '%s/%s' has none of the keys '%s', '%s', '%s', '%s' or '%s'",
+				ns, name, keyUsername, keyPassword, keyBearerToken, keyCA, keyTLSCert)
 		}
 		data = d
 	}
 	c, err := credentialsFor(u, data)
 	if err != nil {
-		return nil, &source.Error{Reason: sourcev1.AuthenticationFailedReason, Handling: source.Stalled,
-			Err: fmt.Errorf("failed to configure authentication options: %w", err)}
+		return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to configure authentication options: %w", err)
 	}
+	c.proxy = proxy
 	return c, nil
+}
+
+// secret reads the data of the Secret namespace/name, with Flux's words
+// for a failure.
+func (s *Source) secret(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+	if s.Secrets == nil {
+		return nil, fmt.Errorf("failed to get secret '%s/%s': no Kubernetes API server is configured", namespace, name)
+	}
+	data, err := s.Secrets.Get(ctx, namespace, name)
+	if err != nil {
+		return nil, fmt.Errorf("failed to get secret '%s/%s': %w", namespace, name, err)
+	}
+	return data, nil
 }
 
 // credentialsFor applies Flux's rules (git.NewAuthOptions and the go-git
 // client's checks) to a Secret's data, which is nil without a Secret.
+//
+// For http and https: ca.crt (or caFile) joins the system roots,
+// tls.crt and tls.key are a client certificate, bearerToken is preferred to
+// username and password, and the URL's user-info fills what the Secret
+// leaves empty. For ssh: identity (a private key, decrypted with password
+// when it is encrypted) and known_hosts are required, the user is the URL's
+// or "git", and host keys are always checked against known_hosts.
 func credentialsFor(u *url.URL, data map[string][]byte) (*credentials, error) {
+	if u.Scheme == "ssh" {
+		return sshCredentials(u, data)
+	}
 	c := &credentials{}
 	var username, password, token string
 	if data != nil {
 		if c.ca = data[keyCA]; len(c.ca) == 0 {
 			c.ca = data[keyCAFile]
 		}
+		c.cert, c.key = data[keyTLSCert], data[keyTLSKey]
 		if t, found := data[keyBearerToken]; found {
 			token = string(t)
 		} else {
@@ -92,7 +150,85 @@ func credentialsFor(u *url.URL, data map[string][]byte) (*credentials, error) {
 	case username != "":
 		c.method = &githttp.BasicAuth{Username: username, Password: password}
 	}
+	if u.Scheme == "https" {
+		if err := checkTLS(c); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// checkTLS rejects a CA or client certificate that cannot be used, which
+// go-git would otherwise ignore or report on every fetch.
+func checkTLS(c *credentials) error {
+	switch {
+	case len(c.cert) > 0 && len(c.key) == 0:
+		return fmt.Errorf("secret contains '%s' but misses '%s'", keyTLSCert, keyTLSKey)
+	case len(c.key) > 0 && len(c.cert) == 0:
+		return fmt.Errorf("secret contains '%s' but misses '%s'", keyTLSKey, keyTLSCert)
+	case len(c.cert) > 0:
+		if _, err := tls.X509KeyPair(c.cert, c.key); err != nil {
+			return fmt.Errorf("invalid TLS certificate and key pair: %w", err)
+		}
+	}
+	if len(c.ca) > 0 && !x509.NewCertPool().AppendCertsFromPEM(c.ca) {
+		return fmt.Errorf("failed to parse CA certificate in '%s'", keyCA)
+	}
+	return nil
+}
+
+// proxyOptions reads a proxy Secret as Flux does: address is required and
+// must be an http, https or socks5 URL; username and password, optional,
+// authenticate with the proxy. An ssh URL can only go through socks5.
+func proxyOptions(ref string, data map[string][]byte, scheme string) (transport.ProxyOptions, error) {
+	address, found := data[keyAddress]
+	switch {
+	case !found:
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': key '%s' not found", ref, keyAddress)
+	case len(address) == 0:
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': proxy address is empty", ref)
+	case len(address) > 2048:
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': proxy URL exceeds maximum length of 2048 characters", ref)
+	}
+	u, err := url.Parse(string(address))
+	if err != nil {
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': failed to parse proxy address: %w", ref, err)
+	}
+	switch u.Scheme {
+	case "http", "https", "socks5":
+	default:
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': proxy URL must use one of the supported schemes (http, https, socks5), got '%s'", ref, u.Scheme)
+	}
+	if scheme == "ssh" && u.Scheme != "socks5" {
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': an ssh URL can only be fetched through a socks5 proxy, got '%s'", ref, u.Scheme)
+	}
+	if u.Host == "" {
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': proxy address '%s' has no host", ref, source.RedactURL(u.String()))
+	}
+	opts := transport.ProxyOptions{Username: string(data[keyUsername]), Password: string(data[keyPassword])}
+	if opts.Username == "" && u.User != nil {
+		opts.Username = u.User.Username()
+		opts.Password, _ = u.User.Password()
+	}
+	u.User = nil
+	opts.URL = u.String()
+	return opts, nil
+}
+
+// isAuthFailure reports whether a fetch failed on authentication: the
+// server or the proxy refused the credentials, or SSH could not
+// authenticate the server or the client.
+func isAuthFailure(err error) bool {
+	if errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed) ||
+		errors.Is(err, transport.ErrInvalidAuthMethod) || errors.Is(err, errHostKey) {
+		return true
+	}
+	// The SSH client, go-git for a relayed request, net/http for a tunnel
+	// and the SOCKS5 client only say it in words.
+	msg := err.Error()
+	return strings.Contains(msg, "ssh: unable to authenticate") || strings.Contains(msg, "status code: 407") ||
+		strings.Contains(msg, http.StatusText(http.StatusProxyAuthRequired)) ||
+		strings.Contains(msg, "username/password authentication failed")
 }
 
 func hasAnyKey(data map[string][]byte, keys ...string) bool {

@@ -1,4 +1,5 @@
-// Package gitfetch fetches GitRepository sources over HTTP(S) with go-git:
+// Package gitfetch fetches GitRepository sources over HTTP(S) and SSH with
+// go-git, with the credentials and proxy of the Secrets the spec names:
 // it resolves spec.ref to a commit with Flux's precedence by listing the
 // remote's references (no clone), and downloads a commit's tree with the
 // smallest fetch that holds it (depth 1 for a branch, tag or name; the
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
@@ -73,13 +75,10 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 		return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': %w", spec.URL, err)
 	}
 	switch u.Scheme {
-	case "http", "https":
-	case "ssh":
-		return nil, source.StalledError(sourcev1.GitOperationFailedReason,
-			"failed to checkout and determine revision: ssh transport is not supported yet: '%s'", spec.URL)
+	case "http", "https", "ssh":
 	default:
 		return nil, source.StalledError(sourcev1.URLInvalidReason,
-			"failed to parse url '%s': unsupported scheme '%s': http and https are supported", spec.URL, u.Scheme)
+			"failed to parse url '%s': unsupported scheme '%s': http, https and ssh are supported", spec.URL, u.Scheme)
 	}
 	if u.Host == "" {
 		return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': no host", spec.URL)
@@ -92,7 +91,9 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if err != nil {
 		return nil, err
 	}
-	res := &resolved{url: spec.URL, ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil}
+	res := &resolved{url: spec.URL, ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil,
+		submodules: spec.RecurseSubmodules, sparse: sparseDirs(spec.SparseCheckout)}
+	res.verify = s.verification(req)
 	if err := res.resolve(ctx); err != nil {
 		return nil, err
 	}
@@ -106,6 +107,13 @@ type resolved struct {
 	creds       *credentials
 	ignore      *string
 	hadArtifact bool
+	// submodules is spec.recurseSubmodules; sparse the directories of
+	// spec.sparseCheckout as go-git takes them (nil for all).
+	submodules bool
+	sparse     []string
+
+	// verify is spec.verify, nil when it asks for nothing.
+	verify *verification
 
 	// reference is the full name of the reference to fetch ("" for all
 	// branches), commit the commit it resolved to.
@@ -174,6 +182,9 @@ func (r *resolved) list(ctx context.Context) (*listed, error) {
 	refs, err := remote.ListContext(ctx, &git.ListOptions{
 		Auth:          r.creds.method,
 		CABundle:      r.creds.ca,
+		ClientCert:    r.creds.cert,
+		ClientKey:     r.creds.key,
+		ProxyOptions:  r.creds.proxyFor(ctx),
 		PeelingOption: git.AppendPeeled,
 	})
 	if err != nil {
@@ -196,7 +207,9 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		return nil, source.Failed(sourcev1.DirCreationFailedReason, "failed to create temporary working directory: %w", err)
 	}
 	storer := filesystem.NewStorage(osfs.New(gitDir), cache.NewObjectLRUDefault())
-	repo, err := git.Init(storer, osfs.New(tree))
+	// A bound work tree resolves symbolic links inside it, so no checkout
+	// (of the repository or its submodules) writes outside it.
+	repo, err := git.Init(storer, osfs.New(tree, osfs.WithBoundOS()))
 	if err != nil {
 		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to init repository: %w", err)
 	}
@@ -204,10 +217,13 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to configure remote: %w", err)
 	}
 	opts := &git.FetchOptions{
-		RemoteName: git.DefaultRemoteName,
-		Auth:       r.creds.method,
-		CABundle:   r.creds.ca,
-		Tags:       git.NoTags,
+		RemoteName:   git.DefaultRemoteName,
+		Auth:         r.creds.method,
+		CABundle:     r.creds.ca,
+		ClientCert:   r.creds.cert,
+		ClientKey:    r.creds.key,
+		ProxyOptions: r.creds.proxyFor(ctx),
+		Tags:         git.NoTags,
 	}
 	src := r.reference
 	if base, ok := strings.CutSuffix(src, tagDereferenceSuffix); ok {
@@ -232,12 +248,25 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err != nil {
 		return nil, err
 	}
+	verified, err := r.verifySignatures(ctx, repo, commit)
+	if err != nil {
+		return nil, err
+	}
 	wt, err := repo.Worktree()
 	if err != nil {
 		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to open repo worktree: %w", err)
 	}
-	if err := wt.Checkout(&git.CheckoutOptions{Hash: commit.Hash, Force: true}); err != nil {
+	if err := wt.Checkout(&git.CheckoutOptions{Hash: commit.Hash, Force: true, SparseCheckoutDirectories: r.sparse}); err != nil {
 		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to checkout commit '%s': %w", commit.Hash, err)
+	}
+	if r.submodules {
+		owner, err := transport.NewEndpoint(r.url)
+		if err != nil {
+			return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': %w", r.url, err)
+		}
+		if err := updateSubmodules(ctx, repo, opts, owner, submoduleDepth); err != nil {
+			return nil, err
+		}
 	}
 	// go-git links a work tree to a separate object store with a .git file.
 	if err := os.Remove(filepath.Join(tree, git.GitDirName)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -258,6 +287,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		Revision:     Revision(r.revisionRef(), hash, r.ref.absolute()),
 		ArtifactName: hash + ".tar.gz",
 		EventMessage: fmt.Sprintf("stored artifact for commit '%s'", ShortMessage(commit.Message)),
+		Verification: verified,
 	}, nil
 }
 
@@ -302,17 +332,18 @@ func gitError(err error, format string, u string) error {
 	switch {
 	case errors.Is(err, transport.ErrEmptyRemoteRepository):
 		return source.Failed(source.EmptyGitRepositoryReason, "git repository is empty")
-	case errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
-		errors.Is(err, transport.ErrInvalidAuthMethod):
+	case isAuthFailure(err):
 		return source.Failed(sourcev1.AuthenticationFailedReason, format, u, err)
 	default:
 		return source.Failed(sourcev1.GitOperationFailedReason, format, u, err)
 	}
 }
 
-// excludeGitDir leaves any .git entry at the root out, whatever the rules.
+// excludeGitDir leaves every .git entry out, whatever the rules: the links
+// go-git writes into the work tree and its submodules are not content (and
+// git never tracks a .git path).
 func excludeGitDir(exclude func(string, bool) bool) func(string, bool) bool {
 	return func(rel string, isDir bool) bool {
-		return rel == git.GitDirName || exclude(rel, isDir)
+		return path.Base(rel) == git.GitDirName || exclude(rel, isDir)
 	}
 }

@@ -183,8 +183,9 @@ func TestResolveFailures(t *testing.T) {
 			reason: sourcev1.URLInvalidReason, stalled: true, message: "failed to parse url 'http://127.0.0.1:bad/repo.git'"},
 		{name: "unsupported scheme", url: "ftp://example.com/repo.git",
 			reason: sourcev1.URLInvalidReason, stalled: true, message: "unsupported scheme 'ftp'"},
-		{name: "ssh", url: "ssh://git@example.com/repo.git",
-			reason: sourcev1.GitOperationFailedReason, stalled: true, message: "ssh transport is not supported yet"},
+		{name: "ssh without a secret", url: "ssh://git@example.com/repo.git",
+			reason: sourcev1.AuthenticationFailedReason, stalled: true,
+			message: "failed to configure authentication options: invalid 'ssh' auth option: 'identity' is required"},
 	}
 	src := &Source{}
 	for _, tc := range cases {

@@ -12,8 +12,9 @@ import (
 // resolveSymlinks replaces every symbolic link in the tree at root whose
 // target lies inside root by a copy of the target, as Flux does before
 // archiving (archives hold no links). Links that point outside root, dangle
-// or would copy a directory into itself are left, and the archive skips
-// them.
+// or would copy a directory into itself are removed, so that nothing read
+// from the tree afterwards (.sourceignore files, the archive) can lead
+// outside it.
 func resolveSymlinks(root string) error {
 	root, err := filepath.EvalSymlinks(root)
 	if err != nil {
@@ -37,15 +38,15 @@ func resolveSymlinks(root string) error {
 	for i := len(links) - 1; i >= 0; i-- {
 		link := links[i]
 		target, err := filepath.EvalSymlinks(link)
-		if err != nil || !within(root, target) || within(target, link) {
-			continue
-		}
-		fi, err := os.Stat(target)
-		if err != nil {
-			continue
+		var fi fs.FileInfo
+		if err == nil && within(root, target) && !within(target, link) {
+			fi, err = os.Stat(target)
 		}
 		if err := os.Remove(link); err != nil {
 			return fmt.Errorf("failed to remove symlink %s: %w", link, err)
+		}
+		if fi == nil {
+			continue
 		}
 		if fi.IsDir() {
 			err = copyDir(target, link)

@@ -6,6 +6,10 @@
 // delete the staged content and collect garbage. A redelivered job whose
 // staged content is gone therefore finds its artifact stored and publishes
 // Packaged again (deduplicated on the bus by its message ID).
+//
+// A Fetched job with includes (a GitRepository's spec.include) merges the
+// included artifacts into the staged content as it is canonicalised; see
+// include.go.
 package packager
 
 import (
@@ -89,8 +93,9 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 		return p.fail(ctx, f, err)
 	}
 
-	artifact, err := p.write(ctx, f.Staging, key)
+	artifact, err := p.write(ctx, f, key)
 	var content *contentError
+	var failure *events.Failure
 	switch {
 	case errors.Is(err, errStagingGone):
 		// Redelivered after the staged content was deleted: the artifact
@@ -105,7 +110,7 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 			return p.retryOrFail(ctx, f, d, err)
 		}
 		log.Info("staged content gone, artifact already stored", "artifact", key)
-	case errors.As(err, &content):
+	case errors.As(err, &content), errors.As(err, &failure):
 		if err := p.publishFailure(ctx, f, err); err != nil {
 			return err
 		}
@@ -123,11 +128,13 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 	}
 	artifact.Revision = f.Revision
 	out := events.Outcome{
-		Job:          f.Job,
-		Revision:     f.Revision,
-		Artifact:     artifact,
-		EventMessage: f.EventMessage,
-		Notices:      f.Notices,
+		Job:               f.Job,
+		Revision:          f.Revision,
+		Artifact:          artifact,
+		EventMessage:      f.EventMessage,
+		Notices:           f.Notices,
+		IncludedArtifacts: includedArtifacts(f.Includes),
+		Verification:      f.Verification,
 	}
 	if err := p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackaged, f.Job, out); err != nil {
 		return err
@@ -142,12 +149,17 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 // not exist.
 var errStagingGone = errors.New("staged content not found")
 
-// write canonicalises the staged tar at staging into the artifact at key,
-// streaming from one to the other through a pipe. A missing staged object
-// wraps errStagingGone; content that cannot be archived is a
-// *contentError; anything else is a storage failure worth retrying.
-func (p *Packager) write(ctx context.Context, staging, key string) (*meta.Artifact, error) {
-	obj, err := p.store.Open(ctx, staging)
+// write canonicalises the staged tar of f, merged with the artifacts f
+// includes, into the artifact at key, streaming from one to the other
+// through pipes. A missing staged object wraps errStagingGone; content
+// that cannot be archived is a *contentError; an include that is invalid,
+// unavailable or cannot be copied is an *events.Failure; anything else is a
+// storage failure worth retrying.
+func (p *Packager) write(ctx context.Context, f *events.Fetched, key string) (*meta.Artifact, error) {
+	if err := checkIncludes(f.Job.Object, f.Includes); err != nil {
+		return nil, err
+	}
+	obj, err := p.store.Open(ctx, f.Staging)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
 	}
@@ -157,6 +169,16 @@ func (p *Packager) write(ctx context.Context, staging, key string) (*meta.Artifa
 	defer obj.Close()
 
 	src := &recordingReader{r: obj}
+	var in io.Reader = src
+	var m *merger
+	if len(f.Includes) > 0 {
+		if m, err = p.openIncludes(ctx, f.Includes); err != nil {
+			return nil, err
+		}
+		defer m.close()
+		in = m.start(src)
+		logr.FromContextOrDiscard(ctx).V(1).Info("merging includes", "includes", describeIncludes(f.Includes))
+	}
 	pr, pw := io.Pipe()
 	dst := &recordingWriter{w: pw}
 	type canonical struct {
@@ -165,7 +187,7 @@ func (p *Packager) write(ctx context.Context, staging, key string) (*meta.Artifa
 	}
 	done := make(chan canonical, 1)
 	go func() {
-		res, err := archive.Canonicalize(dst, src, archive.CanonicalOptions{
+		res, err := archive.Canonicalize(dst, in, archive.CanonicalOptions{
 			Algorithm:   p.opts.Algorithm(),
 			MaxFileSize: p.opts.MaxFileSize,
 		})
@@ -176,10 +198,19 @@ func (p *Packager) write(ctx context.Context, staging, key string) (*meta.Artifa
 	// Unblock the writer if Put stopped reading early.
 	pr.CloseWithError(errPutStopped)
 	c := <-done
+	var mergeErr, includeReadErr error
+	if m != nil {
+		mergeErr = m.wait()
+		includeReadErr = m.storageErr()
+	}
 
 	switch {
 	case src.err != nil:
 		return nil, fmt.Errorf("read staged content: %w", src.err)
+	case includeReadErr != nil:
+		return nil, includeReadErr
+	case mergeErr != nil:
+		return nil, m.failure(mergeErr)
 	case c.err != nil && dst.err == nil:
 		// Canonicalize failed on its own, not because Put stopped.
 		return nil, &contentError{err: c.err}
@@ -240,18 +271,25 @@ func (p *Packager) fail(ctx context.Context, f *events.Fetched, cause error) err
 	return bus.Terminal(fmt.Errorf("package failed: %w", cause))
 }
 
-// publishFailure publishes PackageFailed for f with cause as its message.
+// publishFailure publishes PackageFailed for f: cause itself when it is an
+// *events.Failure, otherwise a StorageOperationFailed failure with cause
+// as its message.
 func (p *Packager) publishFailure(ctx context.Context, f *events.Fetched, cause error) error {
+	failure := &events.Failure{
+		Condition: sourcev1.StorageOperationFailedCondition,
+		Reason:    sourcev1.ArchiveOperationFailedReason,
+		// Flux's words (GitRepositoryReconciler.reconcileArtifact).
+		Message: fmt.Errorf("unable to archive artifact to storage: %w", cause).Error(),
+	}
+	if ff := (*events.Failure)(nil); errors.As(cause, &ff) {
+		failure = ff
+	}
 	out := events.Outcome{
-		Job:      f.Job,
-		Revision: f.Revision,
-		Notices:  f.Notices,
-		Failure: &events.Failure{
-			Condition: sourcev1.StorageOperationFailedCondition,
-			Reason:    sourcev1.ArchiveOperationFailedReason,
-			// Flux's words (GitRepositoryReconciler.reconcileArtifact).
-			Message: fmt.Errorf("unable to archive artifact to storage: %w", cause).Error(),
-		},
+		Job:          f.Job,
+		Revision:     f.Revision,
+		Notices:      f.Notices,
+		Failure:      failure,
+		Verification: f.Verification,
 	}
 	return p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackageFailed, f.Job, out)
 }

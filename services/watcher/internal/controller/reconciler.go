@@ -6,6 +6,7 @@ package controller
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -100,8 +101,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, nil
 	}
 
-	job := r.job(obj)
-	fetch := &events.FetchRequested{Job: job, Previous: obj.GetArtifact()}
+	fetch := &events.FetchRequested{Previous: obj.GetArtifact()}
 	force, err := r.Kind.Request(ctx, r.Client, obj, fetch)
 	var wait *source.WaitingError
 	if errors.As(err, &wait) {
@@ -111,6 +111,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	fetch.Force = force
+	fetch.Job = r.job(obj, fetch)
+	job := fetch.Job
 
 	// Mark a new generation as in progress before the job exists, so its
 	// outcome, however fast, always lands after this write. A source that
@@ -201,14 +203,25 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 	return nil
 }
 
-// job makes the fetch job for this reconcile. Its ID is unique per object,
-// generation, reconcile request and second, so a repeated publish of the
-// same reconcile is stored once while every new reconcile gets its own job.
-func (r *Reconciler) job(obj source.Object) events.Job {
+// job makes the fetch job for this reconcile. Its ID names the object,
+// generation, reconcile request and second, and a hash of what the job is
+// built from (the stored artifact, the included artifacts, the rebuild
+// flag): a reconcile repeated within a second with the same inputs is
+// stored once, while one whose inputs changed (an included source's new
+// artifact, say) is a job of its own.
+func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events.Job {
 	now := r.now()
 	token, _ := meta.ReconcileAnnotationValue(obj.GetAnnotations())
+	h := sha256.New()
+	fmt.Fprintf(h, "force=%t\n", fetch.Force)
+	if fetch.Previous != nil {
+		fmt.Fprintf(h, "previous=%s\n", fetch.Previous.Digest)
+	}
+	for _, inc := range fetch.Includes {
+		fmt.Fprintf(h, "include=%s:%s\n", inc.Name, inc.Artifact.Digest)
+	}
 	return events.Job{
-		ID:             fmt.Sprintf("%s/%d/%s/%d", obj.GetUID(), obj.GetGeneration(), token, now.Unix()),
+		ID:             fmt.Sprintf("%s/%d/%s/%d/%x", obj.GetUID(), obj.GetGeneration(), token, now.Unix(), h.Sum(nil)[:6]),
 		Object:         ref(r.Kind.Name, obj),
 		ReconcileToken: token,
 		RequestedAt:    now,

@@ -1,0 +1,233 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/headwater-gitops/headwater/e2e/harness"
+)
+
+// Role says which part of the system a measured process is.
+type Role int
+
+// The roles, in report order.
+const (
+	// RoleService is one of the four Headwater services: what Flux's
+	// source-controller numbers compare with.
+	RoleService Role = iota
+	// RoleControlPlane is kube-apiserver or etcd.
+	RoleControlPlane
+	// RoleBench is the benchmark process itself: embedded NATS, the git
+	// server with its git http-backend children, and the load generator.
+	RoleBench
+)
+
+// Usage is what one process used during a measurement.
+type Usage struct {
+	// Name is the service or binary name.
+	Name string
+	// Role is the part of the system the process is.
+	Role Role
+	// CPU is user plus system time, including waited-for children.
+	CPU time.Duration
+	// ChildrenCPU is the part of CPU used by waited-for children.
+	ChildrenCPU time.Duration
+	// PeakRSS is the resident-set high-water mark (VmHWM) in bytes.
+	PeakRSS uint64
+	// PeakSinceStart tells that PeakRSS could not be reset when the
+	// measurement started, so it may be a peak from before it.
+	PeakSinceStart bool
+}
+
+// JobStat sums one service's handling of one CloudEvent type.
+type JobStat struct {
+	// Count is how many messages were handled.
+	Count float64
+	// Busy is the time spent handling them, summed over workers.
+	Busy time.Duration
+}
+
+// Measurement is what one scenario measured, from the moment its objects
+// started being applied until the last one reached the awaited state.
+type Measurement struct {
+	// Wall is the elapsed time.
+	Wall time.Duration
+	// Apply is how long applying the objects took (included in Wall).
+	Apply time.Duration
+	// Usage has one entry per measured process.
+	Usage []Usage
+	// APIRequests are the watcher's Kubernetes API requests by HTTP
+	// method and status code, "PATCH/200" (its client-go metrics).
+	APIRequests map[string]float64
+	// Jobs are the bus messages handled by service and type.
+	Jobs map[string]map[string]JobStat
+	// JobResults are the non-success results by service, type and result.
+	JobResults map[string]float64
+	// MachineBusy is the CPU time the whole machine was busy, ours or not.
+	MachineBusy time.Duration
+	// CPUs is the number of CPUs of the machine.
+	CPUs int
+	// ArtifactBytes is the size of the artifact, when one is reported.
+	ArtifactBytes int64
+	// Notes say what could not be measured.
+	Notes []string
+}
+
+// ServiceCPU is the CPU time of the four services together.
+func (m *Measurement) ServiceCPU() time.Duration {
+	var d time.Duration
+	for _, u := range m.Usage {
+		if u.Role == RoleService {
+			d += u.CPU
+		}
+	}
+	return d
+}
+
+// ServicePeakRSS is the sum of the four services' peak RSS: an upper bound
+// of their peak together.
+func (m *Measurement) ServicePeakRSS() uint64 {
+	var n uint64
+	for _, u := range m.Usage {
+		if u.Role == RoleService {
+			n += u.PeakRSS
+		}
+	}
+	return n
+}
+
+type measuredProc struct {
+	name      string
+	role      Role
+	pid       int
+	cpu       cpuTimes
+	peakReset bool
+	metrics   string // telemetry address, for services
+	before    samples
+}
+
+// meter measures one scenario on an Env.
+type meter struct {
+	procs   []*measuredProc
+	notes   []string
+	machine time.Duration
+	start   time.Time
+}
+
+// startMeter resets the peak RSS of every process, and reads their CPU
+// times and the services' metrics.
+func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
+	m := &meter{}
+	for _, s := range env.Services() {
+		m.procs = append(m.procs, &measuredProc{name: s.Name, role: RoleService, pid: s.Pid(), metrics: s.TelemetryAddr})
+	}
+	cp, err := childrenByName("kube-apiserver", "etcd")
+	if err != nil {
+		m.notes = append(m.notes, "control plane not measured: "+err.Error())
+	}
+	for _, name := range []string{"kube-apiserver", "etcd"} {
+		if pid, ok := cp[name]; ok {
+			m.procs = append(m.procs, &measuredProc{name: name, role: RoleControlPlane, pid: pid})
+		}
+	}
+	m.procs = append(m.procs, &measuredProc{name: "bench process", role: RoleBench, pid: os.Getpid()})
+	for _, p := range m.procs {
+		p.peakReset = resetPeakRSS(p.pid) == nil
+		if p.metrics != "" {
+			if p.before, err = scrape(ctx, p.metrics); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// CPU last, so the scrapes above are not counted.
+	for _, p := range m.procs {
+		if p.cpu, err = procCPU(p.pid); err != nil {
+			return nil, err
+		}
+	}
+	if m.machine, _, err = machineCPU(); err != nil {
+		return nil, err
+	}
+	m.start = time.Now()
+	return m, nil
+}
+
+// stop reads everything again and returns the difference; end is when the
+// awaited state was reached.
+func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
+	out := &Measurement{
+		Wall:        end.Sub(m.start),
+		APIRequests: map[string]float64{},
+		Jobs:        map[string]map[string]JobStat{},
+		JobResults:  map[string]float64{},
+		Notes:       m.notes,
+	}
+	var errs []error
+	machine, cpus, err := machineCPU()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	out.MachineBusy, out.CPUs = machine-m.machine, cpus
+	for _, p := range m.procs {
+		cpu, err := procCPU(p.pid)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		peak, err := peakRSS(p.pid)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out.Usage = append(out.Usage, Usage{Name: p.name, Role: p.role, PeakRSS: peak, PeakSinceStart: !p.peakReset,
+			CPU: cpu.total() - p.cpu.total(), ChildrenCPU: cpu.children - p.cpu.children})
+	}
+	for _, p := range m.procs {
+		if p.metrics == "" {
+			continue
+		}
+		after, err := scrape(ctx, p.metrics)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if p.name == harness.Watcher {
+			for method, n := range diff(p.before.sumBy("rest_client_requests_total", "method", "code"), after.sumBy("rest_client_requests_total", "method", "code")) {
+				out.APIRequests[method] = n
+			}
+		}
+		counts := diff(p.before.sumBy("headwater_job_duration_seconds_count", "type"), after.sumBy("headwater_job_duration_seconds_count", "type"))
+		sums := diff(p.before.sumBy("headwater_job_duration_seconds_sum", "type"), after.sumBy("headwater_job_duration_seconds_sum", "type"))
+		for typ, n := range counts {
+			if out.Jobs[p.name] == nil {
+				out.Jobs[p.name] = map[string]JobStat{}
+			}
+			out.Jobs[p.name][shortType(typ)] = JobStat{Count: n, Busy: time.Duration(sums[typ] * float64(time.Second))}
+		}
+		for key, n := range diff(p.before.sumBy("headwater_jobs_total", "type", "result"), after.sumBy("headwater_jobs_total", "type", "result")) {
+			typ, result, _ := strings.Cut(key, "/")
+			if result != "success" {
+				out.JobResults[p.name+" "+shortType(typ)+" "+result] += n
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("measure: %w", errors.Join(errs...))
+	}
+	return out, nil
+}
+
+// shortType drops the common prefix and version of a CloudEvent type:
+// io.headwater.job.fetch.requested.v1 -> fetch.requested.
+func shortType(t string) string {
+	t = strings.TrimPrefix(t, "io.headwater.")
+	t = strings.TrimPrefix(t, "job.")
+	if i := strings.LastIndex(t, ".v"); i > 0 {
+		t = t[:i]
+	}
+	return t
+}

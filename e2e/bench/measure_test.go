@@ -1,0 +1,205 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestParseMetrics(t *testing.T) {
+	text := `# HELP rest_client_requests_total Number of HTTP requests.
+# TYPE rest_client_requests_total counter
+rest_client_requests_total{code="200",host="127.0.0.1:6443",method="GET"} 12
+rest_client_requests_total{code="201",host="127.0.0.1:6443",method="POST"} 3
+rest_client_requests_total{code="200",host="127.0.0.1:6443",method="PATCH"} 2000
+rest_client_requests_total{code="409",host="127.0.0.1:6443",method="PATCH"} 5
+headwater_job_duration_seconds_sum{service="fetcher",type="io.headwater.job.fetch.requested.v1"} 1.5e+01
+odd{label="a \"quoted\", value"} 1
+plain 7 1700000000
+`
+	ss, err := parseMetrics(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, metric string
+		labels       []string
+		want         map[string]float64
+	}{
+		{"by method", "rest_client_requests_total", []string{"method"}, map[string]float64{"GET": 12, "POST": 3, "PATCH": 2005}},
+		{"by two labels", "rest_client_requests_total", []string{"method", "code"},
+			map[string]float64{"GET/200": 12, "POST/201": 3, "PATCH/200": 2000, "PATCH/409": 5}},
+		{"exponent", "headwater_job_duration_seconds_sum", []string{"type"}, map[string]float64{"io.headwater.job.fetch.requested.v1": 15}},
+		{"escaped label", "odd", []string{"label"}, map[string]float64{`a "quoted", value`: 1}},
+		{"no labels, timestamp", "plain", nil, map[string]float64{"": 7}},
+		{"absent", "missing", []string{"x"}, map[string]float64{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := ss.sumBy(tt.metric, tt.labels...)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+			for k, v := range tt.want {
+				if got[k] != v {
+					t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+				}
+			}
+		})
+	}
+}
+
+func TestParseMetricsRejectsBadLines(t *testing.T) {
+	for _, line := range []string{"novalue", `m{a="b"`, `m{a="b"} x`, `m{a} 1`} {
+		if _, err := parseMetrics(line + "\n"); err == nil {
+			t.Errorf("%q parsed without error", line)
+		}
+	}
+}
+
+func TestDiff(t *testing.T) {
+	got := diff(map[string]float64{"GET": 10, "PATCH": 4}, map[string]float64{"GET": 10, "PATCH": 9, "POST": 2})
+	if len(got) != 2 || got["PATCH"] != 5 || got["POST"] != 2 {
+		t.Errorf("diff = %v, want PATCH 5 and POST 2 only", got)
+	}
+}
+
+func TestShortType(t *testing.T) {
+	for in, want := range map[string]string{
+		"io.headwater.job.fetch.requested.v1":   "fetch.requested",
+		"io.headwater.job.package.succeeded.v1": "package.succeeded",
+		"io.headwater.artifact.stored.v1":       "artifact.stored",
+		"other":                                 "other",
+	} {
+		if got := shortType(in); got != want {
+			t.Errorf("shortType(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestProcReadings(t *testing.T) {
+	pid := os.Getpid()
+	before, err := procCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Burn some CPU so the counter must move (it counts 10 ms ticks).
+	deadline := time.Now().Add(200 * time.Millisecond)
+	x := 0
+	for time.Now().Before(deadline) {
+		x++
+	}
+	after, err := procCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.total() <= before.total() {
+		t.Errorf("CPU time did not grow: %v then %v (loops %d)", before, after, x)
+	}
+	peak, err := peakRSS(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := procStatus(pid, "VmRSS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peak == 0 || peak < st["VmRSS"]/2 {
+		t.Errorf("peak RSS %d implausible beside RSS %d", peak, st["VmRSS"])
+	}
+	busy, cpus, err := machineCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpus < 1 || busy < after.own {
+		t.Errorf("machine: %d CPUs, %v busy, less than this process's %v", cpus, busy, after.own)
+	}
+	if _, err := procCPU(-1); err == nil {
+		t.Error("procCPU of a missing process: no error")
+	}
+}
+
+func TestAPIRequestsString(t *testing.T) {
+	got := apiRequestsString(map[string]float64{"PATCH/200": 10, "PATCH/409": 2, "GET/200": 5, "POST/201": 1})
+	if want := "GET 5, PATCH 12 (409: 2), POST 1"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestMet(t *testing.T) {
+	m := &Measurement{Wall: 10 * time.Second, Usage: []Usage{
+		{Name: "watcher", Role: RoleService, CPU: 5 * time.Second, PeakRSS: 40 * mib},
+		{Name: "fetcher", Role: RoleService, CPU: 5 * time.Second, PeakRSS: 40 * mib},
+		{Name: "etcd", Role: RoleControlPlane, CPU: 50 * time.Second, PeakRSS: 400 * mib},
+	}}
+	if got := m.ServiceCPU(); got != 10*time.Second {
+		t.Errorf("ServiceCPU = %v, want 10s (control plane excluded)", got)
+	}
+	tests := []struct {
+		ref  Reference
+		want string
+	}{
+		{FluxManySmall, "wall yes, CPU yes, RSS no"},
+		{FluxLargeTree, "wall no"},
+		{Reference{}, "n/a"},
+	}
+	for _, tt := range tests {
+		if got := tt.ref.met(m); got != tt.want {
+			t.Errorf("%v: met = %q, want %q", tt.ref, got, tt.want)
+		}
+	}
+	var out strings.Builder
+	WriteTable(&out, []Row{{Scenario: "x", Flux: FluxManySmall, Measured: m}, {Scenario: "c", Flux: FluxHelmIndex, Status: "not implemented"}})
+	for _, want := range []string{
+		"| x | 10.0 | 10.0 | 80 | 61 s, 66 CPU-s, peak 126 MiB | ≤ 15.2 s, ≤ 16.5 CPU-s, ≤ 12.6 MiB | wall yes, CPU yes, RSS no |",
+		"| c | not implemented |  |  | peak 1.25 GiB | ≤ 128 MiB | n/a |",
+		"kube-apiserver + etcd: CPU 50.0 s, peak RSS 400 MiB",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestForEach(t *testing.T) {
+	names := make([]string, 100)
+	var calls atomic.Int32
+	if err := forEach(context.Background(), names, func(context.Context, int, string) error {
+		calls.Add(1)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 100 {
+		t.Errorf("%d calls, want 100", calls.Load())
+	}
+	boom := errors.New("boom")
+	err := forEach(context.Background(), names, func(_ context.Context, i int, _ string) error {
+		if i == 3 {
+			return boom
+		}
+		return nil
+	})
+	if !errors.Is(err, boom) {
+		t.Errorf("err = %v, want boom", err)
+	}
+}
+
+func TestParseServiceArgs(t *testing.T) {
+	got, err := parseServiceArgs("fetcher:-concurrency=8 watcher:-concurrency=8 fetcher:-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || len(got["fetcher"]) != 2 || got["watcher"][0] != "-concurrency=8" {
+		t.Errorf("got %v", got)
+	}
+	for _, bad := range []string{"fetcher", "nosuch:-x", "fetcher:x"} {
+		if _, err := parseServiceArgs(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}

@@ -1,0 +1,325 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/harness"
+)
+
+// Scenario sizes, as in the Flux measurements they compare with.
+const (
+	smallRepos        = 10
+	sourcesPerRepo    = 100
+	smallSources      = smallRepos * sourcesPerRepo
+	smallInterval     = 10 * time.Minute
+	bigTreeTimeout    = 10 * time.Minute
+	scenarioTimeout   = 10 * time.Minute
+	applyWorkers      = 16
+	namespace         = "default"
+	branch            = "master"
+	progressEvery     = 5 * time.Second
+	envStartTimeout   = 3 * time.Minute
+	settleTimeout     = 30 * time.Second
+	bigTreeRepoName   = "big-tree"
+	smallRepoNameForm = "small-%02d"
+)
+
+// Options configure the scenarios.
+type Options struct {
+	// Harness is the Env configuration; its Dir is the parent of each
+	// scenario's fresh state directory (the system temporary directory
+	// when empty).
+	Harness harness.Config
+	// Progress, when set, is told what is happening.
+	Progress func(msg string)
+}
+
+func (o Options) progress(format string, args ...any) {
+	if o.Progress != nil {
+		o.Progress(fmt.Sprintf(format, args...))
+	}
+}
+
+// ManySmall runs scenario a and then d on the same Env: 1000 GitRepositories
+// over 10 small repositories are created at once and awaited Ready with an
+// artifact; then every one gets a reconcile request and the requests are
+// awaited handled (the unchanged path: the remote is listed, nothing is
+// cloned).
+func ManySmall(ctx context.Context, o Options) (created, requested *Measurement, err error) {
+	env, stop, err := startEnv(ctx, o, "many-small")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+
+	urls := make([]string, smallRepos)
+	for i := range smallRepos {
+		name := fmt.Sprintf(smallRepoNameForm, i)
+		if err := createSmallRepo(env, name, branch, uint64(i)); err != nil {
+			return nil, nil, err
+		}
+		urls[i] = env.Git.RepoURL(name)
+	}
+	c, err := benchClient(ctx, env)
+	if err != nil {
+		return nil, nil, err
+	}
+	names := make([]string, smallSources)
+	for i := range names {
+		names[i] = fmt.Sprintf("src-%02d-%03d", i%smallRepos, i/smallRepos)
+	}
+
+	sctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
+	defer cancel()
+	o.progress("a: creating %d GitRepositories over %d repositories", smallSources, smallRepos)
+	created, err = measure(sctx, o, "a", env, c, readyWithArtifact, len(names), func(ctx context.Context) error {
+		return forEach(ctx, names, func(ctx context.Context, i int, name string) error {
+			obj := &sourcev1.GitRepository{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+				Spec: sourcev1.GitRepositorySpec{
+					URL:       urls[i%smallRepos],
+					Interval:  metav1.Duration{Duration: smallInterval},
+					Reference: &sourcev1.GitRepositoryRef{Branch: branch},
+				},
+			}
+			return c.Create(ctx, obj)
+		})
+	})
+	if err != nil {
+		return created, nil, fmt.Errorf("scenario a: %w", err)
+	}
+	cancel()
+
+	dctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
+	defer cancel()
+	token := time.Now().UTC().Format(time.RFC3339Nano)
+	patch := client.RawPatch(types.MergePatchType,
+		fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, meta.ReconcileRequestAnnotation, token))
+	o.progress("d: requesting a reconcile of all %d", smallSources)
+	requested, err = measure(dctx, o, "d", env, c, handled(token), len(names), func(ctx context.Context) error {
+		return forEach(ctx, names, func(ctx context.Context, _ int, name string) error {
+			return c.Patch(ctx, &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}, patch)
+		})
+	})
+	if err != nil {
+		return created, requested, fmt.Errorf("scenario d: %w", err)
+	}
+	return created, requested, nil
+}
+
+// LargeTree runs scenario b: one GitRepository of a repository whose tree
+// is 256 MiB, awaited Ready with an artifact.
+func LargeTree(ctx context.Context, o Options) (m *Measurement, err error) {
+	bare, err := bigTreeRepo(o.Progress)
+	if err != nil {
+		return nil, err
+	}
+	env, stop, err := startEnv(ctx, o, "large-tree")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	if err := os.Symlink(bare, filepath.Join(env.GitRoot, bigTreeRepoName+".git")); err != nil {
+		return nil, fmt.Errorf("serve the big tree: %w", err)
+	}
+	c, err := benchClient(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
+	defer cancel()
+	obj := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: bigTreeRepoName, Namespace: namespace},
+		Spec: sourcev1.GitRepositorySpec{
+			URL:       env.Git.RepoURL(bigTreeRepoName),
+			Interval:  metav1.Duration{Duration: smallInterval},
+			Timeout:   &metav1.Duration{Duration: bigTreeTimeout},
+			Reference: &sourcev1.GitRepositoryRef{Branch: "master"},
+		},
+	}
+	o.progress("b: creating one GitRepository of a %d MiB tree", bigTreeSize>>20)
+	m, err = measure(sctx, o, "b", env, c, readyWithArtifact, 1, func(ctx context.Context) error {
+		return c.Create(ctx, obj)
+	})
+	if err != nil {
+		return m, fmt.Errorf("scenario b: %w", err)
+	}
+	if err := c.Get(sctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		return m, fmt.Errorf("scenario b: %w", err)
+	}
+	if a := obj.Status.Artifact; a != nil && a.Size != nil {
+		m.ArtifactBytes = *a.Size
+	}
+	return m, nil
+}
+
+// measure starts measuring, applies, and waits until want objects match.
+func measure(ctx context.Context, o Options, scenario string, env *harness.Env, c client.WithWatch,
+	match func(*sourcev1.GitRepository) bool, want int, apply func(context.Context) error) (*Measurement, error) {
+	t := newTracker(c, namespace, want, match)
+	m, err := startMeter(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	type result struct {
+		at  time.Time
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		at, err := t.run(ctx)
+		done <- result{at, err}
+	}()
+	if err := apply(ctx); err != nil {
+		return nil, fmt.Errorf("apply: %w", err)
+	}
+	applied := time.Now()
+	o.progress("%s: applied in %.1f s", scenario, applied.Sub(m.start).Seconds())
+	tick := time.NewTicker(progressEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			if r.err != nil {
+				return nil, errors.Join(r.err, serviceState(env))
+			}
+			// The wall time ends here; the CPU time also counts what the
+			// services finish after (acks, clean-up), once nothing is in flight.
+			settle(ctx, env)
+			out, err := m.stop(ctx, r.at)
+			out.Apply = applied.Sub(m.start)
+			o.progress("%s: %d/%d after %.1f s", scenario, want, want, out.Wall.Seconds())
+			return out, err
+		case <-tick.C:
+			o.progress("%s: %d/%d after %.0f s", scenario, t.count(), want, time.Since(m.start).Seconds())
+		}
+	}
+}
+
+// settle waits, for up to settleTimeout, until no service has a job in
+// flight.
+func settle(ctx context.Context, env *harness.Env) {
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	for {
+		busy := 0.0
+		for _, s := range env.Services() {
+			ss, err := scrape(ctx, s.TelemetryAddr)
+			if err != nil {
+				return
+			}
+			busy += ss.sumBy("headwater_jobs_in_flight")[""]
+		}
+		if busy == 0 || !sleep(ctx, 100*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// serviceState reports services that are no longer running.
+func serviceState(env *harness.Env) error {
+	var errs []error
+	for _, s := range env.Services() {
+		if !s.Running() {
+			errs = append(errs, fmt.Errorf("%s exited (%v); see %s", s.Name, s.ExitErr(), s.LogPath))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forEach calls f for every name with applyWorkers at once, stopping at
+// the first error.
+func forEach(ctx context.Context, names []string, f func(ctx context.Context, i int, name string) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range applyWorkers {
+		wg.Go(func() {
+			for i := range next {
+				if err := f(ctx, i, names[i]); err != nil {
+					cancel(fmt.Errorf("%s: %w", names[i], err))
+				}
+			}
+		})
+	}
+feed:
+	for i := range names {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return context.Cause(ctx)
+}
+
+// startEnv starts a fresh Env in its own state directory; stop stops it and
+// removes the directory, which it keeps (and names) if the stop failed.
+func startEnv(ctx context.Context, o Options, name string) (*harness.Env, func() error, error) {
+	cfg := o.Harness
+	parent := cfg.Dir
+	if parent == "" {
+		parent = os.TempDir()
+	}
+	dir, err := os.MkdirTemp(parent, "headwater-bench-"+name+"-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("state directory: %w", err)
+	}
+	cfg.Dir = dir
+	o.progress("starting a fresh Env in %s", dir)
+	sctx, cancel := context.WithTimeout(ctx, envStartTimeout)
+	defer cancel()
+	env, err := harness.Start(sctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("start (state kept in %s): %w", dir, err)
+	}
+	stop := func() error {
+		if err := env.Stop(); err != nil {
+			return fmt.Errorf("stop (state kept in %s): %w", dir, err)
+		}
+		return os.RemoveAll(dir)
+	}
+	return env, stop, nil
+}
+
+// benchClient is a client without client-side throttling, so the load
+// generator applies as fast as the API server takes it.
+func benchClient(ctx context.Context, env *harness.Env) (client.WithWatch, error) {
+	cfg := rest.CopyConfig(env.RESTConfig)
+	cfg.QPS, cfg.Burst = -1, -1
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	// The first requests discover the API and make the API server build
+	// its GitRepository handler (seconds on this machine): a dry-run create
+	// does both now rather than in the measured apply.
+	warm := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench-warm-up", Namespace: namespace},
+		Spec: sourcev1.GitRepositorySpec{
+			URL:       env.Git.RepoURL("warm-up"),
+			Interval:  metav1.Duration{Duration: smallInterval},
+			Reference: &sourcev1.GitRepositoryRef{Branch: branch},
+		},
+	}
+	if err := c.Create(ctx, warm, client.DryRunAll); err != nil {
+		return nil, fmt.Errorf("kubernetes client warm-up: %w", err)
+	}
+	return c, nil
+}

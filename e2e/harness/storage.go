@@ -1,0 +1,134 @@
+package harness
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+)
+
+// S3Storage is an S3-compatible bucket (a MinIO server in the tests) that
+// the fetcher, the packager and the artifact-server share as their storage
+// instead of the directory storage.
+type S3Storage struct {
+	// Endpoint is the server's host:port, spoken to over plain HTTP.
+	Endpoint string
+	// Bucket holds the artifacts and the staging area; the services create
+	// it if it does not exist.
+	Bucket string
+	// Prefix, when set, is prepended to every key.
+	Prefix string
+	// AccessKey and SecretKey are the credentials.
+	AccessKey, SecretKey string
+}
+
+// String describes the storage for logs; it never shows the secret key.
+func (s *S3Storage) String() string {
+	return fmt.Sprintf("s3://%s/%s at %s", s.Bucket, s.Prefix, s.Endpoint)
+}
+
+// environ is the environment that selects the bucket: the storage flags'
+// HEADWATER_* variables, so the credentials stay off the command line (and
+// out of the logs). The flags of Config.ExtraArgs still win.
+func (s *S3Storage) environ() []string {
+	vars := map[string]string{
+		"storage-backend":          "s3",
+		"storage-s3-endpoint":      s.Endpoint,
+		"storage-s3-insecure":      "true",
+		"storage-s3-bucket":        s.Bucket,
+		"storage-s3-prefix":        s.Prefix,
+		"storage-s3-access-key":    s.AccessKey,
+		"storage-s3-secret-key":    s.SecretKey,
+		"storage-s3-create-bucket": "true",
+	}
+	env := make([]string, 0, len(vars))
+	for flag, v := range vars {
+		env = append(env, flagenv.EnvName(flag)+"="+v)
+	}
+	slices.Sort(env)
+	return env
+}
+
+// storageServices are the services that read or write the shared storage.
+var storageServices = []string{Fetcher, Packager, ArtifactServer}
+
+// extraArtifactServers is the number of artifact-server replicas beyond the
+// first.
+func (c Config) extraArtifactServers() int {
+	return max(c.ArtifactServerReplicas-1, 0)
+}
+
+// ArtifactServers returns every artifact-server replica, the first (the one
+// listening at ArtifactAddr) first.
+func (e *Env) ArtifactServers() []*Service {
+	var out []*Service
+	for _, s := range e.services {
+		if filepath.Base(s.Path) == ArtifactServer {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// addArtifactServerReplicas adds the replicas beyond the first after it,
+// each serving the same storage on an address of its own (two ports of
+// ports each: file server, telemetry) and advertising ArtifactAddr, as
+// replicas behind one Service do. It sets ArtifactServerAddrs.
+func (e *Env) addArtifactServerReplicas(ports []int) error {
+	e.ArtifactServerAddrs = []string{e.ArtifactAddr}
+	n := e.Config.extraArtifactServers()
+	if n == 0 {
+		return nil
+	}
+	if len(ports) < 2*n {
+		return fmt.Errorf("artifact-server replicas: %d ports for %d replicas", len(ports), n)
+	}
+	first := slices.IndexFunc(e.services, func(s *Service) bool { return s.Name == ArtifactServer })
+	if first < 0 {
+		return fmt.Errorf("artifact-server replicas: no %s", ArtifactServer)
+	}
+	proto := e.services[first]
+	var replicas []*Service
+	for i := range n {
+		name := ArtifactServer + "-" + strconv.Itoa(i+2)
+		addr := "127.0.0.1:" + strconv.Itoa(ports[2*i])
+		telemetry := "127.0.0.1:" + strconv.Itoa(ports[2*i+1])
+		args := slices.Clone(proto.Args)
+		for j := 0; j+1 < len(args); j++ {
+			switch args[j] {
+			case "-storage-addr":
+				args[j+1] = addr
+			case "-telemetry-addr":
+				args[j+1] = telemetry
+			}
+		}
+		replicas = append(replicas, &Service{
+			Name:          name,
+			Path:          proto.Path,
+			Args:          args,
+			Env:           slices.Clone(proto.Env),
+			LogPath:       filepath.Join(e.Config.Dir, "logs", name+".log"),
+			ReadyURL:      "http://" + telemetry + "/readyz",
+			TelemetryAddr: telemetry,
+		})
+		e.ArtifactServerAddrs = append(e.ArtifactServerAddrs, addr)
+	}
+	e.services = slices.Insert(e.services, first+1, replicas...)
+	return nil
+}
+
+// useS3Storage points the services that use the storage at Config.S3, when
+// it is set.
+func (e *Env) useS3Storage() {
+	if e.Config.S3 == nil {
+		return
+	}
+	env := e.Config.S3.environ()
+	for _, s := range e.services {
+		if slices.Contains(storageServices, filepath.Base(s.Path)) {
+			s.Env = append(slices.Clone(s.Env), env...)
+		}
+	}
+}

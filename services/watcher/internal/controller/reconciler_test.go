@@ -1,0 +1,47 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+)
+
+func TestJobID(t *testing.T) {
+	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+	r := &Reconciler{Kind: sourceKind(), Now: func() time.Time { return now }}
+	obj := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "default", UID: "u", Generation: 3,
+		Annotations: map[string]string{meta.ReconcileRequestAnnotation: "tok"}}}
+	include := func(digest string) []events.Include {
+		return []events.Include{{Name: "a", ToPath: "a", Artifact: meta.Artifact{Digest: digest}}}
+	}
+	base := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")})
+
+	if !strings.HasPrefix(base.ID, "u/3/tok/") || base.Object.Generation != 3 || base.ReconcileToken != "tok" {
+		t.Fatalf("job = %+v", base)
+	}
+	if again := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}); again.ID != base.ID {
+		t.Errorf("the same reconcile in the same second made a new ID: %s vs %s", again.ID, base.ID)
+	}
+	for name, fetch := range map[string]*events.FetchRequested{
+		"included artifact changed": {Includes: include("sha256:2")},
+		"forced":                    {Includes: include("sha256:1"), Force: true},
+		"stored artifact changed":   {Includes: include("sha256:1"), Previous: &meta.Artifact{Digest: "sha256:p"}},
+	} {
+		if got := r.job(obj, fetch); got.ID == base.ID {
+			t.Errorf("%s: same ID %s, so the new job would be dropped as a duplicate", name, got.ID)
+		}
+	}
+	now = now.Add(time.Second)
+	if later := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}); later.ID == base.ID {
+		t.Error("a reconcile a second later reused the ID")
+	}
+}
+
+func sourceKind() source.Kind { return source.GitRepository() }
