@@ -145,7 +145,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, kind := range source.Kinds() {
-		r := &controller.Reconciler{Client: mgr.GetClient(), Kind: kind, Jobs: jobs,
+		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs,
 			Recorder: mgr.GetEventRecorder("headwater-watcher"), RequeueDependency: o.requeueDependency}
 		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
@@ -154,8 +154,8 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.Add(&results.Consumer{
 		Conn:        conn,
 		Jobs:        jobs,
-		Reader:      mgr.GetAPIReader(),
-		Writer:      mgr.GetClient(),
+		Client:      mgr.GetClient(),
+		Live:        mgr.GetAPIReader(),
 		Recorder:    mgr.GetEventRecorder("headwater-watcher"),
 		Concurrency: o.eventConcurrency,
 		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, "watcher"),

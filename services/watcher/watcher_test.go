@@ -24,6 +24,8 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
 
 // env is a real API server with the Flux CRDs, a real NATS server and a
@@ -149,6 +151,47 @@ func TestWatcher(t *testing.T) {
 	t.Run("lifecycle", func(t *testing.T) { testLifecycle(t, e) })
 	t.Run("suspend", func(t *testing.T) { testSuspend(t, e) })
 	t.Run("include", func(t *testing.T) { testInclude(t, e) })
+	t.Run("status patch conflict", func(t *testing.T) { testStatusPatchConflict(t, e) })
+}
+
+// testStatusPatchConflict writes status from a stale copy: the write must
+// conflict, re-read the object and apply the change on top of the newer
+// one, so neither change is lost.
+func testStatusPatchConflict(t *testing.T, e *env) {
+	ctx := context.Background()
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "conflict", Namespace: "default"},
+		Spec:       sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/x.git", Suspend: true, Interval: metav1.Duration{Duration: time.Hour}},
+	}
+	if err := e.k8s.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	stale := repo.DeepCopy()
+	// Another writer changes status first.
+	fresh := repo.DeepCopy()
+	fresh.Status.LastHandledReconcileAt = "other-writer"
+	if err := e.k8s.Status().Update(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	mutations := 0
+	err := status.Patch(ctx, e.k8s, e.k8s, stale, func(o source.Object) bool {
+		mutations++
+		conditions.MarkTrue(o, meta.ReadyCondition, meta.SucceededReason, "mine")
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mutations != 2 {
+		t.Errorf("mutate ran %d times, want 2 (the stale write conflicts once)", mutations)
+	}
+	var got sourcev1.GitRepository
+	if err := e.k8s.Get(ctx, client.ObjectKeyFromObject(repo), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.LastHandledReconcileAt != "other-writer" || !conditions.IsReady(&got) {
+		t.Errorf("status = %+v, want both writers' changes", got.Status)
+	}
 }
 
 func testLifecycle(t *testing.T, e *env) {
@@ -179,17 +222,19 @@ func testLifecycle(t *testing.T, e *env) {
 		t.Fatalf("job object = %+v", req.Job.Object)
 	}
 
-	// The finalizer and Flux's progressing conditions are in place.
+	// The finalizer is in place; a brand-new object gets no status write
+	// before its outcome (kstatus reads observedGeneration -1 as in
+	// progress).
 	var got sourcev1.GitRepository
-	eventually(t, "finalizer and Reconciling", func() bool {
+	eventually(t, "finalizer", func() bool {
 		_ = e.k8s.Get(ctx, key, &got)
-		return len(got.Finalizers) == 1 && got.Finalizers[0] == sourcev1.SourceFinalizer && conditions.IsReconciling(&got)
+		return len(got.Finalizers) == 1 && got.Finalizers[0] == sourcev1.SourceFinalizer
 	})
 	if got.Spec.Timeout == nil || got.Spec.Timeout.Duration != time.Minute {
 		t.Errorf("spec.timeout = %v, want the CRD default 60s", got.Spec.Timeout)
 	}
-	if r := conditions.Get(&got, meta.ReadyCondition); r == nil || r.Status != metav1.ConditionUnknown {
-		t.Errorf("Ready = %+v, want Unknown while progressing", r)
+	if got.Status.ObservedGeneration != -1 || len(got.Status.Conditions) != 0 {
+		t.Errorf("status of a new object = %+v, want untouched until the outcome", got.Status)
 	}
 
 	// A malformed message on the event stream is rejected without harm.
@@ -230,6 +275,29 @@ func testLifecycle(t *testing.T, e *env) {
 	req2 := m.Data.(*events.FetchRequested)
 	if req2.Job.ReconcileToken != "now-1" || req2.Previous == nil || req2.Previous.Digest != "sha256:abc" || req2.Force {
 		t.Fatalf("second fetch request = %+v", req2)
+	}
+
+	// A new generation of a reconciled object is marked in progress
+	// before its job, as Flux does, and its job is a forced rebuild only
+	// if content-affecting fields changed (the interval is not one).
+	patch = client.MergeFrom(got.DeepCopy())
+	got.Spec.Interval = metav1.Duration{Duration: 10 * time.Minute}
+	if err := e.k8s.Patch(ctx, &got, patch); err != nil {
+		t.Fatal(err)
+	}
+	m = next(t, e.fetchJobs)
+	if req3 := m.Data.(*events.FetchRequested); req3.Job.Object.Generation != 2 || req3.Force {
+		t.Fatalf("job after an interval change = %+v, want generation 2, not forced", req3.Job)
+	}
+	if err := e.k8s.Get(ctx, key, &got); err != nil {
+		t.Fatal(err)
+	}
+	if c := conditions.Get(&got, meta.ReconcilingCondition); c == nil || c.Reason != meta.ProgressingReason ||
+		c.Message != "processing object: new generation 1 -> 2" {
+		t.Errorf("Reconciling = %+v", c)
+	}
+	if r := conditions.Get(&got, meta.ReadyCondition); r == nil || r.Status != metav1.ConditionUnknown {
+		t.Errorf("Ready = %+v, want Unknown while progressing", r)
 	}
 
 	// A failure keeps the artifact and warns.

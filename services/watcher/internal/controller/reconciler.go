@@ -15,10 +15,10 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	"github.com/fluxcd/pkg/runtime/jitter"
-	"github.com/fluxcd/pkg/runtime/patch"
 	"github.com/fluxcd/pkg/runtime/predicates"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,9 +33,6 @@ import (
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
 
-// FieldOwner is the field manager of every write the watcher makes.
-const FieldOwner = "headwater-watcher"
-
 // Publisher publishes jobs on the bus (a *bus.Publisher).
 type Publisher interface {
 	Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error
@@ -43,8 +40,10 @@ type Publisher interface {
 
 // Reconciler reconciles the objects of one source kind.
 type Reconciler struct {
-	// Client reads and writes the objects.
+	// Client reads (from the informer cache) and writes the objects.
 	Client client.Client
+	// Live reads objects from the API server, after a conflicting write.
+	Live client.Reader
 	// Kind is the source kind reconciled.
 	Kind source.Kind
 	// Jobs publishes fetch and delete jobs.
@@ -92,7 +91,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
 		base := obj.DeepCopyObject().(client.Object)
 		controllerutil.AddFinalizer(obj, sourcev1.SourceFinalizer)
-		if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(FieldOwner)); err != nil {
+		if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(status.FieldOwner)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
@@ -114,26 +113,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	fetch.Job = r.job(obj, fetch)
 	job := fetch.Job
 
-	// Mark a new generation as in progress before the job exists, so its
-	// outcome, however fast, always lands after this write. A source that
-	// was waiting for another one stops waiting here too.
-	st := r.Kind.Status(obj)
-	newGeneration := obj.GetGeneration() != *st.ObservedGeneration
-	wasWaiting := conditions.Has(obj, sourcev1.IncludeUnavailableCondition)
-	if newGeneration || wasWaiting {
-		helper, err := patch.NewHelper(obj, r.Client)
-		if err != nil {
-			return ctrl.Result{}, err
+	// Mark a new generation of an object that has been reconciled before
+	// as in progress, before the job exists, so its outcome, however fast,
+	// always lands after this write. A brand-new object is left as it is:
+	// kstatus already reads its observedGeneration of -1 as in progress,
+	// and its outcome is usually a second away (one write saved per new
+	// object). A source that was waiting for another one stops waiting.
+	err = status.Patch(ctx, r.Client, r.Live, obj, func(o source.Object) bool {
+		st := r.Kind.Status(o)
+		if o.GetGeneration() != *st.ObservedGeneration && len(o.GetConditions()) > 0 {
+			status.MarkProgressing(o, st)
 		}
-		if newGeneration {
-			status.MarkProgressing(obj, st)
-		}
-		conditions.Delete(obj, sourcev1.IncludeUnavailableCondition)
-		if err := helper.Patch(ctx, obj, patch.WithFieldOwner(FieldOwner),
-			patch.WithOwnedConditions{Conditions: []string{meta.ReadyCondition, meta.ReconcilingCondition,
-				sourcev1.IncludeUnavailableCondition}}); err != nil {
-			return ctrl.Result{}, fmt.Errorf("mark progressing: %w", err)
-		}
+		conditions.Delete(o, sourcev1.IncludeUnavailableCondition)
+		return true
+	})
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("mark progressing: %w", err)
 	}
 
 	if err := r.Jobs.Publish(ctx, events.FetchSubject(r.Kind.Name), events.TypeFetchRequested, job, fetch); err != nil {
@@ -149,23 +144,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // Event when that is news, and a look again after RequeueDependency (or
 // only on a spec change, when stalled).
 func (r *Reconciler) waiting(ctx context.Context, obj source.Object, w *source.WaitingError) (ctrl.Result, error) {
-	helper, err := patch.NewHelper(obj, r.Client)
+	var old *metav1.Condition
+	err := status.Patch(ctx, r.Client, r.Live, obj, func(o source.Object) bool {
+		old = conditions.Get(o, meta.ReadyCondition)
+		conditions.MarkTrue(o, w.Condition, w.Reason, "%s", w.Message)
+		conditions.MarkFalse(o, meta.ReadyCondition, w.Reason, "%s", w.Message)
+		if w.Stalled {
+			conditions.MarkStalled(o, w.Reason, "%s", w.Message)
+			conditions.Delete(o, meta.ReconcilingCondition)
+			*r.Kind.Status(o).ObservedGeneration = o.GetGeneration()
+		}
+		if token, ok := meta.ReconcileAnnotationValue(o.GetAnnotations()); ok {
+			*r.Kind.Status(o).LastHandledReconcileAt = token
+		}
+		return true
+	})
 	if err != nil {
-		return ctrl.Result{}, err
-	}
-	old := conditions.Get(obj, meta.ReadyCondition)
-	conditions.MarkTrue(obj, w.Condition, w.Reason, "%s", w.Message)
-	conditions.MarkFalse(obj, meta.ReadyCondition, w.Reason, "%s", w.Message)
-	if w.Stalled {
-		conditions.MarkStalled(obj, w.Reason, "%s", w.Message)
-		conditions.Delete(obj, meta.ReconcilingCondition)
-		*r.Kind.Status(obj).ObservedGeneration = obj.GetGeneration()
-	}
-	if token, ok := meta.ReconcileAnnotationValue(obj.GetAnnotations()); ok {
-		*r.Kind.Status(obj).LastHandledReconcileAt = token
-	}
-	if err := helper.Patch(ctx, obj, patch.WithFieldOwner(FieldOwner), patch.WithOwnedConditions{Conditions: []string{
-		w.Condition, meta.ReadyCondition, meta.StalledCondition, meta.ReconcilingCondition}}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("record waiting: %w", err)
 	}
 	if r.Recorder != nil && (old == nil || old.Reason != w.Reason || old.Message != w.Message) {
@@ -196,7 +190,7 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 	}
 	base := obj.DeepCopyObject().(client.Object)
 	controllerutil.RemoveFinalizer(obj, sourcev1.SourceFinalizer)
-	if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(FieldOwner)); err != nil {
+	if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(status.FieldOwner)); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
 	log.FromContext(ctx).Info("artifacts scheduled for deletion; finalizer removed")

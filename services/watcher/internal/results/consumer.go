@@ -7,8 +7,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/fluxcd/pkg/apis/meta"
-	"github.com/fluxcd/pkg/runtime/patch"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,11 +30,12 @@ type Consumer struct {
 	Conn *bus.Conn
 	// Jobs publishes clean-up jobs for artifacts of deleted objects.
 	Jobs controller.Publisher
-	// Reader reads objects live from the API server (not from the cache),
-	// so an outcome is applied on top of every earlier write.
-	Reader client.Reader
-	// Writer patches status.
-	Writer client.Client
+	// Client reads objects from the informer cache and patches status; a
+	// write based on a stale read conflicts and is retried on a Live read,
+	// so an outcome is always applied on top of every earlier write.
+	Client client.Client
+	// Live reads objects from the API server.
+	Live client.Reader
 	// Recorder records Kubernetes Events.
 	Recorder recorder.EventRecorder
 	// Concurrency bounds the outcomes applied at once.
@@ -79,7 +78,12 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	}
 	obj := kind.New()
 	key := types.NamespacedName{Namespace: o.Job.Object.Namespace, Name: o.Job.Object.Name}
-	if err := c.Reader.Get(ctx, key, obj); err != nil {
+	err := c.Client.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		// The cache may not have seen a new object yet: ask the API server.
+		err = c.Live.Get(ctx, key, obj)
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return c.orphaned(ctx, msg.Event.Type(), o)
 		}
@@ -93,19 +97,20 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 		return nil
 	}
 
-	helper, err := patch.NewHelper(obj, c.Writer)
+	var recorded []status.Event
+	err = status.Patch(ctx, c.Client, c.Live, obj, func(cur source.Object) bool {
+		if string(cur.GetUID()) != o.Job.Object.UID {
+			recorded = nil
+			return false
+		}
+		recorded = status.Apply(kind, cur, msg.Event.Type(), o)
+		return true
+	})
 	if err != nil {
-		return err
-	}
-	recorded := status.Apply(kind, obj, msg.Event.Type(), o)
-	owned := append([]string{meta.ReadyCondition, meta.ReconcilingCondition, meta.StalledCondition,
-		sourcev1.ArtifactInStorageCondition, sourcev1.SourceVerifiedCondition}, kind.FailureConditions...)
-	if err := helper.Patch(ctx, obj, patch.WithFieldOwner(controller.FieldOwner),
-		patch.WithOwnedConditions{Conditions: owned}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("patch status: %w", err)
+		return err
 	}
 	for _, e := range recorded {
 		c.Recorder.Eventf(obj, nil, e.Type, e.Reason, "Reconcile", "%s", e.Message)
