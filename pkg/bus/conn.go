@@ -113,3 +113,13 @@ func (c *Conn) EnsureConsumer(ctx context.Context, stream string, cfg jetstream.
 	}
 	return cons, nil
 }
+
+// JoinStream prepares a service's side of the bus: it creates or updates
+// every stream (so services may start in any order) and the service's
+// durable consumer on stream, configured by events.Consumer.
+func (c *Conn) JoinStream(ctx context.Context, stream, consumer string, o events.ConsumerOptions) (jetstream.Consumer, error) {
+	if err := c.EnsureStreams(ctx); err != nil {
+		return nil, err
+	}
+	return c.EnsureConsumer(ctx, stream, events.Consumer(stream, consumer, o))
+}

@@ -44,11 +44,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer conn.Close()
-	if err := conn.EnsureStreams(ctx); err != nil {
-		return err
-	}
-	cons, err := conn.EnsureConsumer(ctx, events.PublishStream,
-		events.Consumer(events.PublishStream, events.ArtifactServerConsumer, events.ConsumerOptions{}))
+	cons, err := conn.JoinStream(ctx, events.PublishStream, events.ArtifactServerConsumer, events.ConsumerOptions{})
 	if err != nil {
 		return err
 	}

@@ -50,8 +50,8 @@ var _ manager.Runnable = (*Consumer)(nil)
 
 // Start consumes until ctx ends.
 func (c *Consumer) Start(ctx context.Context) error {
-	cons, err := c.Conn.EnsureConsumer(ctx, events.EventStream, events.Consumer(events.EventStream, events.WatcherConsumer,
-		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), DeliverNew: true}))
+	cons, err := c.Conn.JoinStream(ctx, events.EventStream, events.WatcherConsumer,
+		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), DeliverNew: true})
 	if err != nil {
 		return err
 	}
