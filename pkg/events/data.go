@@ -122,6 +122,27 @@ type Fetched struct {
 	Includes []Include `json:"includes,omitempty"`
 	// Verification is the result of spec.verify, when it is set.
 	Verification *Verification `json:"verification,omitempty"`
+	// ContentKey, when set, identifies the artifact's content: the hex
+	// SHA-256 of everything that determines its bytes (kind, upstream,
+	// revision, content-affecting spec, includes, limits). The packager
+	// records the artifact it stores in the content cache under this key,
+	// so the next source with the same key reuses it instead of fetching.
+	ContentKey string `json:"contentKey,omitempty"`
+	// Reuse, when set, says the content was not fetched: the artifact is a
+	// copy of the cached one it names, and nothing is staged at Staging.
+	Reuse *Reuse `json:"reuse,omitempty"`
+}
+
+// Reuse names a cached artifact with the content a Fetched job needs,
+// found by the job's ContentKey.
+type Reuse struct {
+	// Key is the storage key of the cached artifact (an internal key).
+	Key string `json:"key"`
+	// Digest is its digest in "<algorithm>:<hex>" form, as recorded when it
+	// was stored.
+	Digest string `json:"digest"`
+	// Size is its size in bytes.
+	Size int64 `json:"size"`
 }
 
 // Outcome is the data of every result type (TypeFetchUnchanged,

@@ -228,6 +228,94 @@ var conformanceCases = []struct {
 			t.Fatalf("SetLatest to another directory: %v, want ErrInvalidKey", err)
 		}
 	}},
+	{"copy", func(t *testing.T, ctx context.Context, s storage.Storage) {
+		src := mustPut(t, ctx, s, ".cache/abc.tar.gz", "shared content")
+		dst := "gitrepository/ns/other/abc.tar.gz"
+		mustPut(t, ctx, s, dst, "old content of the destination")
+		info, err := s.Copy(ctx, src.Key, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Key != dst || info.Size != src.Size || info.ETag == "" || info.ModTime.IsZero() {
+			t.Fatalf("Copy info = %+v, want key %s and size %d", info, dst, src.Size)
+		}
+		if st, err := s.Stat(ctx, dst); err != nil || st != info {
+			t.Fatalf("Stat(dst) = %+v, %v; want Copy's %+v", st, err, info)
+		}
+		if err := storage.Verify(ctx, s, dst, digest.FromString("shared content").String()); err != nil {
+			t.Fatalf("Verify(dst): %v", err)
+		}
+		// The two are independent: replacing or deleting one leaves the other.
+		mustPut(t, ctx, s, src.Key, "replaced source")
+		if got := mustRead(t, ctx, s, dst); got != "shared content" {
+			t.Fatalf("dst = %q after the source was replaced", got)
+		}
+		if err := s.Delete(ctx, dst); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustRead(t, ctx, s, src.Key); got != "replaced source" {
+			t.Fatalf("src = %q after the copy was deleted", got)
+		}
+		if keys := listKeys(t, ctx, s, "gitrepository/ns/other"); len(keys) != 0 {
+			t.Fatalf("List after deleting the copy = %v, want nothing (no temporary files)", keys)
+		}
+		// A copy onto itself changes nothing.
+		if info, err := s.Copy(ctx, src.Key, src.Key); err != nil || info.Size != int64(len("replaced source")) {
+			t.Fatalf("Copy onto itself = %+v, %v", info, err)
+		}
+	}},
+	{"copy of a latest pointer", func(t *testing.T, ctx context.Context, s storage.Storage) {
+		target := mustPut(t, ctx, s, "gitrepository/ns/app/one.tar.gz", "content one")
+		latest := "gitrepository/ns/app/" + storage.LatestName
+		if err := s.SetLatest(ctx, latest, target.Key); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Copy(ctx, latest, "elsewhere/copy.tar.gz"); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustRead(t, ctx, s, "elsewhere/copy.tar.gz"); got != "content one" {
+			t.Fatalf("copy of the pointer = %q, want its target's content", got)
+		}
+	}},
+	{"copy of a missing object", func(t *testing.T, ctx context.Context, s storage.Storage) {
+		mustPut(t, ctx, s, "a/b/c", "x")
+		for _, src := range []string{"missing", "a/missing", "a/b"} {
+			if _, err := s.Copy(ctx, src, "d/e"); !errors.Is(err, storage.ErrNotFound) {
+				t.Errorf("Copy(%q) = %v, want ErrNotFound", src, err)
+			}
+		}
+		if _, err := s.Stat(ctx, "d/e"); !errors.Is(err, storage.ErrNotFound) {
+			t.Errorf("a failed Copy left its destination: %v", err)
+		}
+	}},
+	{"concurrent copies", func(t *testing.T, ctx context.Context, s storage.Storage) {
+		mustPut(t, ctx, s, ".cache/k.tar.gz", "cached")
+		const copies = 8
+		var wg sync.WaitGroup
+		errs := make([]error, copies)
+		for i := range copies {
+			// Half into one key (racing each other), half into their own.
+			dst := fmt.Sprintf("kind/ns/src-%d/a.tar.gz", i)
+			if i%2 == 0 {
+				dst = "kind/ns/shared/a.tar.gz"
+			}
+			wg.Go(func() { _, errs[i] = s.Copy(ctx, ".cache/k.tar.gz", dst) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("copy %d: %v", i, err)
+			}
+		}
+		for _, key := range []string{"kind/ns/shared/a.tar.gz", "kind/ns/src-1/a.tar.gz", "kind/ns/src-7/a.tar.gz"} {
+			if got := mustRead(t, ctx, s, key); got != "cached" {
+				t.Fatalf("%s = %q", key, got)
+			}
+		}
+		if keys := listKeys(t, ctx, s, "kind/ns/shared"); strings.Join(keys, ",") != "kind/ns/shared/a.tar.gz" {
+			t.Fatalf("List = %v, want only the copy", keys)
+		}
+	}},
 	{"invalid keys", func(t *testing.T, ctx context.Context, s storage.Storage) {
 		for _, key := range []string{"", "/abs", "../up", "a/../b", "a/./b", "./a", "a//b", "a/", `a\b`, "a\x00b", ".."} {
 			checks := map[string]error{}
@@ -241,6 +329,8 @@ var conformanceCases = []struct {
 			checks["Delete"] = s.Delete(ctx, key)
 			_, checks["List"] = s.List(ctx, key)
 			checks["SetLatest"] = s.SetLatest(ctx, key, "a/b")
+			_, checks["Copy from"] = s.Copy(ctx, key, "a/b")
+			_, checks["Copy to"] = s.Copy(ctx, "a/b", key)
 			for op, err := range checks {
 				if !errors.Is(err, storage.ErrInvalidKey) {
 					t.Errorf("%s(%q) = %v, want ErrInvalidKey", op, key, err)

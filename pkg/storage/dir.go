@@ -215,6 +215,92 @@ func (d *Dir) SetLatest(_ context.Context, key, target string) error {
 	return nil
 }
 
+// Copy makes dst a hard link to src's file, made under a temporary name
+// beside dst and renamed over it, so the copy is atomic and costs no bytes:
+// both keys share one file, its ModTime and so its ETag, until either is
+// replaced (every write replaces a file, none changes one in place). Where
+// the file system cannot link, the bytes are copied with Put. A latest
+// pointer as src is copied as its target's content.
+func (d *Dir) Copy(ctx context.Context, src, dst string) (Info, error) {
+	src, err := CleanKey(src)
+	if err != nil {
+		return Info{}, err
+	}
+	if dst, err = CleanKey(dst); err != nil {
+		return Info{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Info{}, fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	fi, err := d.root.Lstat(src)
+	if err != nil {
+		return Info{}, fmt.Errorf("copy %w", notFound(src, err))
+	}
+	switch {
+	case src == dst:
+		return d.Stat(ctx, dst)
+	case fi.Mode()&fs.ModeSymlink != 0:
+		// A link to a symlink would resolve beside dst, not beside src.
+		return d.copyBytes(ctx, src, dst)
+	case !fi.Mode().IsRegular():
+		return Info{}, fmt.Errorf("copy %s: %w", src, ErrNotFound)
+	}
+	dir, base := path.Split(dst)
+	tmp := dir + "." + base + ".tmp-" + randomSuffix()
+	if err := d.linkIn(dir, src, tmp); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return Info{}, fmt.Errorf("copy %w", err)
+		}
+		// No hard links here (some network file systems): copy the bytes.
+		return d.copyBytes(ctx, src, dst)
+	}
+	if err := d.root.Rename(tmp, dst); err != nil {
+		_ = d.root.Remove(tmp)
+		return Info{}, fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	return d.Stat(ctx, dst)
+}
+
+// linkIn links src as name in dir, creating dir first, retried like
+// createIn when a concurrent Delete prunes dir. A missing src wraps
+// ErrNotFound.
+func (d *Dir) linkIn(dir, src, name string) error {
+	var err error
+	for range 100 {
+		if dir != "" {
+			err = d.root.MkdirAll(strings.TrimSuffix(dir, "/"), 0o755)
+			if errors.Is(err, fs.ErrExist) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+		err = d.root.Link(src, name)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		if _, serr := d.root.Lstat(src); errors.Is(serr, fs.ErrNotExist) {
+			return notFound(src, serr)
+		}
+	}
+	return err
+}
+
+// copyBytes copies src's content to dst with Put.
+func (d *Dir) copyBytes(ctx context.Context, src, dst string) (Info, error) {
+	obj, err := d.Open(ctx, src)
+	if err != nil {
+		return Info{}, fmt.Errorf("copy %w", err)
+	}
+	defer obj.Close()
+	info, err := d.Put(ctx, dst, obj)
+	if err != nil {
+		return Info{}, fmt.Errorf("copy %s: %w", src, err)
+	}
+	return info, nil
+}
+
 type dirObject struct {
 	*os.File
 	info Info

@@ -2,6 +2,8 @@ package storage
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -43,5 +45,36 @@ func TestDirPutRacesDelete(t *testing.T) {
 		if err != nil {
 			t.Fatalf("concurrent put/delete: %v", err)
 		}
+	}
+}
+
+// TestDirCopyLinks checks that a copy in a directory is a hard link: the
+// same file under two names, no bytes copied.
+func TestDirCopyLinks(t *testing.T) {
+	d, err := NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := d.Put(ctx, ".cache/k.tar.gz", strings.NewReader("content")); err != nil {
+		t.Fatal(err)
+	}
+	info, err := d.Copy(ctx, ".cache/k.tar.gz", "gitrepository/ns/app/k.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := d.root.Stat(".cache/k.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := d.root.Stat("gitrepository/ns/app/k.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(src, dst) {
+		t.Fatal("the copy is not a hard link to the source")
+	}
+	if info.ETag != `"`+fmt.Sprintf("%x-%x", src.ModTime().UnixNano(), src.Size())+`"` {
+		t.Errorf("copy ETag %s, want the source file's", info.ETag)
 	}
 }

@@ -195,6 +195,42 @@ func (s *S3) SetLatest(ctx context.Context, key, target string) error {
 	return nil
 }
 
+// s3CopyMax is the largest object S3 copies with one CopyObject request;
+// a larger one is copied in parts (UploadPartCopy).
+const s3CopyMax = 5 << 30
+
+// Copy makes dst a server-side copy of src: the bytes never leave the
+// store, and the copy replaces dst atomically. An object over 5 GiB is
+// copied as a multipart copy, still server-side. The copy has its own
+// ModTime and ETag.
+func (s *S3) Copy(ctx context.Context, src, dst string) (Info, error) {
+	src, err := CleanKey(src)
+	if err != nil {
+		return Info{}, err
+	}
+	if dst, err = CleanKey(dst); err != nil {
+		return Info{}, err
+	}
+	info, err := s.Stat(ctx, src)
+	if err != nil {
+		return Info{}, fmt.Errorf("copy %w", err)
+	}
+	if src == dst {
+		return info, nil
+	}
+	to := minio.CopyDestOptions{Bucket: s.bucket, Object: s.object(dst)}
+	from := minio.CopySrcOptions{Bucket: s.bucket, Object: s.object(src), MatchETag: strings.Trim(info.ETag, `"`)}
+	if info.Size > s3CopyMax {
+		_, err = s.client.ComposeObject(ctx, to, from)
+	} else {
+		_, err = s.client.CopyObject(ctx, to, from)
+	}
+	if err != nil {
+		return Info{}, s.fail("copy "+src+" to", dst, err)
+	}
+	return s.Stat(ctx, dst)
+}
+
 // object is the S3 object name of a clean key.
 func (s *S3) object(key string) string { return s.prefix + key }
 

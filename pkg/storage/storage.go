@@ -72,6 +72,11 @@ type Storage interface {
 	// SetLatest makes the pointer key resolve to target, an object in the
 	// same directory, atomically.
 	SetLatest(ctx context.Context, key, target string) error
+	// Copy makes dst a copy of the object src atomically, without the bytes
+	// passing through the caller (a hard link in a directory, a server-side
+	// copy on S3), and describes dst. A missing src wraps ErrNotFound. The
+	// copy's ModTime and ETag may be src's (Dir) or new ones (S3).
+	Copy(ctx context.Context, src, dst string) (Info, error)
 }
 
 // LatestName is the file name of the pointer to a source's newest artifact.

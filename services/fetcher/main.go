@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -42,6 +43,10 @@ type options struct {
 	maxFileSize int64
 	// bucketConcurrency bounds the objects of one Bucket downloaded at once.
 	bucketConcurrency int
+	// refCacheTTL is how long a Git remote's reference listing is shared.
+	refCacheTTL time.Duration
+	// contentCache reuses the artifacts of identical content.
+	contentCache bool
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -53,6 +58,10 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.Uint64Var(&o.maxAttempts, "max-attempts", 5, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.Int64Var(&o.maxFileSize, "max-file-size", 0, "Largest file a source may contain, in bytes; 0 means no limit.")
 	fs.IntVar(&o.bucketConcurrency, "bucket-concurrency", bucketfetch.DefaultConcurrency, "Objects of one Bucket downloaded at once.")
+	fs.DurationVar(&o.refCacheTTL, "ref-cache-ttl", gitfetch.DefaultRefCacheTTL,
+		"How long a Git remote's reference listing answers other fetches of the same remote with the same credentials; 0 disables sharing.")
+	fs.BoolVar(&o.contentCache, "content-cache", true,
+		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again.")
 }
 
 func main() {
@@ -79,6 +88,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.bucketConcurrency < 1 {
 		return errors.New("--bucket-concurrency must be at least 1")
+	}
+	if o.refCacheTTL < 0 {
+		return errors.New("--ref-cache-ttl must not be negative")
 	}
 	log := o.telemetry.NewLogger(service)
 	ctrllog.SetLogger(log)
@@ -110,15 +122,17 @@ func run(ctx context.Context, o options) error {
 	reg := telemetry.NewRegistry()
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
-			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader},
+			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
+				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg)},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
 				MaxFileSize: o.maxFileSize},
 		},
-		Storage:     store,
-		Publisher:   conn.NewPublisher(service),
-		MaxAttempts: o.maxAttempts,
-		MaxFileSize: o.maxFileSize,
-		Metrics:     fetch.NewMetrics(reg),
+		Storage:      store,
+		Publisher:    conn.NewPublisher(service),
+		MaxAttempts:  o.maxAttempts,
+		MaxFileSize:  o.maxFileSize,
+		Metrics:      fetch.NewMetrics(reg),
+		ContentCache: o.contentCache,
 	}
 	worker := &bus.Worker{
 		Service:     service,
@@ -131,6 +145,7 @@ func run(ctx context.Context, o options) error {
 	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
 		return err
 	}
-	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind})
+	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind},
+		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache)
 	return worker.Run(ctx)
 }

@@ -29,7 +29,8 @@ func TestFlags(t *testing.T) {
 	if err := flagenv.Parse(fs, []string{"-concurrency", "2"}); err != nil {
 		t.Fatal(err)
 	}
-	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 {
+	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 ||
+		o.refCacheTTL != 2*time.Second || !o.contentCache {
 		t.Errorf("options = %+v", o)
 	}
 }

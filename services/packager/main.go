@@ -24,6 +24,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/packager/internal/contentcache"
 	"github.com/headwater-gitops/headwater/services/packager/internal/packager"
 	"github.com/headwater-gitops/headwater/services/packager/internal/staging"
 )
@@ -107,15 +108,23 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 		return err
 	}
 
+	jobs := staging.StreamJobs(stream, stagingScanLimit)
 	janitor := &staging.Janitor{
 		Store: store,
 		TTL:   o.stagingTTL,
-		Jobs:  staging.StreamJobs(stream, stagingScanLimit),
+		Jobs:  jobs,
 		Log:   log.WithName("staging"),
+	}
+	cacheJanitor := &contentcache.Janitor{
+		Store: store,
+		TTL:   o.packager.ContentCacheTTL,
+		Jobs:  contentcache.Jobs(jobs),
+		Log:   log.WithName("content-cache"),
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { janitor.Run(ctx) })
+	wg.Go(func() { cacheJanitor.Run(ctx) })
 
 	p := packager.New(store, conn.NewPublisher(service), o.packager, packager.NewMetrics(reg))
 	worker := &bus.Worker{
@@ -126,6 +135,7 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 		Metrics:     telemetry.NewJobMetrics(reg, service),
 		Log:         log,
 	}
-	log.Info("packaging", "concurrency", o.concurrency, "digest", o.packager.DigestAlgo)
+	log.Info("packaging", "concurrency", o.concurrency, "digest", o.packager.DigestAlgo,
+		"contentCacheTTL", o.packager.ContentCacheTTL.String())
 	return worker.Run(ctx)
 }

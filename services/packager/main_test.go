@@ -33,7 +33,7 @@ func TestFlagDefaults(t *testing.T) {
 	}
 	if o.telemetry.Addr != ":9102" || o.concurrency != 3 || o.stagingTTL != time.Hour ||
 		o.packager.DigestAlgo != "sha256" || o.packager.RetentionRecords != 5 ||
-		o.packager.RetentionTTL != time.Minute || o.packager.MaxFileSize != 0 {
+		o.packager.RetentionTTL != time.Minute || o.packager.MaxFileSize != 0 || o.packager.ContentCacheTTL != time.Hour {
 		t.Errorf("options = %+v", o)
 	}
 }
@@ -43,6 +43,7 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		{"-artifact-digest-algo=md5"},
 		{"-concurrency=0"},
 		{"-artifact-retention-records=-1"},
+		{"-content-cache-ttl=1m"},
 	} {
 		fs := flag.NewFlagSet(service, flag.ContinueOnError)
 		var o options

@@ -11,6 +11,8 @@ package bucketfetch
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/sourceignore"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
@@ -69,7 +72,10 @@ type Source struct {
 	transports map[bool]http.RoundTripper // shared transports, by secure
 }
 
-var _ source.Source = (*Source)(nil)
+var (
+	_ source.Source    = (*Source)(nil)
+	_ source.Shareable = (*resolved)(nil)
+)
 
 // Timeout is spec.timeout, 60s when unset.
 func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
@@ -98,7 +104,8 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if err != nil {
 		return nil, err
 	}
-	r := &resolved{src: s, client: client, bucket: spec.BucketName, prefix: spec.Prefix, ignore: spec.Ignore}
+	r := &resolved{src: s, client: client, bucket: spec.BucketName, prefix: spec.Prefix, ignore: spec.Ignore,
+		identity: identity(req.Job.Object.Namespace, spec)}
 	if err := r.list(ctx); err != nil {
 		return nil, err
 	}
@@ -115,6 +122,9 @@ type resolved struct {
 
 	// rules is the content of the ignore rules object; nil without one.
 	rules []byte
+	// identity is what names the bucket and the access to it (see
+	// ContentIdentity).
+	identity []string
 
 	mu      sync.Mutex
 	objects map[string]object // by key
@@ -123,6 +133,51 @@ type resolved struct {
 // Revision is the digest of the listing, Flux's "sha256:<hex>".
 func (r *resolved) Revision() string {
 	return Revision(r.etags())
+}
+
+// ContentIdentity is what, besides the revision (the listing's keys and
+// ETags), determines the downloaded content: the bucket (provider,
+// endpoint, scheme, name), the prefix, the ignore rules of the spec and of
+// the bucket's rules object, and the access to it. Listing a bucket needs
+// another permission than reading its objects, so content is shared only
+// between sources that authenticate the same way: with the same Secret in
+// the same namespace, or the same service account, or with none.
+func (r *resolved) ContentIdentity() ([]string, bool) {
+	rules := "-"
+	if r.rules != nil {
+		sum := sha256.Sum256(r.rules)
+		rules = "+" + hex.EncodeToString(sum[:])
+	}
+	ignore := "-"
+	if r.ignore != nil {
+		ignore = "+" + *r.ignore
+	}
+	return append(slices.Clone(r.identity), r.bucket, r.prefix, ignore, rules), true
+}
+
+// ProveAccess has nothing to do: resolving listed the bucket with this
+// source's credentials.
+func (r *resolved) ProveAccess(context.Context) error { return nil }
+
+// identity names a Bucket spec's bucket and the credentials it is read
+// with: everything ContentIdentity needs besides the listing.
+func identity(namespace string, spec *sourcev1.BucketSpec) []string {
+	ref := func(r *meta.LocalObjectReference) string {
+		if r == nil {
+			return "-"
+		}
+		return "+" + namespace + "/" + r.Name
+	}
+	sts := "-"
+	if spec.STS != nil {
+		sts = "+" + spec.STS.Provider + "\x00" + spec.STS.Endpoint + "\x00" + ref(spec.STS.SecretRef) + "\x00" + ref(spec.STS.CertSecretRef)
+	}
+	account := "-"
+	if spec.ServiceAccountName != "" {
+		account = "+" + namespace + "/" + spec.ServiceAccountName
+	}
+	return []string{spec.Provider, spec.Endpoint, fmt.Sprint(spec.Insecure), spec.Region,
+		ref(spec.SecretRef), ref(spec.CertSecretRef), sts, account}
 }
 
 // etags returns the ETag of every listed object, by key.

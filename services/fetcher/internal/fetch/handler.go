@@ -22,6 +22,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/contentcache"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -59,6 +60,11 @@ type Handler struct {
 	TempDir string
 	// Metrics, when set, records fetch durations and bytes.
 	Metrics *Metrics
+	// ContentCache, when true, reuses the artifact of identical content
+	// another source already fetched instead of downloading it again,
+	// and asks the packager to record new artifacts for reuse (see package
+	// contentcache).
+	ContentCache bool
 }
 
 // Handle is a bus.Handler for the fetch stream.
@@ -140,6 +146,16 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string
 		notices = append(notices, *notice)
 	}
 
+	if share := h.shareable(res); share != nil {
+		// A stored artifact that no longer matches its digest may be the
+		// very file the content cache shares (a hard link): the cache's
+		// copy is reused only if it checks out.
+		verify := hasNotice(notices, ArtifactVerificationFailedReason)
+		if result, done, err := h.reuse(ctx, work, req, res, share, notices, verify); done || err != nil {
+			return result, err
+		}
+	}
+
 	dir, err := os.MkdirTemp(h.TempDir, "fetch-")
 	if err != nil {
 		return "", &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
@@ -150,6 +166,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string
 			log.Error(err, "removing temporary working directory", "dir", dir)
 		}
 	}()
+	share := h.shareable(res)
 	content, err := res.Download(work, dir)
 	if err != nil {
 		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
@@ -173,11 +190,96 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string
 		Verification: content.Verification,
 		Includes:     req.Includes,
 	}
+	if share != nil {
+		// The content downloaded may be of a newer revision than resolved.
+		if identity, ok := share.ContentIdentity(); ok {
+			out.ContentKey = contentcache.Key(kind, identity, content.Revision, req.Includes, h.MaxFileSize)
+		}
+	}
 	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
 		return "", err
 	}
 	log.Info("content staged", "revision", content.Revision, "staging", key, "bytes", size)
 	return ResultFetched, nil
+}
+
+// hasNotice reports whether notices hold one with the given reason.
+func hasNotice(notices []events.Notice, reason string) bool {
+	for _, n := range notices {
+		if n.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// shareable returns res as a source.Shareable when the content cache is on
+// and res's content may be shared; nil otherwise.
+func (h *Handler) shareable(res source.Resolved) source.Shareable {
+	if !h.ContentCache {
+		return nil
+	}
+	share, ok := res.(source.Shareable)
+	if !ok {
+		return nil
+	}
+	if _, ok := share.ContentIdentity(); !ok {
+		return nil
+	}
+	return share
+}
+
+// reuse looks the content of res up in the content cache and, on a hit,
+// hands the cached artifact to the packager instead of downloading: done
+// is true when it published the Fetched job. A cache that cannot be read
+// is a miss; the content is downloaded. With verify, the cached artifact
+// must match its digest.
+func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, res source.Resolved, share source.Shareable,
+	notices []events.Notice, verify bool) (result string, done bool, err error) {
+	kind := req.Job.Object.Kind
+	log := logr.FromContextOrDiscard(ctx)
+	identity, _ := share.ContentIdentity()
+	revision := res.Revision()
+	key := contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
+	idx, err := contentcache.Lookup(work, h.Storage, key, revision, time.Now())
+	if err != nil {
+		if work.Err() == nil {
+			log.Error(err, "content cache lookup failed: fetching", "key", key)
+		}
+		return "", false, nil
+	}
+	if idx == nil {
+		return "", false, nil
+	}
+	if verify {
+		if err := storage.Verify(work, h.Storage, idx.Artifact, idx.Digest); err != nil {
+			log.Info("cached artifact is not intact: fetching", "key", key, "error", err.Error())
+			return "", false, nil
+		}
+	}
+	// The cached bytes are handed over only to a source whose own
+	// credentials can read the upstream.
+	if err := share.ProveAccess(work); err != nil {
+		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
+	}
+	out := &events.Fetched{
+		Job:      req.Job,
+		Revision: revision,
+		// Nothing is staged; the key lets the packager clean up what an
+		// earlier attempt of the job may have staged.
+		Staging:      storage.StagingKey(req.Job.ID),
+		ArtifactName: idx.ArtifactName,
+		EventMessage: idx.EventMessage,
+		Notices:      notices,
+		Includes:     req.Includes,
+		ContentKey:   key,
+		Reuse:        &events.Reuse{Key: idx.Artifact, Digest: idx.Digest, Size: idx.Size},
+	}
+	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
+		return "", false, err
+	}
+	log.Info("content reused", "revision", revision, "key", key, "artifact", idx.Artifact)
+	return ResultReused, true, nil
 }
 
 // verify checks that the previous artifact is stored intact. It returns the

@@ -60,7 +60,8 @@ type attempt struct {
 	err      error
 }
 
-func newEnv(t *testing.T, maxAttempts uint64) *env {
+// newEnv starts the env; opts adjust the handler before it starts.
+func newEnv(t *testing.T, maxAttempts uint64, opts ...func(*Handler)) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	e := &env{ctx: ctx}
@@ -115,6 +116,9 @@ func newEnv(t *testing.T, maxAttempts uint64) *env {
 		MaxAttempts: maxAttempts,
 		TempDir:     e.tempDir,
 		Metrics:     NewMetrics(e.reg),
+	}
+	for _, o := range opts {
+		o(h)
 	}
 	w := &bus.Worker{
 		Service:     "fetcher",

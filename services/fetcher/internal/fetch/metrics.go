@@ -11,6 +11,9 @@ const (
 	ResultFetched   = "fetched"
 	ResultUnchanged = "unchanged"
 	ResultFailed    = "failed"
+	// ResultReused: the content cache held the content; nothing was
+	// downloaded.
+	ResultReused = "reused"
 )
 
 // Metrics are the fetcher's own families:
@@ -26,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: telemetry.Namespace, Name: "fetch_duration_seconds",
-			Help:    "Time to fetch one source, from resolving its revision to staging its content, by kind and result (fetched, unchanged, failed).",
+			Help:    "Time to fetch one source, from resolving its revision to staging its content, by kind and result (fetched, reused, unchanged, failed).",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"kind", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -2,12 +2,16 @@ package gitfetch
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -44,6 +48,9 @@ type credentials struct {
 	// ssh is true for an ssh:// URL, whose connections are bounded by the
 	// fetch's deadline (see proxyFor).
 	ssh bool
+	// fingerprint identifies everything above: a digest of the Secrets'
+	// data the credentials were built from. It never leaves the process.
+	fingerprint string
 }
 
 // proxyFor is the proxy to connect through within ctx. For SSH it is a
@@ -64,8 +71,10 @@ func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u
 	spec := req.GitRepository
 	ns := req.Job.Object.Namespace
 	var proxy transport.ProxyOptions
+	var proxyData map[string][]byte
 	if spec.ProxySecretRef != nil {
 		data, err := s.secret(ctx, ns, spec.ProxySecretRef.Name)
+		proxyData = data
 		if err != nil {
 			return nil, source.Failed(sourcev1.AuthenticationFailedReason, "failed to configure proxy options: %w", err)
 		}
@@ -92,7 +101,28 @@ func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u
 		return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to configure authentication options: %w", err)
 	}
 	c.proxy = proxy
+	c.fingerprint = fingerprint(data, proxyData)
 	return c, nil
+}
+
+// fingerprint digests the data of the Secrets credentials are built from
+// (nil for none), so that two fetches with the same fingerprint and URL
+// authenticate and connect the same way.
+func fingerprint(secrets ...map[string][]byte) string {
+	h := sha256.New()
+	for _, data := range secrets {
+		if data == nil {
+			h.Write([]byte("-\n"))
+			continue
+		}
+		keys := slices.Sorted(maps.Keys(data))
+		fmt.Fprintf(h, "%d\n", len(keys))
+		for _, k := range keys {
+			fmt.Fprintf(h, "%d:%s%d:", len(k), k, len(data[k]))
+			h.Write(data[k])
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // secret reads the data of the Secret namespace/name, with Flux's words

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,14 +46,30 @@ const targetRef = "refs/headwater/target"
 // as in Flux.
 const checkoutPrefix = "failed to checkout and determine revision: "
 
+const (
+	// largeObjectThreshold is the size above which a download streams an
+	// object from its packfile instead of reading it whole into memory, so
+	// checking out large files takes little memory.
+	largeObjectThreshold = 256 << 10
+	// objectCacheSize bounds the decoded objects a download keeps in
+	// memory (go-git's default is 96 MiB per repository).
+	objectCacheSize = 16 * cache.MiByte
+)
+
 // Source fetches GitRepository sources.
 type Source struct {
 	// Secrets reads the Secrets named by spec.secretRef; nil means none
 	// can be read.
 	Secrets secrets.Reader
+	// RefCache shares reference listings between fetches; nil shares
+	// none.
+	RefCache *RefCache
 }
 
-var _ source.Source = (*Source)(nil)
+var (
+	_ source.Source    = (*Source)(nil)
+	_ source.Shareable = (*resolved)(nil)
+)
 
 // Timeout is spec.timeout, 60s when unset.
 func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
@@ -92,7 +109,15 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 		return nil, err
 	}
 	res := &resolved{url: spec.URL, ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil,
-		submodules: spec.RecurseSubmodules, sparse: sparseDirs(spec.SparseCheckout)}
+		submodules: spec.RecurseSubmodules, sparse: sparseDirs(spec.SparseCheckout), refCache: s.RefCache}
+	if spec.SecretRef != nil {
+		res.secretRef = req.Job.Object.Namespace + "/" + spec.SecretRef.Name
+	}
+	if req.Job.ReconcileToken != "" {
+		// A reconcile requested (say, after a push) must see the remote
+		// as it is now, not a listing from before the request.
+		res.freshAfter = req.Job.RequestedAt
+	}
 	res.verify = s.verification(req)
 	if err := res.resolve(ctx); err != nil {
 		return nil, err
@@ -114,6 +139,17 @@ type resolved struct {
 
 	// verify is spec.verify, nil when it asks for nothing.
 	verify *verification
+
+	// refCache shares listings; secretRef is "<namespace>/<name>" of
+	// spec.secretRef, empty without one.
+	refCache  *RefCache
+	secretRef string
+	// listed is true once the remote answered a listing with this
+	// source's credentials.
+	listed bool
+	// freshAfter, when set, is the time a shared listing must have started
+	// at or after: when the user asked for the reconcile.
+	freshAfter time.Time
 
 	// reference is the full name of the reference to fetch ("" for all
 	// branches), commit the commit it resolved to.
@@ -176,16 +212,19 @@ func (r *resolved) resolve(ctx context.Context) error {
 	return nil
 }
 
-// list asks the remote for its references.
+// list asks the remote for its references, or takes a listing the ref
+// cache shares.
 func (r *resolved) list(ctx context.Context) (*listed, error) {
-	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{r.url}})
-	refs, err := remote.ListContext(ctx, &git.ListOptions{
-		Auth:          r.creds.method,
-		CABundle:      r.creds.ca,
-		ClientCert:    r.creds.cert,
-		ClientKey:     r.creds.key,
-		ProxyOptions:  r.creds.proxyFor(ctx),
-		PeelingOption: git.AppendPeeled,
+	refs, err := r.refCache.list(ctx, r.url+"\x00"+r.creds.fingerprint, r.freshAfter, func(ctx context.Context) ([]*plumbing.Reference, error) {
+		remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{r.url}})
+		return remote.ListContext(ctx, &git.ListOptions{
+			Auth:          r.creds.method,
+			CABundle:      r.creds.ca,
+			ClientCert:    r.creds.cert,
+			ClientKey:     r.creds.key,
+			ProxyOptions:  r.creds.proxyFor(ctx),
+			PeelingOption: git.AppendPeeled,
+		})
 	})
 	if err != nil {
 		// Flux words it as a clone, or as a list when it had an artifact
@@ -196,7 +235,48 @@ func (r *resolved) list(ctx context.Context) (*listed, error) {
 		}
 		return nil, gitError(err, format, r.url)
 	}
+	r.listed = true
 	return newListed(refs), nil
+}
+
+// ContentIdentity is what, besides the revision, determines the
+// downloaded content: the URL without credentials and the
+// content-affecting spec. Verified sources share nothing (their
+// signatures are checked on what they download themselves); sources with
+// submodules share only with sources authenticating with the same Secret,
+// since a submodule may need access the parent's listing does not prove.
+func (r *resolved) ContentIdentity() ([]string, bool) {
+	if r.verify != nil {
+		return nil, false
+	}
+	u, err := url.Parse(r.url)
+	if err != nil {
+		return nil, false
+	}
+	u.User = nil
+	ignore := "-"
+	if r.ignore != nil {
+		ignore = "+" + *r.ignore
+	}
+	sparse := "-"
+	if r.sparse != nil {
+		sparse = "+" + strings.Join(slices.Sorted(slices.Values(r.sparse)), "\x00")
+	}
+	submodules := "-"
+	if r.submodules {
+		submodules = "+" + r.secretRef
+	}
+	return []string{u.String(), ignore, sparse, submodules}, true
+}
+
+// ProveAccess lists the remote with this source's credentials unless
+// resolving did already (a spec naming a commit does not ask the remote).
+func (r *resolved) ProveAccess(ctx context.Context) error {
+	if r.listed {
+		return nil
+	}
+	_, err := r.list(ctx)
+	return err
 }
 
 // Download fetches the commit into dir/git and checks its tree out in
@@ -206,7 +286,8 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err := os.MkdirAll(tree, 0o755); err != nil {
 		return nil, source.Failed(sourcev1.DirCreationFailedReason, "failed to create temporary working directory: %w", err)
 	}
-	storer := filesystem.NewStorage(osfs.New(gitDir), cache.NewObjectLRUDefault())
+	storer := filesystem.NewStorageWithOptions(osfs.New(gitDir), cache.NewObjectLRU(objectCacheSize),
+		filesystem.Options{LargeObjectThreshold: largeObjectThreshold})
 	// A bound work tree resolves symbolic links inside it, so no checkout
 	// (of the repository or its submodules) writes outside it.
 	repo, err := git.Init(storer, osfs.New(tree, osfs.WithBoundOS()))

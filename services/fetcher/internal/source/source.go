@@ -36,6 +36,20 @@ type Resolved interface {
 	Download(ctx context.Context, dir string) (*Content, error)
 }
 
+// Shareable is implemented by a Resolved whose content may be reused from
+// another source's identical artifact instead of being downloaded.
+type Shareable interface {
+	// ContentIdentity returns what, besides the kind, the revision and the
+	// fetcher's limits, determines the downloaded content byte for byte
+	// (the upstream without credentials, the content-affecting spec); ok
+	// is false when the content must not be shared.
+	ContentIdentity() (parts []string, ok bool)
+	// ProveAccess confirms that this source's own credentials can read the
+	// upstream (when resolving did not already), before content another
+	// source fetched is handed to it. Errors are *Error values.
+	ProveAccess(ctx context.Context) error
+}
+
 // Content is downloaded content, ready to be staged.
 type Content struct {
 	// Root is the directory to archive.

@@ -7,12 +7,16 @@ import (
 )
 
 // Metrics are the packager's own families, beside the shared job metrics:
-// headwater_artifact_bytes and headwater_gc_deleted_total.
+// headwater_artifact_bytes, headwater_gc_deleted_total and
+// headwater_content_cache_artifacts_total{operation}.
 type Metrics struct {
 	// ArtifactBytes observes the size of every artifact written.
 	ArtifactBytes prometheus.Histogram
 	// GCDeleted counts the artifacts removed by retention.
 	GCDeleted prometheus.Counter
+	// Recorded counts the artifacts added to the content cache, Reused
+	// the artifacts copied from it.
+	Recorded, Reused prometheus.Counter
 }
 
 // NewMetrics registers the packager's families on reg.
@@ -29,6 +33,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Artifacts deleted by retention garbage collection.",
 		}),
 	}
-	reg.MustRegister(m.ArtifactBytes, m.GCDeleted)
+	cache := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: telemetry.Namespace, Name: "content_cache_artifacts_total",
+		Help: "Artifacts of the content cache, by operation: recorded (added after packaging fetched content) or reused (copied for a source instead of fetching).",
+	}, []string{"operation"})
+	m.Recorded, m.Reused = cache.WithLabelValues("recorded"), cache.WithLabelValues("reused")
+	reg.MustRegister(m.ArtifactBytes, m.GCDeleted, cache)
 	return m
 }

@@ -25,7 +25,14 @@ type Options struct {
 	RetentionTTL time.Duration
 	// MaxFileSize, when positive, rejects staged content with a larger file.
 	MaxFileSize int64
+	// ContentCacheTTL is how long a content cache entry nobody uses is
+	// kept; zero records nothing in the content cache.
+	ContentCacheTTL time.Duration
 }
+
+// MinContentCacheTTL is the shortest ContentCacheTTL: fetchers refresh the
+// entries they use every minute, and an entry in use must outlive that.
+const MinContentCacheTTL = 5 * time.Minute
 
 // BindFlags registers the options on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
@@ -37,6 +44,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"The duration of time that artifacts from previous reconciliations will be kept in storage before being garbage collected.")
 	fs.Int64Var(&o.MaxFileSize, "max-file-size", 0,
 		"The largest file, in bytes, an artifact may contain; 0 means no limit.")
+	fs.DurationVar(&o.ContentCacheTTL, "content-cache-ttl", time.Hour,
+		"How long an entry of the content cache (artifacts reused by sources with identical content) is kept after its last use; 0 records nothing.")
 }
 
 // Validate reports the first invalid option.
@@ -50,6 +59,8 @@ func (o Options) Validate() error {
 		return errors.New("--artifact-retention-ttl must not be negative")
 	case o.MaxFileSize < 0:
 		return errors.New("--max-file-size must not be negative")
+	case o.ContentCacheTTL != 0 && o.ContentCacheTTL < MinContentCacheTTL:
+		return fmt.Errorf("--content-cache-ttl must be 0 or at least %s", MinContentCacheTTL)
 	}
 	return nil
 }

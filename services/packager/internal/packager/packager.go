@@ -24,12 +24,14 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
+	"github.com/opencontainers/go-digest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/packager/internal/contentcache"
 	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
 )
 
@@ -92,6 +94,9 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 	if err := checkStagingKey(f.Staging); err != nil {
 		return p.fail(ctx, f, err)
 	}
+	if f.Reuse != nil {
+		return p.packageReused(ctx, f, d, dir, key)
+	}
 
 	artifact, err := p.write(ctx, f, key)
 	var content *contentError
@@ -136,6 +141,9 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 		IncludedArtifacts: includedArtifacts(f.Includes),
 		Verification:      f.Verification,
 	}
+	// Recorded before it is announced, so that whoever learns of the
+	// artifact can reuse it.
+	p.record(ctx, f, key, artifact)
 	if err := p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackaged, f.Job, out); err != nil {
 		return err
 	}
@@ -143,6 +151,124 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 	p.deleteStaging(ctx, f.Staging)
 	p.collect(ctx, dir, key)
 	return nil
+}
+
+// packageReused stores the artifact of a Fetched job that reuses a cached
+// artifact: it copies the cached artifact to key (no bytes move through the
+// packager on a directory or S3 storage), checks the copy's size and
+// digest against the record, and then goes on as for fetched content. A
+// cached artifact that vanished (the janitor removed it after the fetcher
+// looked) fails the job without stalling, so the next reconcile fetches;
+// one that does not match its record is removed from the cache likewise.
+func (p *Packager) packageReused(ctx context.Context, f *events.Fetched, d bus.Delivery, dir, key string) error {
+	log := logr.FromContextOrDiscard(ctx)
+	cacheKey, ok := contentcache.KeyOfArtifact(f.Reuse.Key)
+	if !ok {
+		return p.fail(ctx, f, fmt.Errorf("invalid cached artifact key %q", f.Reuse.Key))
+	}
+	artifact, err := p.copyReused(ctx, f.Reuse, key)
+	var mismatch *reuseMismatchError
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return p.fail(ctx, f, fmt.Errorf("cached artifact %s is gone: %w", f.Reuse.Key, err))
+	case errors.As(err, &mismatch):
+		if ferr := contentcache.Forget(ctx, p.store, cacheKey); ferr != nil {
+			log.Error(ferr, "removing a broken content cache entry failed", "key", cacheKey)
+		}
+		return p.fail(ctx, f, err)
+	case err != nil:
+		return p.retryOrFail(ctx, f, d, err)
+	}
+	if err := p.store.SetLatest(ctx, path.Join(dir, storage.LatestName), key); err != nil {
+		return p.retryOrFail(ctx, f, d, fmt.Errorf("update latest pointer: %w", err))
+	}
+	if p.metrics != nil {
+		p.metrics.ArtifactBytes.Observe(float64(*artifact.Size))
+		p.metrics.Reused.Inc()
+	}
+	artifact.Revision = f.Revision
+	out := events.Outcome{
+		Job:               f.Job,
+		Revision:          f.Revision,
+		Artifact:          artifact,
+		EventMessage:      f.EventMessage,
+		Notices:           f.Notices,
+		IncludedArtifacts: includedArtifacts(f.Includes),
+		Verification:      f.Verification,
+	}
+	if err := p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackaged, f.Job, out); err != nil {
+		return err
+	}
+	log.Info("artifact stored", "artifact", key, "digest", artifact.Digest, "size", *artifact.Size, "revision", f.Revision,
+		"reused", f.Reuse.Key)
+	// An earlier attempt of the job may have staged content.
+	p.deleteStaging(ctx, f.Staging)
+	p.collect(ctx, dir, key)
+	return nil
+}
+
+// reuseMismatchError says a cached artifact is not what its record says.
+type reuseMismatchError struct{ msg string }
+
+func (e *reuseMismatchError) Error() string { return e.msg }
+
+// copyReused copies the cached artifact r names to key and describes the
+// copy, with its digest computed from the stored bytes (in the packager's
+// algorithm) and checked against the record.
+func (p *Packager) copyReused(ctx context.Context, r *events.Reuse, key string) (*meta.Artifact, error) {
+	// Check the size first, so a stale record never replaces key.
+	info, err := p.store.Stat(ctx, r.Key)
+	if err != nil {
+		return nil, err
+	}
+	if info.Size != r.Size {
+		return nil, &reuseMismatchError{fmt.Sprintf("cached artifact %s is %d bytes, recorded as %d", r.Key, info.Size, r.Size)}
+	}
+	if _, err := p.store.Copy(ctx, r.Key, key); err != nil {
+		return nil, fmt.Errorf("copy cached artifact: %w", err)
+	}
+	artifact, err := p.recover(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	recorded, err := digest.Parse(r.Digest)
+	switch {
+	case *artifact.Size != r.Size:
+		return nil, &reuseMismatchError{fmt.Sprintf("copy of cached artifact %s is %d bytes, recorded as %d", r.Key, *artifact.Size, r.Size)}
+	case err != nil:
+		return nil, &reuseMismatchError{fmt.Sprintf("cached artifact %s has an invalid digest %q", r.Key, r.Digest)}
+	case recorded.Algorithm() == p.opts.Algorithm() && recorded.String() != artifact.Digest:
+		return nil, &reuseMismatchError{fmt.Sprintf("cached artifact %s does not match its digest '%s'", r.Key, r.Digest)}
+	}
+	artifact.LastUpdateTime = metav1.NewTime(p.now())
+	return artifact, nil
+}
+
+// record adds the artifact just stored at key for f to the content cache
+// under f's content key, so that sources with the same content reuse it.
+// A failure is only logged: the cache is an optimisation.
+func (p *Packager) record(ctx context.Context, f *events.Fetched, key string, artifact *meta.Artifact) {
+	if f.ContentKey == "" || p.opts.ContentCacheTTL <= 0 {
+		return
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	idx := contentcache.Index{
+		Key:          f.ContentKey,
+		Digest:       artifact.Digest,
+		Algorithm:    p.opts.Algorithm().String(),
+		Size:         *artifact.Size,
+		Revision:     f.Revision,
+		ArtifactName: f.ArtifactName,
+		EventMessage: f.EventMessage,
+	}
+	if err := contentcache.Record(ctx, p.store, key, idx); err != nil {
+		log.Error(err, "recording the artifact in the content cache failed", "key", f.ContentKey)
+		return
+	}
+	if p.metrics != nil {
+		p.metrics.Recorded.Inc()
+	}
+	log.V(1).Info("artifact recorded in the content cache", "key", f.ContentKey)
 }
 
 // errStagingGone is wrapped by write's error when the staged content does

@@ -105,8 +105,9 @@ func (j *Janitor) Sweep(ctx context.Context) ([]string, error) {
 }
 
 // StreamJobs returns Jobs that reads every message still in stream (a work
-// queue: what is in it is not done) and collects the Staging keys of the
-// Fetched jobs. It gives up on a stream holding more than limit messages,
+// queue: what is in it is not done) and collects the storage keys the
+// Fetched jobs read: their Staging keys and the cached artifacts they
+// reuse (for the content cache's janitor). It gives up on a stream holding more than limit messages,
 // so the janitor skips the sweep rather than guess.
 func StreamJobs(stream jetstream.Stream, limit int) Jobs {
 	return func(ctx context.Context) (map[string]bool, error) {
@@ -135,6 +136,9 @@ func StreamJobs(stream jetstream.Stream, limit int) Jobs {
 			if m, err := events.Decode(msg.Data); err == nil {
 				if f, ok := m.Data.(*events.Fetched); ok {
 					wanted[f.Staging] = true
+					if f.Reuse != nil {
+						wanted[f.Reuse.Key] = true
+					}
 				}
 			}
 			seq = msg.Sequence + 1

@@ -171,3 +171,20 @@ func TestStreamJobsSkipsAcknowledgedMessages(t *testing.T) {
 		t.Errorf("wanted = %v, want the two pending jobs' staging", wanted)
 	}
 }
+
+func TestStreamJobsNamesReusedArtifacts(t *testing.T) {
+	e := newEnv(t)
+	j := events.Job{ID: "reuse", Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "other"}}
+	f := &events.Fetched{Job: j, Revision: "main@sha1:1", Staging: storage.StagingKey(j.ID), ArtifactName: "1.tar.gz",
+		Reuse: &events.Reuse{Key: ".cache/k.tar.gz", Digest: "sha256:00", Size: 1}}
+	if err := e.conn.NewPublisher("fetcher").Publish(context.Background(), events.PackageSubject(j.Object.Kind), events.TypeFetched, j, f); err != nil {
+		t.Fatal(err)
+	}
+	wanted, err := StreamJobs(e.stream, 100)(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(wanted) != 2 || !wanted[".cache/k.tar.gz"] || !wanted[storage.StagingKey(j.ID)] {
+		t.Errorf("wanted = %v, want the reused artifact and the job's staging key", wanted)
+	}
+}

@@ -1,0 +1,145 @@
+// Package contentcache is the fetcher's side of the content cache, which
+// makes identical sources cost one fetch: a content key digests everything
+// that determines an artifact's bytes, and the packager, having stored an
+// artifact for a key, records it under the internal directory .cache of
+// the shared storage:
+//
+//	.cache/<key>.json    the index: what the artifact is (Index)
+//	.cache/<key>.tar.gz  the cache's own copy of the artifact
+//
+// Before downloading, the fetcher looks its key up; on a hit the packager
+// copies the cached artifact to the source's directory and nothing is
+// fetched. The cache's copy belongs to no source, so no source's retention
+// deletes it; the packager's janitor removes entries unused for a while.
+// Using an entry refreshes its index (see Lookup).
+//
+// The packager keeps the same layout and index format (its own package
+// contentcache); both follow docs/design.md.
+package contentcache
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/storage"
+)
+
+// Dir is the internal storage directory of the cache.
+const Dir = ".cache"
+
+// FormatVersion is digested into every key: a change of what a key covers,
+// or of how artifacts are made from fetched content, bumps it, so that
+// entries made the old way are never reused.
+const FormatVersion = "headwater-content-v1"
+
+// RefreshAfter is the age after which a used index is written again, so
+// that the janitor, which removes entries unused for longer than its TTL
+// (much longer than this), leaves entries in use alone.
+const RefreshAfter = time.Minute
+
+// maxIndexSize bounds the index read into memory.
+const maxIndexSize = 64 << 10
+
+// Index is the content of .cache/<key>.json.
+type Index struct {
+	// Key is the content key.
+	Key string `json:"key"`
+	// Artifact is the storage key of the cache's copy of the artifact,
+	// .cache/<key>.tar.gz.
+	Artifact string `json:"artifact"`
+	// Digest of the artifact, "<algorithm>:<hex>".
+	Digest string `json:"digest"`
+	// Algorithm of the digest, e.g. "sha256".
+	Algorithm string `json:"algorithm"`
+	// Size of the artifact in bytes.
+	Size int64 `json:"size"`
+	// Revision the artifact was made from.
+	Revision string `json:"revision"`
+	// ArtifactName is the file name sources store the artifact under.
+	ArtifactName string `json:"artifactName"`
+	// EventMessage is the message of the NewArtifact event for it.
+	EventMessage string `json:"eventMessage,omitempty"`
+}
+
+// IndexKey is the storage key of the index of a content key.
+func IndexKey(key string) string { return Dir + "/" + key + ".json" }
+
+// ArtifactKey is the storage key of the cache's copy of the artifact of a
+// content key.
+func ArtifactKey(key string) string { return Dir + "/" + key + ".tar.gz" }
+
+// Key digests the parts that determine an artifact's bytes into a content
+// key (64 hex digits): FormatVersion, the kind, the source's identity (see
+// source.Shareable), the revision, the includes' digests and where they
+// go, and the largest file the fetcher accepts.
+func Key(kind string, identity []string, revision string, includes []events.Include, maxFileSize int64) string {
+	h := sha256.New()
+	field := func(s string) { h.Write([]byte(strconv.Itoa(len(s)) + ":" + s + "\n")) }
+	field(FormatVersion)
+	field(kind)
+	field(strconv.Itoa(len(identity)))
+	for _, p := range identity {
+		field(p)
+	}
+	field(revision)
+	field(strconv.Itoa(len(includes)))
+	for _, in := range includes {
+		field(in.Artifact.Digest)
+		field(in.FromPath)
+		field(in.ToPath)
+	}
+	field(strconv.FormatInt(maxFileSize, 10))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Lookup returns the index of key when the cache holds an artifact for it
+// made from revision, nil when it does not. It checks that the cached
+// artifact is stored with the recorded size, and writes an index older
+// than RefreshAfter again, so that the janitor keeps it. Errors are the
+// storage's, or a cancelled ctx; a malformed index is a miss.
+func Lookup(ctx context.Context, store storage.Storage, key, revision string, now time.Time) (*Index, error) {
+	obj, err := store.Open(ctx, IndexKey(key))
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("content cache: %w", err)
+	}
+	modTime := obj.Info().ModTime
+	body, err := io.ReadAll(io.LimitReader(obj, maxIndexSize+1))
+	_ = obj.Close()
+	if err != nil {
+		return nil, fmt.Errorf("content cache: read %s: %w", IndexKey(key), err)
+	}
+	var idx Index
+	if len(body) > maxIndexSize || json.Unmarshal(body, &idx) != nil || idx.Key != key || idx.Artifact != ArtifactKey(key) ||
+		idx.Revision != revision || idx.Size < 0 || idx.Digest == "" || idx.ArtifactName == "" ||
+		!strings.HasPrefix(idx.Digest, idx.Algorithm+":") {
+		return nil, nil
+	}
+	info, err := store.Stat(ctx, idx.Artifact)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("content cache: %w", err)
+	}
+	if info.Size != idx.Size {
+		return nil, nil
+	}
+	if now.Sub(modTime) >= RefreshAfter {
+		if _, err := store.Put(ctx, IndexKey(key), strings.NewReader(string(body))); err != nil {
+			return nil, fmt.Errorf("content cache: refresh %s: %w", IndexKey(key), err)
+		}
+	}
+	return &idx, nil
+}
