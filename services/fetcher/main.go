@@ -110,11 +110,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer conn.Close()
-	if err := conn.EnsureStreams(ctx); err != nil {
-		return err
-	}
-	consumer, err := conn.EnsureConsumer(ctx, events.FetchStream,
-		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
+	consumer, err := conn.JoinStream(ctx, events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{})
 	if err != nil {
 		return err
 	}

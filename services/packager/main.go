@@ -24,7 +24,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
-	"github.com/headwater-gitops/headwater/services/packager/internal/contentcache"
+	"github.com/headwater-gitops/headwater/services/packager/internal/cachejanitor"
 	"github.com/headwater-gitops/headwater/services/packager/internal/packager"
 	"github.com/headwater-gitops/headwater/services/packager/internal/staging"
 )
@@ -92,11 +92,7 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 		return err
 	}
 	defer conn.Close()
-	if err := conn.EnsureStreams(ctx); err != nil {
-		return err
-	}
-	consumer, err := conn.EnsureConsumer(ctx, events.PackageStream,
-		events.Consumer(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{}))
+	consumer, err := conn.JoinStream(ctx, events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{})
 	if err != nil {
 		return err
 	}
@@ -115,10 +111,10 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 		Jobs:  jobs,
 		Log:   log.WithName("staging"),
 	}
-	cacheJanitor := &contentcache.Janitor{
+	cacheJanitor := &cachejanitor.Janitor{
 		Store: store,
 		TTL:   o.packager.ContentCacheTTL,
-		Jobs:  contentcache.Jobs(jobs),
+		Jobs:  cachejanitor.Jobs(jobs),
 		Log:   log.WithName("content-cache"),
 	}
 	var wg sync.WaitGroup

@@ -24,11 +24,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/contentcache"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )

@@ -29,9 +29,9 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
-	"github.com/headwater-gitops/headwater/services/packager/internal/contentcache"
 	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
 )
 

@@ -13,9 +13,9 @@ import (
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
+	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
-	"github.com/headwater-gitops/headwater/services/packager/internal/contentcache"
 )
 
 func cacheOptions() Options {

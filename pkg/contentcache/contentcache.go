@@ -1,23 +1,23 @@
-// Package contentcache is the fetcher's side of the content cache, which
-// makes identical sources cost one fetch: a content key digests everything
-// that determines an artifact's bytes, and the packager, having stored an
-// artifact for a key, records it under the internal directory .cache of
-// the shared storage:
+// Package contentcache is the content cache shared by the fetcher and the
+// packager, which makes identical sources cost one fetch: a content key
+// digests everything that determines an artifact's bytes, and the packager,
+// having stored an artifact for a key, records it under the internal
+// directory .cache of the shared storage:
 //
 //	.cache/<key>.json    the index: what the artifact is (Index)
 //	.cache/<key>.tar.gz  the cache's own copy of the artifact
 //
-// Before downloading, the fetcher looks its key up; on a hit the packager
-// copies the cached artifact to the source's directory and nothing is
-// fetched. The cache's copy belongs to no source, so no source's retention
-// deletes it; the packager's janitor removes entries unused for a while.
-// Using an entry refreshes its index (see Lookup).
-//
-// The packager keeps the same layout and index format (its own package
-// contentcache); both follow docs/design.md.
+// Before downloading, the fetcher looks its key up (Lookup); on a hit the
+// packager copies the cached artifact to the source's directory and nothing
+// is fetched. The copy is a hard link on a directory storage and a
+// server-side copy on S3: no bytes move through a service. The cache's copy
+// belongs to no source, so no source's retention deletes it; the packager's
+// janitor removes entries unused for a while, and using an entry refreshes
+// its index. See docs/design.md.
 package contentcache
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -70,12 +70,17 @@ type Index struct {
 	EventMessage string `json:"eventMessage,omitempty"`
 }
 
+const (
+	indexSuffix    = ".json"
+	artifactSuffix = ".tar.gz"
+)
+
 // IndexKey is the storage key of the index of a content key.
-func IndexKey(key string) string { return Dir + "/" + key + ".json" }
+func IndexKey(key string) string { return Dir + "/" + key + indexSuffix }
 
 // ArtifactKey is the storage key of the cache's copy of the artifact of a
 // content key.
-func ArtifactKey(key string) string { return Dir + "/" + key + ".tar.gz" }
+func ArtifactKey(key string) string { return Dir + "/" + key + artifactSuffix }
 
 // Key digests the parts that determine an artifact's bytes into a content
 // key (64 hex digits): FormatVersion, the kind, the source's identity (see
@@ -142,4 +147,68 @@ func Lookup(ctx context.Context, store storage.Storage, key, revision string, no
 		}
 	}
 	return &idx, nil
+}
+
+// ValidKey reports whether key is a content key: 64 lowercase hex digits.
+func ValidKey(key string) bool {
+	if len(key) != 64 {
+		return false
+	}
+	for _, c := range key {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// KeyOfArtifact returns the content key of a cached artifact's storage key,
+// and false when key is not one.
+func KeyOfArtifact(key string) (string, bool) { return keyOf(key, artifactSuffix) }
+
+// KeyOfIndex returns the content key of an index's storage key, and false
+// when key is not one.
+func KeyOfIndex(key string) (string, bool) { return keyOf(key, indexSuffix) }
+
+func keyOf(key, suffix string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, Dir+"/")
+	if !ok {
+		return "", false
+	}
+	k, ok := strings.CutSuffix(rest, suffix)
+	if !ok || !ValidKey(k) {
+		return "", false
+	}
+	return k, true
+}
+
+// Record adds the artifact stored at from to the cache under idx.Key: it
+// writes the index, then copies the artifact to idx.Artifact. A reader
+// that finds the index before the copy exists sees a miss, never a wrong
+// artifact: a key's artifact is the same bytes whoever makes it.
+func Record(ctx context.Context, store storage.Storage, from string, idx Index) error {
+	if !ValidKey(idx.Key) {
+		return fmt.Errorf("content cache: invalid key %q", idx.Key)
+	}
+	idx.Artifact = ArtifactKey(idx.Key)
+	body, err := json.Marshal(idx)
+	if err != nil {
+		return fmt.Errorf("content cache: %w", err)
+	}
+	if _, err := store.Put(ctx, IndexKey(idx.Key), bytes.NewReader(body)); err != nil {
+		return fmt.Errorf("content cache: write index: %w", err)
+	}
+	info, err := store.Copy(ctx, from, idx.Artifact)
+	if err != nil {
+		return fmt.Errorf("content cache: %w", err)
+	}
+	if info.Size != idx.Size {
+		return fmt.Errorf("content cache: copied %d bytes of %s, want %d", info.Size, from, idx.Size)
+	}
+	return nil
+}
+
+// Forget removes the entry of key, index first.
+func Forget(ctx context.Context, store storage.Storage, key string) error {
+	return errors.Join(store.Delete(ctx, IndexKey(key)), store.Delete(ctx, ArtifactKey(key)))
 }
