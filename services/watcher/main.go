@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -115,9 +116,12 @@ func run(ctx context.Context, o options) error {
 		ns = "default"
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Logger:                        log,
-		Metrics:                       metricsserver.Options{BindAddress: o.telemetry.Addr},
+		Scheme:  scheme,
+		Logger:  log,
+		Metrics: metricsserver.Options{BindAddress: o.telemetry.Addr},
+		// The watcher never reads managedFields: keeping them out of the
+		// informer cache saves memory per object at thousands of sources.
+		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		HealthProbeBindAddress:        o.healthAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "headwater-watcher",
