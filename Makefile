@@ -15,6 +15,7 @@ MODULES     := pkg $(addprefix services/,$(SERVICES)) e2e
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
 CRD_DIR     := deploy/crds
+RBAC_DIR    := deploy/base/rbac
 
 KUBE_VERSION           := v1.34.4
 ETCD_VERSION           := v3.6.16
@@ -83,9 +84,11 @@ controller-gen:
 generate: manifests ## Generate everything generated (CRDs).
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs from the Flux API module into deploy/crds.
+manifests: controller-gen ## Generate the CRDs (from the Flux API module) and the RBAC (from markers) into deploy/.
 	@rm -rf $(CRD_DIR) && mkdir -p $(CRD_DIR)
 	cd pkg && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/source-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
+	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
+	cd services/fetcher && $(CONTROLLER_GEN) rbac:roleName=headwater-fetcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/fetcher
 
 ##@ Test
 
