@@ -18,7 +18,6 @@ import (
 	"github.com/minio/minio-go/v7"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -549,55 +548,22 @@ func requestBucketReconcile(t *testing.T, name string) string {
 // generation with an artifact of revision rev, and returns it.
 func waitBucketArtifact(t *testing.T, name, rev string) *sourcev1.Bucket {
 	t.Helper()
-	var obj *sourcev1.Bucket
-	eventually(t, fmt.Sprintf("bucket %s Ready with revision %s", name, rev), func() error {
-		obj = getBucket(t, name)
-		ready := apimeta.FindStatusCondition(obj.Status.Conditions, meta.ReadyCondition)
-		switch {
-		case ready == nil:
-			return errors.New("no Ready condition yet")
-		case ready.Status != metav1.ConditionTrue:
-			return fmt.Errorf("Ready=%s %s: %s", ready.Status, ready.Reason, ready.Message)
-		case obj.Status.Artifact == nil:
-			return errors.New("Ready but no artifact")
-		case obj.Status.Artifact.Revision != rev:
-			return fmt.Errorf("artifact revision %s", obj.Status.Artifact.Revision)
-		case obj.Status.ObservedGeneration != obj.Generation:
-			return fmt.Errorf("observedGeneration %d, generation %d", obj.Status.ObservedGeneration, obj.Generation)
-		}
-		return nil
-	})
-	return obj
+	return waitReady(t, "bucket "+name, func() *sourcev1.Bucket { return getBucket(t, name) },
+		func(o *sourcev1.Bucket) int64 { return o.Status.ObservedGeneration }, rev)
 }
 
 // waitBucketCondition waits until the Bucket name has a condition of type
 // with status and reason, and returns the object.
 func waitBucketCondition(t *testing.T, name, typ string, status metav1.ConditionStatus, reason string) *sourcev1.Bucket {
 	t.Helper()
-	var obj *sourcev1.Bucket
-	eventually(t, fmt.Sprintf("bucket %s %s=%s %s", name, typ, status, reason), func() error {
-		obj = getBucket(t, name)
-		c := apimeta.FindStatusCondition(obj.Status.Conditions, typ)
-		if c == nil {
-			return fmt.Errorf("no %s condition; conditions: %v", typ, obj.Status.Conditions)
-		}
-		if c.Status != status || c.Reason != reason {
-			return fmt.Errorf("%s=%s %s: %s", typ, c.Status, c.Reason, c.Message)
-		}
-		return nil
-	})
-	return obj
+	return waitConditionOf(t, "bucket "+name, func() *sourcev1.Bucket { return getBucket(t, name) }, typ, status, reason)
 }
 
 // bucketCondition returns the condition of type, failing the test if there
 // is none.
 func bucketCondition(t *testing.T, obj *sourcev1.Bucket, typ string) metav1.Condition {
 	t.Helper()
-	c := apimeta.FindStatusCondition(obj.Status.Conditions, typ)
-	if c == nil {
-		t.Fatalf("bucket %s has no %s condition: %+v", obj.Name, typ, obj.Status.Conditions)
-	}
-	return *c
+	return conditionOf(t, obj, typ)
 }
 
 // storedBucketFiles lists the files in a Bucket's storage directory with

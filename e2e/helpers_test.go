@@ -181,41 +181,49 @@ func requestReconcile(t *testing.T, name string) string {
 // revision is Flux's revision of a commit on the test branch.
 func revision(commit string) string { return branch + "@sha1:" + commit }
 
-// waitArtifact waits until the GitRepository name is Ready for its current
-// generation with an artifact of revision, and returns it.
-func waitArtifact(t *testing.T, name, rev string) *sourcev1.GitRepository {
+// fluxSource is what the wait helpers need of a Flux source object.
+type fluxSource interface {
+	client.Object
+	GetConditions() []metav1.Condition
+	GetArtifact() *meta.Artifact
+}
+
+// waitReady waits until the source returned by get is Ready for its current
+// generation (observed returns its status.observedGeneration) with an
+// artifact of revision rev, and returns it.
+func waitReady[T fluxSource](t *testing.T, what string, get func() T, observed func(T) int64, rev string) T {
 	t.Helper()
-	var obj *sourcev1.GitRepository
-	eventually(t, fmt.Sprintf("gitrepository %s Ready with revision %s", name, rev), func() error {
-		obj = get(t, name)
-		ready := apimeta.FindStatusCondition(obj.Status.Conditions, meta.ReadyCondition)
+	var obj T
+	eventually(t, fmt.Sprintf("%s Ready with revision %s", what, rev), func() error {
+		obj = get()
+		ready := apimeta.FindStatusCondition(obj.GetConditions(), meta.ReadyCondition)
 		switch {
 		case ready == nil:
 			return errors.New("no Ready condition yet")
 		case ready.Status != metav1.ConditionTrue:
 			return fmt.Errorf("Ready=%s %s: %s", ready.Status, ready.Reason, ready.Message)
-		case obj.Status.Artifact == nil:
+		case obj.GetArtifact() == nil:
 			return errors.New("Ready but no artifact")
-		case obj.Status.Artifact.Revision != rev:
-			return fmt.Errorf("artifact revision %s", obj.Status.Artifact.Revision)
-		case obj.Status.ObservedGeneration != obj.Generation:
-			return fmt.Errorf("observedGeneration %d, generation %d", obj.Status.ObservedGeneration, obj.Generation)
+		case obj.GetArtifact().Revision != rev:
+			return fmt.Errorf("artifact revision %s", obj.GetArtifact().Revision)
+		case observed(obj) != obj.GetGeneration():
+			return fmt.Errorf("observedGeneration %d, generation %d", observed(obj), obj.GetGeneration())
 		}
 		return nil
 	})
 	return obj
 }
 
-// waitCondition waits until the GitRepository name has a condition of type
-// with status and reason, and returns the object.
-func waitCondition(t *testing.T, name, typ string, status metav1.ConditionStatus, reason string) *sourcev1.GitRepository {
+// waitConditionOf waits until the source returned by get has a condition of
+// type with status and reason, and returns it.
+func waitConditionOf[T fluxSource](t *testing.T, what string, get func() T, typ string, status metav1.ConditionStatus, reason string) T {
 	t.Helper()
-	var obj *sourcev1.GitRepository
-	eventually(t, fmt.Sprintf("gitrepository %s %s=%s %s", name, typ, status, reason), func() error {
-		obj = get(t, name)
-		c := apimeta.FindStatusCondition(obj.Status.Conditions, typ)
+	var obj T
+	eventually(t, fmt.Sprintf("%s %s=%s %s", what, typ, status, reason), func() error {
+		obj = get()
+		c := apimeta.FindStatusCondition(obj.GetConditions(), typ)
 		if c == nil {
-			return fmt.Errorf("no %s condition; conditions: %v", typ, obj.Status.Conditions)
+			return fmt.Errorf("no %s condition; conditions: %v", typ, obj.GetConditions())
 		}
 		if c.Status != status || c.Reason != reason {
 			return fmt.Errorf("%s=%s %s: %s", typ, c.Status, c.Reason, c.Message)
@@ -225,14 +233,36 @@ func waitCondition(t *testing.T, name, typ string, status metav1.ConditionStatus
 	return obj
 }
 
+// conditionOf returns the condition of type, failing the test if there is
+// none.
+func conditionOf(t *testing.T, obj fluxSource, typ string) metav1.Condition {
+	t.Helper()
+	c := apimeta.FindStatusCondition(obj.GetConditions(), typ)
+	if c == nil {
+		t.Fatalf("%s has no %s condition: %+v", obj.GetName(), typ, obj.GetConditions())
+	}
+	return *c
+}
+
+// waitArtifact waits until the GitRepository name is Ready for its current
+// generation with an artifact of revision, and returns it.
+func waitArtifact(t *testing.T, name, rev string) *sourcev1.GitRepository {
+	t.Helper()
+	return waitReady(t, "gitrepository "+name, func() *sourcev1.GitRepository { return get(t, name) },
+		func(o *sourcev1.GitRepository) int64 { return o.Status.ObservedGeneration }, rev)
+}
+
+// waitCondition waits until the GitRepository name has a condition of type
+// with status and reason, and returns the object.
+func waitCondition(t *testing.T, name, typ string, status metav1.ConditionStatus, reason string) *sourcev1.GitRepository {
+	t.Helper()
+	return waitConditionOf(t, "gitrepository "+name, func() *sourcev1.GitRepository { return get(t, name) }, typ, status, reason)
+}
+
 // condition returns the condition of type, failing the test if there is none.
 func condition(t *testing.T, obj *sourcev1.GitRepository, typ string) metav1.Condition {
 	t.Helper()
-	c := apimeta.FindStatusCondition(obj.Status.Conditions, typ)
-	if c == nil {
-		t.Fatalf("gitrepository %s has no %s condition: %+v", obj.Name, typ, obj.Status.Conditions)
-	}
-	return *c
+	return conditionOf(t, obj, typ)
 }
 
 // waitKubeEvent waits for a Kubernetes Event of type and reason about the
