@@ -76,6 +76,11 @@ func TestVerify(t *testing.T) {
 		if c := apimeta.FindStatusCondition(obj.Status.Conditions, meta.StalledCondition); c != nil && c.Status == metav1.ConditionTrue {
 			t.Errorf("a refused signature stalls the source: %+v", c)
 		}
+		// The stored artifact is behind the upstream revision, as Flux says.
+		if c := condition(t, obj, sourcev1.ArtifactOutdatedCondition); c.Status != metav1.ConditionTrue ||
+			c.Reason != "NewRevision" || c.Message != "new upstream revision '"+revision(c2)+"'" {
+			t.Errorf("ArtifactOutdated = %s %s %q, want True NewRevision for %s", c.Status, c.Reason, c.Message, revision(c2))
+		}
 		waitKubeEvent(t, name, corev1.EventTypeWarning, "InvalidCommitSignature", func(m string) bool { return m == msg })
 		recorder.wait(t, name, events.TypeArtifactFailed, func(o *events.Outcome) bool {
 			v := o.Verification
@@ -100,6 +105,9 @@ func TestVerify(t *testing.T) {
 		obj = waitArtifact(t, name, revision(c3))
 		checkVerified(t, obj, sourcev1.ModeGitHEAD,
 			"verified signature of\n\t- commit '"+c3+"' with key '"+key.PrimaryKey.KeyIdString()+"'")
+		if c := apimeta.FindStatusCondition(obj.Status.Conditions, sourcev1.ArtifactOutdatedCondition); c != nil {
+			t.Errorf("ArtifactOutdated still set after recovery: %+v", c)
+		}
 	})
 
 	t.Run("verify-tag-and-head", func(t *testing.T) {

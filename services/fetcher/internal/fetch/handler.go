@@ -94,7 +94,7 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, d bus.Deliver
 	h.observe(kind, ResultFailed, start)
 	failure := ferr.Failure()
 	log.Info("fetch failed", "reason", failure.Reason, "message", failure.Message, "stalled", failure.Stalled)
-	out := &events.Outcome{Job: req.Job, Failure: failure, Verification: ferr.Verification}
+	out := &events.Outcome{Job: req.Job, Revision: ferr.Revision, Failure: failure, Verification: ferr.Verification}
 	if perr := h.Publisher.Publish(ctx, events.PublishSubject(kind), events.TypeFetchFailed, req.Job, out); perr != nil {
 		return perr
 	}
@@ -110,7 +110,7 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, d bus.Deliver
 
 // fetch does the job and publishes its result, except a failure, which it
 // returns as a *source.Error; any other error is the platform's.
-func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string, error) {
+func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ string, err error) {
 	kind := req.Job.Object.Kind
 	src, ok := h.Sources[kind]
 	if !ok {
@@ -127,6 +127,12 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (string
 		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
 	}
 	revision := res.Revision()
+	// A failure from here on happened with a new upstream revision known.
+	defer func() {
+		if ferr := (*source.Error)(nil); errors.As(err, &ferr) && ferr.Revision == "" {
+			ferr.Revision = revision
+		}
+	}()
 
 	var notices []events.Notice
 	if prev := req.Previous; prev != nil && !req.Force && revision != "" && revision == prev.Revision {

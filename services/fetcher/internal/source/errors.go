@@ -49,6 +49,9 @@ type Error struct {
 	Handling Handling
 	// Err is the cause, worded as Flux words it.
 	Err error
+	// Revision is the upstream revision resolved before the failure, if
+	// any: the watcher reports the stored artifact as outdated.
+	Revision string
 	// Verification, when set, is the failed check of signatures this error
 	// reports: the watcher sets SourceVerified=False from it instead of a
 	// negative condition.

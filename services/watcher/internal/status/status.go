@@ -13,6 +13,9 @@
 //   - Stalled (abnormal-true): set for failures retrying cannot fix.
 //   - FetchFailed, StorageOperationFailed, ... (abnormal-true): set by a
 //     failure outcome naming them, cleared by a successful one.
+//   - ArtifactOutdated (abnormal-true): set, reason NewRevision, when a
+//     failure happened after a new upstream revision was seen; cleared by a
+//     successful outcome.
 package status
 
 import (
@@ -117,6 +120,11 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 			conditions.Delete(obj, sourcev1.FetchFailedCondition)
 		}
 		conditions.MarkFalse(obj, meta.ReadyCondition, f.Reason, "%s", f.Message)
+		// A new upstream revision was seen but its artifact could not be
+		// made: the stored one is outdated (Flux's NewRevision).
+		if prev := *st.Artifact; o.Revision != "" && (prev == nil || prev.Revision != o.Revision) {
+			conditions.MarkTrue(obj, sourcev1.ArtifactOutdatedCondition, "NewRevision", "new upstream revision '%s'", o.Revision)
+		}
 		if f.Stalled {
 			conditions.MarkStalled(obj, f.Reason, "%s", f.Message)
 		} else {

@@ -100,6 +100,46 @@ func TestApply(t *testing.T) {
 			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
 		},
 		{
+			name: "a failure after a new revision was seen marks the artifact outdated",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
+			},
+			eventType: events.TypeArtifactFailed,
+			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev2, Failure: failure},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, sourcev1.ArtifactOutdatedCondition, metav1.ConditionTrue, "NewRevision", "new upstream revision '"+rev2+"'")
+				if g.Status.Artifact.Revision != rev1 {
+					t.Errorf("artifact = %+v, want the previous one kept", g.Status.Artifact)
+				}
+			},
+			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
+		},
+		{
+			name: "a failure at the stored revision does not mark it outdated",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
+			},
+			eventType: events.TypeArtifactFailed,
+			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev1, Failure: failure},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantNoCondition(t, g, sourcev1.ArtifactOutdatedCondition)
+			},
+			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
+		},
+		{
+			name: "success clears ArtifactOutdated",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
+				conditions.MarkTrue(g, sourcev1.ArtifactOutdatedCondition, "NewRevision", "new upstream revision '%s'", rev2)
+			},
+			eventType: events.TypeArtifactStored,
+			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev2, Artifact: artifact(rev2, "sha256:b", t0.Add(time.Minute)), EventMessage: "m"},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantNoCondition(t, g, sourcev1.ArtifactOutdatedCondition)
+			},
+			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "m"}},
+		},
+		{
 			name: "the same failure again records no second event",
 			setup: func(g *sourcev1.GitRepository) {
 				conditions.MarkFalse(g, meta.ReadyCondition, failure.Reason, "%s", failure.Message)
