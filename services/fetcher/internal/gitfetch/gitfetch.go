@@ -100,6 +100,13 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if u.Host == "" {
 		return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': no host", spec.URL)
 	}
+	if p := spec.Provider; p != "" && p != sourcev1.GitProviderGeneric {
+		// Cloud and GitHub App credentials (spec.provider, and the
+		// serviceAccountName that goes with it) are not implemented: say
+		// so rather than try anonymous access and fail obscurely.
+		return nil, source.StalledError(source.UnsupportedProviderReason,
+			"git provider '%s' is not supported yet: use provider 'generic' with a secretRef", p)
+	}
 	r, err := newRef(spec.Reference)
 	if err != nil {
 		return nil, err

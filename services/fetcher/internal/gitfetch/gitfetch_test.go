@@ -149,13 +149,14 @@ func TestResolveAndDownload(t *testing.T) {
 func TestResolveFailures(t *testing.T) {
 	f := newFixture(t, "", "")
 	cases := []struct {
-		name    string
-		url     string
-		ref     *sourcev1.GitRepositoryRef
-		prev    bool
-		reason  string
-		stalled bool
-		message string
+		name     string
+		url      string
+		ref      *sourcev1.GitRepositoryRef
+		prev     bool
+		provider string
+		reason   string
+		stalled  bool
+		message  string
 	}{
 		{name: "missing branch", url: f.url, ref: &sourcev1.GitRepositoryRef{Branch: "nope"},
 			reason:  sourcev1.GitOperationFailedReason,
@@ -183,6 +184,11 @@ func TestResolveFailures(t *testing.T) {
 			reason: sourcev1.URLInvalidReason, stalled: true, message: "failed to parse url 'http://127.0.0.1:bad/repo.git'"},
 		{name: "unsupported scheme", url: "ftp://example.com/repo.git",
 			reason: sourcev1.URLInvalidReason, stalled: true, message: "unsupported scheme 'ftp'"},
+		{name: "github provider", url: f.url, provider: sourcev1.GitProviderGitHub,
+			reason: source.UnsupportedProviderReason, stalled: true,
+			message: "git provider 'github' is not supported yet: use provider 'generic' with a secretRef"},
+		{name: "azure provider", url: f.url, provider: sourcev1.GitProviderAzure,
+			reason: source.UnsupportedProviderReason, stalled: true, message: "git provider 'azure' is not supported yet"},
 		{name: "ssh without a secret", url: "ssh://git@example.com/repo.git",
 			reason: sourcev1.AuthenticationFailedReason, stalled: true,
 			message: "failed to configure authentication options: invalid 'ssh' auth option: 'identity' is required"},
@@ -191,6 +197,7 @@ func TestResolveFailures(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			req := request(tc.url, tc.ref)
+			req.GitRepository.Provider = tc.provider
 			if tc.prev {
 				req.Previous = &meta.Artifact{Path: "gitrepository/default/podinfo/x.tar.gz", Revision: "master@sha1:x"}
 			}

@@ -18,6 +18,9 @@ const (
 	UnsupportedKindReason = "UnsupportedKind"
 	// InvalidSpecReason: the job carries no usable spec for its kind.
 	InvalidSpecReason = "InvalidSpec"
+	// UnsupportedProviderReason: a provider Headwater cannot authenticate
+	// with yet (a GitRepository's github, azure or aws).
+	UnsupportedProviderReason = "UnsupportedProvider"
 	// EmptyGitRepositoryReason: the repository has no commits (Flux's reason).
 	EmptyGitRepositoryReason = "EmptyGitRepository"
 )
