@@ -65,6 +65,11 @@ type Config struct {
 	// URLs name the first. More than one needs shared storage the replicas
 	// all reach, as the directory on one machine or S3 are.
 	ArtifactServerReplicas int
+	// WatcherReplicas is the number of watcher processes; 0 means 1. Every
+	// replica has telemetry and health addresses and a log of its own and
+	// the same command line otherwise, so with leader election (the
+	// watcher's default) one leads and the others stand by.
+	WatcherReplicas int
 }
 
 // Check reports every binary or manifest the Env needs that is missing; the

@@ -182,7 +182,8 @@ func (e *Env) startControlPlane() error {
 
 // defineServices picks free ports and builds the command line of each service.
 func (e *Env) defineServices() error {
-	ports, err := freePorts(6 + 2*e.Config.extraArtifactServers())
+	extraServers := 2 * e.Config.extraArtifactServers()
+	ports, err := freePorts(6 + extraServers + 2*e.Config.extraWatchers())
 	if err != nil {
 		return err
 	}
@@ -217,7 +218,10 @@ func (e *Env) defineServices() error {
 			TelemetryAddr: telemetry[name],
 		})
 	}
-	if err := e.addArtifactServerReplicas(ports[6:]); err != nil {
+	if err := e.addArtifactServerReplicas(ports[6 : 6+extraServers]); err != nil {
+		return err
+	}
+	if err := e.addWatcherReplicas(ports[6+extraServers:]); err != nil {
 		return err
 	}
 	e.useS3Storage()

@@ -1,0 +1,95 @@
+package harness
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestDefineServicesWatchers checks the watcher replicas defineServices
+// builds: each after the first, with telemetry and health addresses and a
+// log of its own, the same command line otherwise; alongside extra
+// artifact-server replicas, every address is distinct.
+func TestDefineServicesWatchers(t *testing.T) {
+	tests := []struct {
+		name            string
+		watchers        int
+		artifactServers int
+		want            []string // service names in start order
+	}{
+		{name: "default", want: []string{ArtifactServer, Packager, Fetcher, Watcher}},
+		{name: "one watcher", watchers: 1, want: []string{ArtifactServer, Packager, Fetcher, Watcher}},
+		{name: "two watchers", watchers: 2,
+			want: []string{ArtifactServer, Packager, Fetcher, Watcher, Watcher + "-2"}},
+		{name: "three watchers, two artifact-servers", watchers: 3, artifactServers: 2,
+			want: []string{ArtifactServer, ArtifactServer + "-2", Packager, Fetcher, Watcher, Watcher + "-2", Watcher + "-3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			e := &Env{
+				Config: Config{Dir: dir, BinDir: "/bin", WatcherReplicas: tt.watchers, ArtifactServerReplicas: tt.artifactServers,
+					ExtraArgs: map[string][]string{Watcher: {"-leader-elect=true"}}},
+				NATSURL:     "nats://127.0.0.1:4222",
+				Kubeconfig:  filepath.Join(dir, "kubeconfig"),
+				StoragePath: filepath.Join(dir, "storage"),
+			}
+			if err := e.defineServices(); err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, s := range e.Services() {
+				names = append(names, s.Name)
+			}
+			if !slices.Equal(names, tt.want) {
+				t.Fatalf("services %v, want %v", names, tt.want)
+			}
+
+			watchers := e.Watchers()
+			if len(watchers) != max(tt.watchers, 1) {
+				t.Fatalf("%d watchers, want %d", len(watchers), max(tt.watchers, 1))
+			}
+			first := watchers[0]
+			for _, s := range watchers {
+				if s.Path != filepath.Join("/bin", Watcher) {
+					t.Errorf("%s runs %s", s.Name, s.Path)
+				}
+				if got, want := s.LogPath, filepath.Join(dir, "logs", s.Name+".log"); got != want {
+					t.Errorf("%s logs to %s, want %s", s.Name, got, want)
+				}
+				if got := flagValue(s.Args, "-telemetry-addr"); got != s.TelemetryAddr {
+					t.Errorf("%s: -telemetry-addr %s, telemetry %s", s.Name, got, s.TelemetryAddr)
+				}
+				if got, want := s.ReadyURL, "http://"+flagValue(s.Args, "-health-addr")+"/readyz"; got != want {
+					t.Errorf("%s: ready URL %s, want %s", s.Name, got, want)
+				}
+				if !slices.Contains(s.Args, "-leader-elect=true") {
+					t.Errorf("%s lacks the extra arguments: %v", s.Name, s.Args)
+				}
+				if got, want := flagValue(s.Args, "-nats-url"), flagValue(first.Args, "-nats-url"); got != want {
+					t.Errorf("%s: -nats-url %s, want %s", s.Name, got, want)
+				}
+				if !slices.Equal(s.Env, first.Env) {
+					t.Errorf("%s: environment differs from %s's", s.Name, first.Name)
+				}
+			}
+
+			seen := map[string]string{}
+			use := func(who, addr string) {
+				if other, ok := seen[addr]; ok {
+					t.Errorf("%s and %s share address %s", who, other, addr)
+				}
+				seen[addr] = who
+			}
+			for _, s := range e.Services() {
+				use(s.Name+" telemetry", s.TelemetryAddr)
+				if a := flagValue(s.Args, "-health-addr"); a != "" {
+					use(s.Name+" health", a)
+				}
+				if a := flagValue(s.Args, "-storage-addr"); a != "" {
+					use(s.Name+" storage", a)
+				}
+			}
+		})
+	}
+}
