@@ -1,14 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"regexp"
 	"testing"
-	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	corev1 "k8s.io/api/core/v1"
@@ -24,53 +21,13 @@ var sha512Pattern = regexp.MustCompile(`^sha512:[0-9a-f]{128}$`)
 
 // startDigestEnv starts a second Env, with directory storage of its own,
 // whose packager digests artifacts with sha512; it stops when the test
-// ends. The S3 Env's helpers (newRepo, createSource, waitArtifact, ...)
+// ends. The private Env's helpers (newRepo, createSource, waitArtifact, ...)
 // work on it: they touch only the Env and its recorder.
-func startDigestEnv(t *testing.T) *s3Env {
+func startDigestEnv(t *testing.T) *privateEnv {
 	t.Helper()
-	cfg, err := testConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Dir, err = os.MkdirTemp("", "headwater-e2e-digest-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ExtraArgs[harness.Packager] = append(cfg.ExtraArgs[harness.Packager], "-artifact-digest-algo", "sha512")
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	e, err := harness.Start(ctx, cfg)
-	if err != nil {
-		dumpServiceLogs(os.Stderr, cfg.Dir)
-		t.Fatalf("start the sha512 Env (state and logs in %s): %v", cfg.Dir, err)
-	}
-	t.Cleanup(func() {
-		for _, svc := range e.Services() {
-			if !svc.Running() {
-				t.Errorf("sha512 Env: %s is not running (exit: %v)", svc.Name, svc.ExitErr())
-			}
-		}
-		if t.Failed() {
-			for _, svc := range e.Services() {
-				t.Logf("--- sha512 Env %s (running=%v)\n%s", svc.Name, svc.Running(), svc.LogTail(80))
-			}
-		}
-		if err := e.Stop(); err != nil {
-			t.Errorf("stop the sha512 Env (every service must exit cleanly on SIGTERM): %v", err)
-		}
-		if t.Failed() {
-			t.Logf("sha512 Env state and logs kept in %s", cfg.Dir)
-		} else {
-			_ = os.RemoveAll(cfg.Dir)
-		}
+	return startPrivateEnv(t, "sha512", func(cfg *harness.Config) {
+		cfg.ExtraArgs[harness.Packager] = append(cfg.ExtraArgs[harness.Packager], "-artifact-digest-algo", "sha512")
 	})
-	s := &s3Env{Env: e, recorder: &eventRecorder{}}
-	stop, err := harness.SubscribeEvents(e.NATSURL, s.recorder.record)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	return s
 }
 
 // TestArtifactDigestAlgo checks the packager's -artifact-digest-algo

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,55 +23,15 @@ const watcherLease = "headwater-watcher"
 
 // startFailoverEnv starts a second Env whose two watcher replicas elect a
 // leader; it stops when the test ends, after checking that every service
-// is running and then exits cleanly on SIGTERM. The S3 Env's helpers
+// is running and then exits cleanly on SIGTERM. The private Env's helpers
 // (newRepo, createSource, waitArtifact, ...) work on it: they touch only the
 // Env and its recorder.
-func startFailoverEnv(t *testing.T) *s3Env {
+func startFailoverEnv(t *testing.T) *privateEnv {
 	t.Helper()
-	cfg, err := testConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Dir, err = os.MkdirTemp("", "headwater-e2e-failover-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.WatcherReplicas = 2
-	cfg.ExtraArgs[harness.Watcher] = append(cfg.ExtraArgs[harness.Watcher], "-leader-elect=true")
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	e, err := harness.Start(ctx, cfg)
-	if err != nil {
-		dumpServiceLogs(os.Stderr, cfg.Dir)
-		t.Fatalf("start the failover Env (state and logs in %s): %v", cfg.Dir, err)
-	}
-	t.Cleanup(func() {
-		for _, svc := range e.Services() {
-			if !svc.Running() {
-				t.Errorf("failover Env: %s is not running (exit: %v)", svc.Name, svc.ExitErr())
-			}
-		}
-		if t.Failed() {
-			for _, svc := range e.Services() {
-				t.Logf("--- failover Env %s (running=%v)\n%s", svc.Name, svc.Running(), svc.LogTail(80))
-			}
-		}
-		if err := e.Stop(); err != nil {
-			t.Errorf("stop the failover Env (every service must exit cleanly on SIGTERM): %v", err)
-		}
-		if t.Failed() {
-			t.Logf("failover Env state and logs kept in %s", cfg.Dir)
-		} else {
-			_ = os.RemoveAll(cfg.Dir)
-		}
+	return startPrivateEnv(t, "failover", func(cfg *harness.Config) {
+		cfg.WatcherReplicas = 2
+		cfg.ExtraArgs[harness.Watcher] = append(cfg.ExtraArgs[harness.Watcher], "-leader-elect=true")
 	})
-	s := &s3Env{Env: e, recorder: &eventRecorder{}}
-	stop, err := harness.SubscribeEvents(e.NATSURL, s.recorder.record)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	return s
 }
 
 // TestWatcherFailover checks that watcher replicas elect one leader, that
@@ -174,7 +133,7 @@ type leader struct {
 // waitLeader waits until the lease is held by an identity other than
 // previous and exactly one running watcher replica reports that it leads,
 // and returns that replica.
-func (e *s3Env) waitLeader(t *testing.T, previous string) leader {
+func (e *privateEnv) waitLeader(t *testing.T, previous string) leader {
 	t.Helper()
 	var l leader
 	eventually(t, "a watcher replica leads, not "+strconv.Quote(previous), func() error {
@@ -198,7 +157,7 @@ func (e *s3Env) waitLeader(t *testing.T, previous string) leader {
 }
 
 // lease returns the watchers' Lease, or an empty one if there is none yet.
-func (e *s3Env) lease(t *testing.T) *coordinationv1.Lease {
+func (e *privateEnv) lease(t *testing.T) *coordinationv1.Lease {
 	t.Helper()
 	var l coordinationv1.Lease
 	err := e.Client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: watcherLease}, &l)
@@ -210,7 +169,7 @@ func (e *s3Env) lease(t *testing.T) *coordinationv1.Lease {
 
 // checkHandled checks that a GitRepository of the Env has handled the
 // reconcile request token.
-func (e *s3Env) checkHandled(t *testing.T, name, token string) {
+func (e *privateEnv) checkHandled(t *testing.T, name, token string) {
 	t.Helper()
 	eventually(t, fmt.Sprintf("gitrepository %s handled %s", name, token), func() error {
 		if got := e.get(t, name).Status.LastHandledReconcileAt; got != token {
@@ -250,7 +209,7 @@ const acquireAttempt = "Attempting to acquire leader lease"
 
 // restartStandby starts a stopped watcher replica again and checks that it
 // stands by while l leads.
-func (e *s3Env) restartStandby(t *testing.T, s *harness.Service, l leader) {
+func (e *privateEnv) restartStandby(t *testing.T, s *harness.Service, l leader) {
 	t.Helper()
 	attempts := acquireAttempts(t, s)
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
@@ -265,7 +224,7 @@ func (e *s3Env) restartStandby(t *testing.T, s *harness.Service, l leader) {
 // once s has begun to try to acquire the lease (its log has more than
 // attempts tries) and l has renewed the lease since, l still holds it and s
 // neither reports leading nor has applied an outcome.
-func (e *s3Env) checkStandby(t *testing.T, s *harness.Service, l leader, attempts int) {
+func (e *privateEnv) checkStandby(t *testing.T, s *harness.Service, l leader, attempts int) {
 	t.Helper()
 	eventually(t, s.Name+" tries to acquire the lease", func() error {
 		if n := acquireAttempts(t, s); n <= attempts {

@@ -33,70 +33,83 @@ const (
 	s3Prefix = "e2e"
 )
 
-// s3Env is a second Env, with S3 storage on a MinIO server: the fetcher, the
-// packager and two artifact-server replicas share the bucket; its directory
-// storage stays empty. It has a control plane, NATS and a git server of its
-// own, so it runs alongside the package's Env.
-type s3Env struct {
+// privateEnv is an Env a test starts for itself (startPrivateEnv), with a
+// control plane, NATS and a git server of its own, so it runs alongside the
+// package's Env: the S3 Env, whose fetcher, packager and two artifact-server
+// replicas share a MinIO bucket (minio), and the sha512 and failover Envs.
+type privateEnv struct {
 	*harness.Env
 	minio    *miniotest.Server
 	recorder *eventRecorder
+}
+
+// startPrivateEnv starts an Env of the test's own, set up by configure,
+// alongside the package's Env, and stops it when the test ends, after
+// checking that every service is still running and then exits cleanly on
+// SIGTERM. label names it in messages and in its state directory.
+func startPrivateEnv(t *testing.T, label string, configure func(*harness.Config)) *privateEnv {
+	t.Helper()
+	cfg, err := testConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Dir, err = os.MkdirTemp("", "headwater-e2e-"+strings.ToLower(label)+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	configure(&cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	e, err := harness.Start(ctx, cfg)
+	if err != nil {
+		dumpServiceLogs(os.Stderr, cfg.Dir)
+		t.Fatalf("start the %s Env (state and logs in %s): %v", label, cfg.Dir, err)
+	}
+	t.Cleanup(func() {
+		for _, svc := range e.Services() {
+			if !svc.Running() {
+				t.Errorf("%s Env: %s is not running (exit: %v)", label, svc.Name, svc.ExitErr())
+			}
+		}
+		if t.Failed() {
+			for _, svc := range e.Services() {
+				t.Logf("--- %s Env %s (running=%v)\n%s", label, svc.Name, svc.Running(), svc.LogTail(80))
+			}
+		}
+		if err := e.Stop(); err != nil {
+			t.Errorf("stop the %s Env (every service must exit cleanly on SIGTERM): %v", label, err)
+		}
+		if t.Failed() {
+			t.Logf("%s Env state and logs kept in %s", label, cfg.Dir)
+		} else {
+			_ = os.RemoveAll(cfg.Dir)
+		}
+	})
+	s := &privateEnv{Env: e, recorder: &eventRecorder{}}
+	stop, err := harness.SubscribeEvents(e.NATSURL, s.recorder.record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return s
 }
 
 // startS3Env starts an S3 Env for the test and stops it when the test ends.
 // Retention keeps the newest 2 artifacts with no grace period, and the single
 // watcher runs without leader election, so a killed one does not leave a
 // lease behind for its successor to wait out.
-func startS3Env(t *testing.T) *s3Env {
+func startS3Env(t *testing.T) *privateEnv {
 	t.Helper()
 	srv := miniotest.New(t)
-	cfg, err := testConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Dir, err = os.MkdirTemp("", "headwater-e2e-s3-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.S3 = &harness.S3Storage{Endpoint: srv.Endpoint, Bucket: s3Bucket, Prefix: s3Prefix, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey}
-	cfg.ArtifactServerReplicas = 2
-	cfg.ExtraArgs = map[string][]string{
-		harness.Packager: {"-artifact-retention-records", "2", "-artifact-retention-ttl", "0s"},
-		harness.Watcher:  {"-leader-elect=false"},
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	e, err := harness.Start(ctx, cfg)
-	if err != nil {
-		dumpServiceLogs(os.Stderr, cfg.Dir)
-		t.Fatalf("start the S3 Env (state and logs in %s): %v", cfg.Dir, err)
-	}
-	s := &s3Env{Env: e, minio: srv, recorder: &eventRecorder{}}
-	t.Cleanup(func() {
-		for _, svc := range e.Services() {
-			if !svc.Running() {
-				t.Errorf("S3 Env: %s is not running (exit: %v)", svc.Name, svc.ExitErr())
-			}
-		}
-		if t.Failed() {
-			for _, svc := range e.Services() {
-				t.Logf("--- S3 Env %s (running=%v)\n%s", svc.Name, svc.Running(), svc.LogTail(80))
-			}
-		}
-		if err := e.Stop(); err != nil {
-			t.Errorf("stop the S3 Env (every service must exit cleanly on SIGTERM): %v", err)
-		}
-		if t.Failed() {
-			t.Logf("S3 Env state and logs kept in %s", cfg.Dir)
-		} else {
-			_ = os.RemoveAll(cfg.Dir)
+	s := startPrivateEnv(t, "S3", func(cfg *harness.Config) {
+		cfg.S3 = &harness.S3Storage{Endpoint: srv.Endpoint, Bucket: s3Bucket, Prefix: s3Prefix, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey}
+		cfg.ArtifactServerReplicas = 2
+		cfg.ExtraArgs = map[string][]string{
+			harness.Packager: {"-artifact-retention-records", "2", "-artifact-retention-ttl", "0s"},
+			harness.Watcher:  {"-leader-elect=false"},
 		}
 	})
-	stop, err := harness.SubscribeEvents(e.NATSURL, s.recorder.record)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	s.minio = srv
 	return s
 }
 
@@ -225,7 +238,7 @@ func TestS3Storage(t *testing.T) {
 
 // checkServed downloads artifact a and its latest.tar.gz from every
 // artifact-server replica: each must serve exactly the artifact in status.
-func (e *s3Env) checkServed(t *testing.T, a *meta.Artifact) {
+func (e *privateEnv) checkServed(t *testing.T, a *meta.Artifact) {
 	t.Helper()
 	if len(e.ArtifactServerAddrs) < 2 {
 		t.Fatalf("%d artifact-server replicas, want 2", len(e.ArtifactServerAddrs))
@@ -243,7 +256,7 @@ func (e *s3Env) checkServed(t *testing.T, a *meta.Artifact) {
 
 // listBucket lists the file names in the storage directory dir of the
 // bucket.
-func (e *s3Env) listBucket(t *testing.T, dir string) []string {
+func (e *privateEnv) listBucket(t *testing.T, dir string) []string {
 	t.Helper()
 	prefix := s3Prefix + "/" + strings.Trim(dir, "/") + "/"
 	var names []string
@@ -259,7 +272,7 @@ func (e *s3Env) listBucket(t *testing.T, dir string) []string {
 
 // checkStored checks what Flux shows for a GitRepository of the S3 Env
 // that stored an artifact for commit, and that the artifact holds tree.
-func (e *s3Env) checkStored(t *testing.T, obj *sourcev1.GitRepository, commit string, tree map[string]string) {
+func (e *privateEnv) checkStored(t *testing.T, obj *sourcev1.GitRepository, commit string, tree map[string]string) {
 	t.Helper()
 	a := obj.Status.Artifact
 	p := fmt.Sprintf("gitrepository/%s/%s/%s.tar.gz", obj.Namespace, obj.Name, commit)
@@ -287,7 +300,7 @@ func (e *s3Env) checkStored(t *testing.T, obj *sourcev1.GitRepository, commit st
 
 // newRepo creates a repository served by the S3 Env's git server, with
 // files committed on master, and returns it with the commit.
-func (e *s3Env) newRepo(t *testing.T, name string, files map[string]string) (*gitserver.Repo, string) {
+func (e *privateEnv) newRepo(t *testing.T, name string, files map[string]string) (*gitserver.Repo, string) {
 	t.Helper()
 	repo, err := e.NewRepo(name, branch)
 	if err != nil {
@@ -297,7 +310,7 @@ func (e *s3Env) newRepo(t *testing.T, name string, files map[string]string) (*gi
 }
 
 // createSource creates a GitRepository in the S3 Env.
-func (e *s3Env) createSource(t *testing.T, name, url string) {
+func (e *privateEnv) createSource(t *testing.T, name, url string) {
 	t.Helper()
 	obj := &sourcev1.GitRepository{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
@@ -313,7 +326,7 @@ func (e *s3Env) createSource(t *testing.T, name, url string) {
 }
 
 // get returns the GitRepository name of the S3 Env.
-func (e *s3Env) get(t *testing.T, name string) *sourcev1.GitRepository {
+func (e *privateEnv) get(t *testing.T, name string) *sourcev1.GitRepository {
 	t.Helper()
 	var obj sourcev1.GitRepository
 	if err := e.Client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: name}, &obj); err != nil {
@@ -324,7 +337,7 @@ func (e *s3Env) get(t *testing.T, name string) *sourcev1.GitRepository {
 
 // requestReconcile sets reconcile.fluxcd.io/requestedAt on a GitRepository
 // of the S3 Env and returns the token.
-func (e *s3Env) requestReconcile(t *testing.T, name string) string {
+func (e *privateEnv) requestReconcile(t *testing.T, name string) string {
 	t.Helper()
 	obj := e.get(t, name)
 	base := client.MergeFrom(obj.DeepCopy())
@@ -341,7 +354,7 @@ func (e *s3Env) requestReconcile(t *testing.T, name string) string {
 
 // waitArtifact waits until a GitRepository of the S3 Env is Ready for its
 // generation with an artifact of revision rev.
-func (e *s3Env) waitArtifact(t *testing.T, name, rev string) *sourcev1.GitRepository {
+func (e *privateEnv) waitArtifact(t *testing.T, name, rev string) *sourcev1.GitRepository {
 	t.Helper()
 	var obj *sourcev1.GitRepository
 	eventually(t, fmt.Sprintf("S3 Env: gitrepository %s Ready with revision %s", name, rev), func() error {
@@ -364,7 +377,7 @@ func (e *s3Env) waitArtifact(t *testing.T, name, rev string) *sourcev1.GitReposi
 
 // waitCloudEvent waits for a public CloudEvent of the S3 Env about the
 // GitRepository name.
-func (e *s3Env) waitCloudEvent(t *testing.T, name, eventType string, match func(*events.Outcome) bool) recordedEvent {
+func (e *privateEnv) waitCloudEvent(t *testing.T, name, eventType string, match func(*events.Outcome) bool) recordedEvent {
 	t.Helper()
 	return waitCloudEvent(t, e.recorder, kind, name, eventType, match)
 }

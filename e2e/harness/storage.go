@@ -78,30 +78,43 @@ func (e *Env) ArtifactServers() []*Service {
 // replicas behind one Service do. It sets ArtifactServerAddrs.
 func (e *Env) addArtifactServerReplicas(ports []int) error {
 	e.ArtifactServerAddrs = []string{e.ArtifactAddr}
-	n := e.Config.extraArtifactServers()
+	addrs, err := e.addReplicas(ArtifactServer, e.Config.extraArtifactServers(), ports,
+		[2]string{"-storage-addr", "-telemetry-addr"}, "-telemetry-addr")
+	for _, a := range addrs {
+		e.ArtifactServerAddrs = append(e.ArtifactServerAddrs, a["-storage-addr"])
+	}
+	return err
+}
+
+// addReplicas inserts n copies of the service named base right after it,
+// named base-2, base-3, ..., each with its own log and two ports of ports:
+// the first in place of the value of flags[0], the second of flags[1].
+// readyFlag names the flag whose address serves /readyz; -telemetry-addr
+// must be one of flags. It returns each replica's addresses by flag.
+func (e *Env) addReplicas(base string, n int, ports []int, flags [2]string, readyFlag string) ([]map[string]string, error) {
 	if n == 0 {
-		return nil
+		return nil, nil
 	}
 	if len(ports) < 2*n {
-		return fmt.Errorf("artifact-server replicas: %d ports for %d replicas", len(ports), n)
+		return nil, fmt.Errorf("%s replicas: %d ports for %d replicas", base, len(ports), n)
 	}
-	first := slices.IndexFunc(e.services, func(s *Service) bool { return s.Name == ArtifactServer })
+	first := slices.IndexFunc(e.services, func(s *Service) bool { return s.Name == base })
 	if first < 0 {
-		return fmt.Errorf("artifact-server replicas: no %s", ArtifactServer)
+		return nil, fmt.Errorf("%s replicas: no %s", base, base)
 	}
 	proto := e.services[first]
 	var replicas []*Service
+	var addrs []map[string]string
 	for i := range n {
-		name := ArtifactServer + "-" + strconv.Itoa(i+2)
-		addr := "127.0.0.1:" + strconv.Itoa(ports[2*i])
-		telemetry := "127.0.0.1:" + strconv.Itoa(ports[2*i+1])
+		name := base + "-" + strconv.Itoa(i+2)
+		addr := map[string]string{
+			flags[0]: "127.0.0.1:" + strconv.Itoa(ports[2*i]),
+			flags[1]: "127.0.0.1:" + strconv.Itoa(ports[2*i+1]),
+		}
 		args := slices.Clone(proto.Args)
 		for j := 0; j+1 < len(args); j++ {
-			switch args[j] {
-			case "-storage-addr":
-				args[j+1] = addr
-			case "-telemetry-addr":
-				args[j+1] = telemetry
+			if v, ok := addr[args[j]]; ok {
+				args[j+1] = v
 			}
 		}
 		replicas = append(replicas, &Service{
@@ -110,13 +123,13 @@ func (e *Env) addArtifactServerReplicas(ports []int) error {
 			Args:          args,
 			Env:           slices.Clone(proto.Env),
 			LogPath:       filepath.Join(e.Config.Dir, "logs", name+".log"),
-			ReadyURL:      "http://" + telemetry + "/readyz",
-			TelemetryAddr: telemetry,
+			ReadyURL:      "http://" + addr[readyFlag] + "/readyz",
+			TelemetryAddr: addr["-telemetry-addr"],
 		})
-		e.ArtifactServerAddrs = append(e.ArtifactServerAddrs, addr)
+		addrs = append(addrs, addr)
 	}
 	e.services = slices.Insert(e.services, first+1, replicas...)
-	return nil
+	return addrs, nil
 }
 
 // useS3Storage points the services that use the storage at Config.S3, when

@@ -1,10 +1,7 @@
 package harness
 
 import (
-	"fmt"
 	"path/filepath"
-	"slices"
-	"strconv"
 )
 
 // extraWatchers is the number of watcher replicas beyond the first.
@@ -28,42 +25,7 @@ func (e *Env) Watchers() []*Service {
 // address of its own (two ports of ports each) and its own log; they talk
 // to the same API server and bus, as replicas of one Deployment do.
 func (e *Env) addWatcherReplicas(ports []int) error {
-	n := e.Config.extraWatchers()
-	if n == 0 {
-		return nil
-	}
-	if len(ports) < 2*n {
-		return fmt.Errorf("watcher replicas: %d ports for %d replicas", len(ports), n)
-	}
-	first := slices.IndexFunc(e.services, func(s *Service) bool { return s.Name == Watcher })
-	if first < 0 {
-		return fmt.Errorf("watcher replicas: no %s", Watcher)
-	}
-	proto := e.services[first]
-	var replicas []*Service
-	for i := range n {
-		name := Watcher + "-" + strconv.Itoa(i+2)
-		telemetry := "127.0.0.1:" + strconv.Itoa(ports[2*i])
-		health := "127.0.0.1:" + strconv.Itoa(ports[2*i+1])
-		args := slices.Clone(proto.Args)
-		for j := 0; j+1 < len(args); j++ {
-			switch args[j] {
-			case "-telemetry-addr":
-				args[j+1] = telemetry
-			case "-health-addr":
-				args[j+1] = health
-			}
-		}
-		replicas = append(replicas, &Service{
-			Name:          name,
-			Path:          proto.Path,
-			Args:          args,
-			Env:           slices.Clone(proto.Env),
-			LogPath:       filepath.Join(e.Config.Dir, "logs", name+".log"),
-			ReadyURL:      "http://" + health + "/readyz",
-			TelemetryAddr: telemetry,
-		})
-	}
-	e.services = slices.Insert(e.services, first+1, replicas...)
-	return nil
+	_, err := e.addReplicas(Watcher, e.Config.extraWatchers(), ports,
+		[2]string{"-telemetry-addr", "-health-addr"}, "-health-addr")
+	return err
 }
