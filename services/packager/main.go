@@ -114,7 +114,7 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 	cacheJanitor := &cachejanitor.Janitor{
 		Store: store,
 		TTL:   o.packager.ContentCacheTTL,
-		Jobs:  cachejanitor.Jobs(jobs),
+		Jobs:  jobs,
 		Log:   log.WithName("content-cache"),
 	}
 	var wg sync.WaitGroup

@@ -12,11 +12,8 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/packager/internal/sweep"
 )
-
-// Jobs returns the storage keys that jobs still waiting on the bus refer
-// to; a cached artifact they name is kept.
-type Jobs func(ctx context.Context) (map[string]bool, error)
 
 // Janitor removes the cache entries nobody used for TTL: the index of an
 // entry goes when it is older than TTL (a fetcher using an entry rewrites
@@ -31,7 +28,7 @@ type Janitor struct {
 	// Interval between sweeps; TTL/4 (from 1s to 10m) when zero.
 	Interval time.Duration
 	// Jobs lists the cached artifacts still wanted.
-	Jobs Jobs
+	Jobs sweep.Jobs
 	// Log is the janitor's logger.
 	Log logr.Logger
 	// Now is the clock; time.Now when nil.
@@ -40,29 +37,7 @@ type Janitor struct {
 
 // Run sweeps every Interval until ctx ends. A TTL of zero or less disables it.
 func (j *Janitor) Run(ctx context.Context) {
-	if j.TTL <= 0 {
-		return
-	}
-	every := j.Interval
-	if every <= 0 {
-		every = min(max(j.TTL/4, time.Second), 10*time.Minute)
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		deleted, err := j.Sweep(ctx)
-		if len(deleted) > 0 {
-			j.Log.Info("removed unused content cache entries", "deleted", len(deleted))
-		}
-		if err != nil && ctx.Err() == nil {
-			j.Log.Error(err, "content cache sweep failed")
-		}
-	}
+	sweep.Every(ctx, j.TTL, j.Interval, j.Sweep, j.Log, "content cache entries")
 }
 
 // Sweep removes the unused entries once and returns the keys it deleted.

@@ -15,10 +15,8 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/packager/internal/sweep"
 )
-
-// Jobs returns the staging keys that jobs still waiting on the bus refer to.
-type Jobs func(ctx context.Context) (map[string]bool, error)
 
 // Janitor deletes staged content that is older than TTL and that no job
 // refers to. Several replicas may run one each: deletes are idempotent.
@@ -30,7 +28,7 @@ type Janitor struct {
 	// Interval between sweeps; TTL/4 (from 1s to 10m) when zero.
 	Interval time.Duration
 	// Jobs lists the staged content still wanted.
-	Jobs Jobs
+	Jobs sweep.Jobs
 	// Log is the janitor's logger.
 	Log logr.Logger
 	// Now is the clock; time.Now when nil.
@@ -39,29 +37,7 @@ type Janitor struct {
 
 // Run sweeps every Interval until ctx ends. A TTL of zero or less disables it.
 func (j *Janitor) Run(ctx context.Context) {
-	if j.TTL <= 0 {
-		return
-	}
-	every := j.Interval
-	if every <= 0 {
-		every = min(max(j.TTL/4, time.Second), 10*time.Minute)
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		deleted, err := j.Sweep(ctx)
-		if len(deleted) > 0 {
-			j.Log.Info("removed abandoned staged content", "deleted", deleted)
-		}
-		if err != nil && ctx.Err() == nil {
-			j.Log.Error(err, "staging sweep failed")
-		}
-	}
+	sweep.Every(ctx, j.TTL, j.Interval, j.Sweep, j.Log, "staged content")
 }
 
 // Sweep deletes the abandoned staged content once and returns its keys. When
@@ -104,12 +80,12 @@ func (j *Janitor) Sweep(ctx context.Context) ([]string, error) {
 	return deleted, errors.Join(errs...)
 }
 
-// StreamJobs returns Jobs that reads every message still in stream (a work
+// StreamJobs returns a sweep.Jobs that reads every message still in stream (a work
 // queue: what is in it is not done) and collects the storage keys the
 // Fetched jobs read: their Staging keys and the cached artifacts they
 // reuse (for the content cache's janitor). It gives up on a stream holding more than limit messages,
 // so the janitor skips the sweep rather than guess.
-func StreamJobs(stream jetstream.Stream, limit int) Jobs {
+func StreamJobs(stream jetstream.Stream, limit int) sweep.Jobs {
 	return func(ctx context.Context) (map[string]bool, error) {
 		info, err := stream.Info(ctx)
 		if err != nil {
