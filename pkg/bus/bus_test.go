@@ -19,6 +19,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 )
 
@@ -437,7 +438,7 @@ func TestWorkerTerminal(t *testing.T) {
 		Handler: func(_ context.Context, m *events.Message, d bus.Delivery) error {
 			rec.add(m, d)
 			if events.JobOf(m.Data).ID == "stalled" {
-				return fmt.Errorf("handle: %w", bus.Terminal(errors.New("invalid url")))
+				return fmt.Errorf("handle: %w", failure.New(failure.Stalling, "FetchFailed", "URLInvalid", "invalid url"))
 			}
 			return nil
 		},
@@ -462,8 +463,8 @@ func TestWorkerTerminal(t *testing.T) {
 	if info := consumerInfo(t, cons); info.NumRedelivered != 0 {
 		t.Errorf("%d redelivered", info.NumRedelivered)
 	}
-	if v := jobsTotal(t, reg, events.TypeFetchFailed, "rejected"); v != 1 {
-		t.Errorf("jobs_total{result=rejected} = %v, want 1", v)
+	if v := jobsTotal(t, reg, events.TypeFetchFailed, "failed"); v != 1 {
+		t.Errorf("jobs_total{result=failed} = %v, want 1", v)
 	}
 }
 
@@ -538,9 +539,13 @@ func TestWorkerRetries(t *testing.T) {
 		minGap time.Duration
 		result string
 	}{
-		{"retry after", bus.RetryAfter(errors.New("rate limited"), 300*time.Millisecond), 250 * time.Millisecond, "retry"},
-		{"wrapped retry after", fmt.Errorf("fetch: %w", bus.RetryAfter(errors.New("busy"), 300*time.Millisecond)), 250 * time.Millisecond, "retry"},
-		{"transient", errors.New("connection reset"), bus.Backoff(1) - 100*time.Millisecond, "error"},
+		{"waiting", &failure.Error{Handling: failure.Waiting, Reason: "NoArtifact", Err: errors.New("no artifact"), RetryAfter: 300 * time.Millisecond},
+			250 * time.Millisecond, "waiting"},
+		{"wrapped waiting", fmt.Errorf("fetch: %w", &failure.Error{Handling: failure.Waiting, Err: errors.New("busy"), RetryAfter: 300 * time.Millisecond}),
+			250 * time.Millisecond, "waiting"},
+		{"transient failure", failure.New(failure.Transient, "FetchFailed", "GitOperationFailed", "connection reset"),
+			bus.Backoff(1) - 100*time.Millisecond, "retry"},
+		{"platform", errors.New("connection reset"), bus.Backoff(1) - 100*time.Millisecond, "error"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -827,11 +832,110 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
-func TestErrorMarkers(t *testing.T) {
-	base := errors.New("base")
-	for _, err := range []error{bus.Terminal(base), bus.RetryAfter(base, time.Second)} {
-		if !errors.Is(err, base) || err.Error() != "base" {
-			t.Errorf("%T: does not wrap its error transparently: %v", err, err)
-		}
+// TestWorkerAttemptsAndReports checks that the worker alone decides
+// retries: a failure is reported on every attempt it happens on, a
+// transient one is retried until the consumer's MaxDeliver, and the last
+// attempt, a final or a stalling failure and a platform error on the last
+// attempt are terminated.
+func TestWorkerAttemptsAndReports(t *testing.T) {
+	transient := failure.New(failure.Transient, "FetchFailed", "GitOperationFailed", "connection reset")
+	tests := []struct {
+		name string
+		err  error
+		// attempts the handler sees, and whether each was the last.
+		attempts []uint64
+		last     []bool
+		reports  int
+		result   string
+	}{
+		{"transient until the last attempt", transient, []uint64{1, 2, 3}, []bool{false, false, true}, 3, "failed"},
+		{"final", failure.New(failure.Final, "StorageOperationFailed", "ArchiveOperationFailed", "file too large"),
+			[]uint64{1}, []bool{false}, 1, "failed"},
+		{"stalling", failure.New(failure.Stalling, "FetchFailed", "URLInvalid", "invalid url"), []uint64{1}, []bool{false}, 1, "failed"},
+		{"platform", errors.New("storage unreachable"), []uint64{1, 2, 3}, []bool{false, false, true}, 0, "dropped"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := newTestBus(t)
+			cons := b.consumer(t, "bounded", events.ConsumerOptions{MaxDeliver: 3})
+			terminated := b.subscribe(t, server.JSAdvisoryConsumerMsgTerminatedPre+"."+events.PublishStream+".bounded")
+			reg := prometheus.NewRegistry()
+			var rec recorder
+			var mu sync.Mutex
+			var lasts []bool
+			var reported []*failure.Error
+			runWorker(t, &bus.Worker{
+				Service: "test", Consumer: cons, Concurrency: 1,
+				Metrics: telemetry.NewJobMetrics(reg, "test"),
+				Handler: func(_ context.Context, m *events.Message, d bus.Delivery) error {
+					rec.add(m, d)
+					mu.Lock()
+					lasts = append(lasts, d.Last)
+					mu.Unlock()
+					return fmt.Errorf("handle: %w", tc.err)
+				},
+				Report: func(_ context.Context, m *events.Message, f *failure.Error) error {
+					mu.Lock()
+					defer mu.Unlock()
+					reported = append(reported, f)
+					return nil
+				},
+			})
+			b.publish(t, "failing", events.TypeFetchFailed)
+			a := nextAdvisory(t, terminated)
+			if a.Deliveries != uint64(len(tc.attempts)) {
+				t.Errorf("terminated on delivery %d, want %d", a.Deliveries, len(tc.attempts))
+			}
+			eventually(t, "the stream empty", func() bool { return b.streamMsgs(t, events.PublishStream) == 0 })
+			if got := attempts(rec.of("failing")); !slices.Equal(got, tc.attempts) {
+				t.Errorf("attempts %v, want %v", got, tc.attempts)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(lasts, tc.last) {
+				t.Errorf("Delivery.Last %v, want %v", lasts, tc.last)
+			}
+			if len(reported) != tc.reports {
+				t.Errorf("%d reports, want %d", len(reported), tc.reports)
+			}
+			for _, f := range reported {
+				if !errors.Is(tc.err, f) {
+					t.Errorf("reported %v, want the handler's failure %v", f, tc.err)
+				}
+			}
+			eventually(t, "the job counted as "+tc.result, func() bool {
+				return jobsTotal(t, reg, events.TypeFetchFailed, tc.result) == 1
+			})
+		})
+	}
+}
+
+// TestWorkerReportFailureRetries checks that a failure that cannot be
+// reported is not lost: the message is delivered again.
+func TestWorkerReportFailureRetries(t *testing.T) {
+	b := newTestBus(t)
+	cons := b.consumer(t, "report", events.ConsumerOptions{})
+	var rec recorder
+	var reports atomic.Int32
+	runWorker(t, &bus.Worker{
+		Service: "test", Consumer: cons, Concurrency: 1,
+		Handler: func(_ context.Context, m *events.Message, d bus.Delivery) error {
+			rec.add(m, d)
+			return failure.New(failure.Stalling, "FetchFailed", "URLInvalid", "invalid url")
+		},
+		Report: func(context.Context, *events.Message, *failure.Error) error {
+			if reports.Add(1) == 1 {
+				return errors.New("bus unreachable")
+			}
+			return nil
+		},
+	})
+	b.publish(t, "unreported", events.TypeFetchFailed)
+	eventually(t, "the failure reported on the second attempt", func() bool {
+		return reports.Load() == 2 && b.streamMsgs(t, events.PublishStream) == 0
+	})
+	if got := attempts(rec.of("unreported")); !slices.Equal(got, []uint64{1, 2}) {
+		t.Errorf("attempts %v, want [1 2]", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 )
 
@@ -18,6 +19,9 @@ import (
 type Delivery struct {
 	// Attempt counts deliveries of this message, starting at 1.
 	Attempt uint64
+	// Last is true on the message's last attempt (the consumer's
+	// MaxDeliver): a transient failure will not be retried.
+	Last bool
 	// Subject the message was published on.
 	Subject string
 }
@@ -26,31 +30,19 @@ type Delivery struct {
 // message, in one place (Worker.settle):
 //
 //   - nil: done, acknowledged.
-//   - an error wrapping events.ErrMalformed, or made by Terminal: never
-//     retried, terminated.
-//   - an error made by RetryAfter: redelivered after the given delay.
-//   - any other error: transient, redelivered after a backoff that grows
-//     with the attempt count.
+//   - an error wrapping events.ErrMalformed: never retried, terminated.
+//   - a *failure.Error: reported (Worker.Report), then settled by its
+//     Handling: Transient is redelivered after a backoff that grows with
+//     the attempt count until the last attempt, Final and Stalling are
+//     terminated, Waiting is redelivered after its RetryAfter.
+//   - any other error is the platform's (the bus, the storage): redelivered
+//     after the backoff until the last attempt, then terminated unreported;
+//     the next interval makes a new job.
 type Handler func(ctx context.Context, msg *events.Message, d Delivery) error
 
-type terminalError struct{ err error }
-
-func (e *terminalError) Error() string { return e.err.Error() }
-func (e *terminalError) Unwrap() error { return e.err }
-
-// Terminal marks err as one retrying cannot fix: the message is terminated.
-func Terminal(err error) error { return &terminalError{err: err} }
-
-type retryError struct {
-	err   error
-	delay time.Duration
-}
-
-func (e *retryError) Error() string { return e.err.Error() }
-func (e *retryError) Unwrap() error { return e.err }
-
-// RetryAfter asks for the message to be redelivered after delay.
-func RetryAfter(err error, delay time.Duration) error { return &retryError{err: err, delay: delay} }
+// Reporter publishes a failure a handler returned as the outcome of the
+// message's job, so the watcher can write it into the object's status.
+type Reporter func(ctx context.Context, msg *events.Message, f *failure.Error) error
 
 // Backoff is the redelivery delay of a transient failure on the given
 // attempt: 1s, 2s, 4s, ... capped at 2 minutes.
@@ -69,7 +61,10 @@ func Backoff(attempt uint64) time.Duration {
 type Worker struct {
 	// Service names the service, for logs and metrics.
 	Service string
-	// Consumer is the durable pull consumer to read from.
+	// Consumer is the durable pull consumer to read from. Its MaxDeliver
+	// (events.ConsumerOptions) bounds the attempts of a message: the
+	// worker terminates the last one whatever its error, so JetStream and
+	// the worker agree on which attempt is the last.
 	Consumer jetstream.Consumer
 	// Concurrency bounds the messages handled at once (and fetched ahead).
 	Concurrency int
@@ -78,6 +73,10 @@ type Worker struct {
 	Heartbeat time.Duration
 	// Handler handles each message.
 	Handler Handler
+	// Report, when set, publishes each *failure.Error the handler returns
+	// before the message is settled; a report that fails is retried like a
+	// platform error.
+	Report Reporter
 	// Metrics, when set, records job counts and durations.
 	Metrics *telemetry.JobMetrics
 	// Log is the worker's logger.
@@ -136,6 +135,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	if md, err := msg.Metadata(); err == nil {
 		d.Attempt = md.NumDelivered
 	}
+	if limit := w.Consumer.CachedInfo().Config.MaxDeliver; limit > 0 {
+		d.Last = d.Attempt >= uint64(limit)
+	}
 	log := w.Log.WithValues("subject", msg.Subject(), "attempt", d.Attempt)
 
 	m, err := events.Decode(msg.Data())
@@ -147,7 +149,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 			"kind", job.Object.Kind, "namespace", job.Object.Namespace, "name", job.Object.Name)
 		err = w.runWithHeartbeat(logr.NewContext(ctx, log), m, d, msg)
 	}
-	result := w.settle(ctx, log, msg, d, err)
+	result := w.settle(ctx, log, msg, m, d, err)
 	if w.Metrics != nil {
 		w.Metrics.Observe(eventType, result, time.Since(start))
 	}
@@ -177,31 +179,55 @@ func (w *Worker) runWithHeartbeat(ctx context.Context, m *events.Message, d Deli
 
 // settle acknowledges the message according to err (see Handler) and returns
 // the result label for metrics.
-func (w *Worker) settle(ctx context.Context, log logr.Logger, msg jetstream.Msg, d Delivery, err error) string {
-	var term *terminalError
-	var retry *retryError
-	switch {
-	case err == nil:
+func (w *Worker) settle(ctx context.Context, log logr.Logger, msg jetstream.Msg, m *events.Message, d Delivery, err error) string {
+	if err == nil {
 		if aerr := msg.Ack(); aerr != nil {
 			log.Error(aerr, "ack failed; the message will be redelivered")
 		}
 		return "success"
-	case ctx.Err() != nil:
+	}
+	if ctx.Err() != nil {
 		// Shutting down: hand the message to another replica at once.
 		_ = msg.Nak()
 		return "interrupted"
-	case errors.Is(err, events.ErrMalformed), errors.As(err, &term):
+	}
+	if errors.Is(err, events.ErrMalformed) {
 		log.Error(err, "rejecting message")
 		_ = msg.Term()
 		return "rejected"
-	case errors.As(err, &retry):
-		log.Info("retrying message later", "error", err.Error(), "delay", retry.delay.String())
-		_ = msg.NakWithDelay(retry.delay)
-		return "retry"
-	default:
+	}
+	f := failure.As(err)
+	if f != nil && w.Report != nil && m != nil {
+		if rerr := w.Report(ctx, m, f); rerr != nil {
+			err, f = fmt.Errorf("report failure %q: %w", f.Error(), rerr), nil
+		}
+	}
+	if f == nil {
+		// The platform's failure.
+		if d.Last {
+			log.Error(err, "handling failed on the last attempt; the next interval makes a new job")
+			_ = msg.Term()
+			return "dropped"
+		}
 		delay := Backoff(d.Attempt)
 		log.Error(err, "handling failed; retrying", "delay", delay.String())
 		_ = msg.NakWithDelay(delay)
 		return "error"
+	}
+	kv := []any{"handling", f.Handling.String(), "condition", f.Condition, "reason", f.Reason, "message", f.Error()}
+	switch {
+	case f.Handling == failure.Waiting:
+		log.Info("waiting", append(kv, "delay", f.RetryAfter.String())...)
+		_ = msg.NakWithDelay(f.RetryAfter)
+		return "waiting"
+	case f.Handling == failure.Transient && !d.Last:
+		delay := Backoff(d.Attempt)
+		log.Info("failed; retrying", append(kv, "delay", delay.String())...)
+		_ = msg.NakWithDelay(delay)
+		return "retry"
+	default:
+		log.Info("failed", append(kv, "last", d.Last)...)
+		_ = msg.Term()
+		return "failed"
 	}
 }

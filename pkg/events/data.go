@@ -172,7 +172,8 @@ type Outcome struct {
 }
 
 // Failure describes why a job failed, in the terms the watcher writes into
-// the object's conditions.
+// the object's conditions. It is the bus form of a *failure.Error (see
+// package failure), which services return and handle.
 type Failure struct {
 	// Condition is the negative-polarity condition the failure sets, e.g.
 	// "FetchFailed" or "StorageOperationFailed"; empty when the failure is
@@ -187,9 +188,6 @@ type Failure struct {
 	// changes (an invalid URL, a malformed Secret).
 	Stalled bool `json:"stalled,omitempty"`
 }
-
-// Error makes a Failure usable where an error is expected.
-func (f *Failure) Error() string { return f.Message }
 
 // Notice is something worth a Kubernetes Event that is not the job's outcome.
 type Notice struct {

@@ -413,10 +413,6 @@ func TestJobOf(t *testing.T) {
 	if j := JobOf("not data"); j != (Job{}) {
 		t.Errorf("JobOf(string) = %+v, want zero", j)
 	}
-	f := &Failure{Message: "boom"}
-	if f.Error() != "boom" {
-		t.Errorf("Failure.Error() = %q", f.Error())
-	}
 }
 
 // subjectsOverlap reports whether some subject matches both NATS subject

@@ -66,6 +66,11 @@ func Streams() []jetstream.StreamConfig {
 	}
 }
 
+// DefaultMaxDeliver is how often a job is attempted when a service does not
+// say: with bus.Backoff, about 15 s of retries before the failure is final
+// and the next interval makes a new job.
+const DefaultMaxDeliver = 5
+
 // ConsumerOptions size a service's consumer.
 type ConsumerOptions struct {
 	// MaxAckPending bounds the jobs in flight across all replicas.
@@ -73,7 +78,9 @@ type ConsumerOptions struct {
 	// AckWait is how long a job may go without an ack or an InProgress
 	// signal before it is redelivered to another replica.
 	AckWait time.Duration
-	// MaxDeliver bounds how often one job is attempted; -1 means no bound.
+	// MaxDeliver bounds how often one job is attempted; the worker
+	// terminates the last attempt (see bus.Worker). Zero means
+	// DefaultMaxDeliver, -1 no bound.
 	MaxDeliver int
 	// DeliverNew starts a newly created consumer at the next message rather
 	// than the first one kept in the stream (for the limits-retention event
@@ -92,7 +99,7 @@ func Consumer(stream, name string, o ConsumerOptions) jetstream.ConsumerConfig {
 		o.AckWait = 30 * time.Second
 	}
 	if o.MaxDeliver == 0 {
-		o.MaxDeliver = -1
+		o.MaxDeliver = DefaultMaxDeliver
 	}
 	deliver := jetstream.DeliverAllPolicy
 	if o.DeliverNew {

@@ -39,7 +39,7 @@ type options struct {
 	telemetry   telemetry.Options
 	secrets     secrets.Options
 	concurrency int
-	maxAttempts uint64
+	maxAttempts int
 	maxFileSize int64
 	// bucketConcurrency bounds the objects of one Bucket downloaded at once.
 	bucketConcurrency int
@@ -55,7 +55,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.telemetry.BindFlags(fs, ":9101")
 	o.secrets.BindFlags(fs)
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once (and pulled ahead from the bus).")
-	fs.Uint64Var(&o.maxAttempts, "max-attempts", 5, "Attempts of a job that keeps failing transiently before its failure is final.")
+	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.Int64Var(&o.maxFileSize, "max-file-size", 0, "Largest file a source may contain, in bytes; 0 means no limit.")
 	fs.IntVar(&o.bucketConcurrency, "bucket-concurrency", bucketfetch.DefaultConcurrency, "Objects of one Bucket downloaded at once.")
 	fs.DurationVar(&o.refCacheTTL, "ref-cache-ttl", gitfetch.DefaultRefCacheTTL,
@@ -86,6 +86,9 @@ func run(ctx context.Context, o options) error {
 	if o.concurrency < 1 {
 		return errors.New("--concurrency must be at least 1")
 	}
+	if o.maxAttempts < 1 {
+		return errors.New("--max-attempts must be at least 1")
+	}
 	if o.bucketConcurrency < 1 {
 		return errors.New("--bucket-concurrency must be at least 1")
 	}
@@ -110,7 +113,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer conn.Close()
-	consumer, err := conn.JoinStream(ctx, events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{})
+	consumer, err := conn.JoinStream(ctx, events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
 	if err != nil {
 		return err
 	}
@@ -125,7 +128,6 @@ func run(ctx context.Context, o options) error {
 		},
 		Storage:      store,
 		Publisher:    conn.NewPublisher(service),
-		MaxAttempts:  o.maxAttempts,
 		MaxFileSize:  o.maxFileSize,
 		Metrics:      fetch.NewMetrics(reg),
 		ContentCache: o.contentCache,
@@ -135,6 +137,7 @@ func run(ctx context.Context, o options) error {
 		Consumer:    consumer,
 		Concurrency: o.concurrency,
 		Handler:     handler.Handle,
+		Report:      handler.Report,
 		Metrics:     telemetry.NewJobMetrics(reg, service),
 		Log:         log,
 	}

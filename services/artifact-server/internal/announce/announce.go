@@ -50,11 +50,11 @@ type Announcer struct {
 func (a *Announcer) Handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
 	public, ok := events.PublicType(msg.Event.Type())
 	if !ok {
-		return bus.Terminal(fmt.Errorf("announce: %q is not a job result type", msg.Event.Type()))
+		return fmt.Errorf("%w: announce: %q is not a job result type", events.ErrMalformed, msg.Event.Type())
 	}
 	in, ok := msg.Data.(*events.Outcome)
 	if !ok {
-		return bus.Terminal(fmt.Errorf("announce: %s data is %T, not an outcome", msg.Event.Type(), msg.Data))
+		return fmt.Errorf("%w: announce: %s data is %T, not an outcome", events.ErrMalformed, msg.Event.Type(), msg.Data)
 	}
 	out := a.Public(in)
 	obj := out.Job.Object

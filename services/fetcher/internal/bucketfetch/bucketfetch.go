@@ -35,6 +35,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -263,7 +264,7 @@ func (r *resolved) getRules(ctx context.Context) error {
 	case err != nil:
 		return source.Failed(sourcev1.BucketOperationFailedReason, "failed to get Etag for '%s' object: %w", ignoreFile, err)
 	case len(data) > maxIgnoreFileSize:
-		return &source.Error{Reason: sourcev1.BucketOperationFailedReason, Handling: source.Final,
+		return &failure.Error{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.BucketOperationFailedReason, Handling: failure.Final,
 			Err: fmt.Errorf("'%s' object is larger than %d bytes", ignoreFile, maxIgnoreFileSize)}
 	}
 	r.rules = data
@@ -364,7 +365,7 @@ feed:
 	close(work)
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil {
-		var ferr *source.Error
+		var ferr *failure.Error
 		if errors.As(err, &ferr) {
 			return ferr
 		}
@@ -427,21 +428,21 @@ func (r *resolved) fetch(ctx context.Context, root *os.Root, key, rel string) er
 // fetchError is a download failure in Flux's words. The bucket's content
 // fails the same way again (until it changes) when a key is unsafe or an
 // object too large: such failures are final.
-func (r *resolved) fetchError(err error) *source.Error {
-	handling := source.Transient
+func (r *resolved) fetchError(err error) *failure.Error {
+	handling := failure.Transient
 	if errors.Is(err, errUnsafeKey) || errors.Is(err, archive.ErrTooLarge) {
-		handling = source.Final
+		handling = failure.Final
 	}
-	return &source.Error{Reason: sourcev1.BucketOperationFailedReason, Handling: handling,
+	return &failure.Error{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.BucketOperationFailedReason, Handling: handling,
 		Err: fmt.Errorf("fetch from bucket '%s' failed: %w", r.bucket, err)}
 }
 
 // fileError is a failure to write an object's file. Keys that clash (one
 // is a directory of the other, or two clean to the same path) are final.
-func (r *resolved) fileError(key string, err error) *source.Error {
+func (r *resolved) fileError(key string, err error) *failure.Error {
 	e := r.fetchError(fmt.Errorf("failed to write '%s' object: %w", key, err))
 	if errors.Is(err, fs.ErrExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) {
-		e.Handling = source.Final
+		e.Handling = failure.Final
 	}
 	return e
 }

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/miniotest"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -111,13 +112,13 @@ func fetch(t *testing.T, src *Source, req *events.FetchRequested) (string, *sour
 	return res.Revision(), content, files(t, dir), nil
 }
 
-// checkFailure checks that err is a *source.Error with reason, handling and
+// checkFailure checks that err is a *failure.Error with reason, handling and
 // a message containing message.
-func checkFailure(t *testing.T, err error, reason string, handling source.Handling, message string) {
+func checkFailure(t *testing.T, err error, reason string, handling failure.Handling, message string) {
 	t.Helper()
-	var ferr *source.Error
+	var ferr *failure.Error
 	if !errors.As(err, &ferr) {
-		t.Fatalf("error = %v (%T), want a *source.Error", err, err)
+		t.Fatalf("error = %v (%T), want a *failure.Error", err, err)
 	}
 	if ferr.Reason != reason || ferr.Handling != handling || !strings.Contains(ferr.Error(), message) {
 		t.Errorf("failure = reason %q, handling %d, message %q\nwant reason %q, handling %d, message containing %q",
@@ -327,92 +328,92 @@ func TestFailures(t *testing.T) {
 		spec     sourcev1.BucketSpec
 		resolved bool // Resolve succeeds, Download fails
 		reason   string
-		handling source.Handling
+		handling failure.Handling
 		message  string
 	}{
 		{
 			name:   "wrong secret key",
 			spec:   sourcev1.BucketSpec{SecretRef: &meta.LocalObjectReference{Name: "wrong"}},
-			reason: sourcev1.BucketOperationFailedReason, handling: source.Transient,
+			reason: sourcev1.BucketOperationFailedReason, handling: failure.Transient,
 			message: "failed to confirm existence of 'testbucket' bucket: ",
 		},
 		{
 			name:   "unknown access key",
 			spec:   sourcev1.BucketSpec{SecretRef: &meta.LocalObjectReference{Name: "unknown"}},
-			reason: sourcev1.BucketOperationFailedReason, handling: source.Transient,
+			reason: sourcev1.BucketOperationFailedReason, handling: failure.Transient,
 			message: "failed to confirm existence of 'testbucket' bucket: ",
 		},
 		{
 			name:   "anonymous access to a private bucket",
 			spec:   sourcev1.BucketSpec{},
-			reason: sourcev1.BucketOperationFailedReason, handling: source.Transient,
+			reason: sourcev1.BucketOperationFailedReason, handling: failure.Transient,
 			message: "failed to confirm existence of 'testbucket' bucket: Access Denied",
 		},
 		{
 			name:   "missing bucket",
 			spec:   sourcev1.BucketSpec{BucketName: "nope", SecretRef: creds},
-			reason: sourcev1.BucketOperationFailedReason, handling: source.Transient,
+			reason: sourcev1.BucketOperationFailedReason, handling: failure.Transient,
 			message: "bucket 'nope' not found",
 		},
 		{
 			name:   "endpoint that does not answer",
 			spec:   sourcev1.BucketSpec{Endpoint: closed, SecretRef: creds},
-			reason: sourcev1.BucketOperationFailedReason, handling: source.Transient,
+			reason: sourcev1.BucketOperationFailedReason, handling: failure.Transient,
 			message: "failed to confirm existence of 'testbucket' bucket: ",
 		},
 		{
 			name:   "missing secret",
 			spec:   sourcev1.BucketSpec{SecretRef: &meta.LocalObjectReference{Name: "absent"}},
-			reason: sourcev1.AuthenticationFailedReason, handling: source.Transient,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient,
 			message: `failed to get secret 'default/absent': secrets "absent" not found`,
 		},
 		{
 			name:   "secret without both keys",
 			spec:   sourcev1.BucketSpec{SecretRef: &meta.LocalObjectReference{Name: "partial"}},
-			reason: sourcev1.AuthenticationFailedReason, handling: source.Stalled,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling,
 			message: "invalid 'partial' secret data: required fields 'accesskey' and 'secretkey'",
 		},
 		{
 			name:   "proxy secret without address",
 			spec:   sourcev1.BucketSpec{SecretRef: creds, ProxySecretRef: &meta.LocalObjectReference{Name: "proxy"}},
-			reason: sourcev1.AuthenticationFailedReason, handling: source.Stalled,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling,
 			message: "failed to get proxy URL: secret 'default/proxy' has no 'address' key",
 		},
 		{
 			name:   "gcp",
 			spec:   sourcev1.BucketSpec{Provider: sourcev1.BucketProviderGoogle},
-			reason: sourcev1.InvalidProviderConfigurationReason, handling: source.Stalled,
+			reason: sourcev1.InvalidProviderConfigurationReason, handling: failure.Stalling,
 			message: "the 'gcp' Bucket provider is not supported yet: use 'generic' or 'aws'",
 		},
 		{
 			name:   "azure",
 			spec:   sourcev1.BucketSpec{Provider: sourcev1.BucketProviderAzure},
-			reason: sourcev1.InvalidProviderConfigurationReason, handling: source.Stalled,
+			reason: sourcev1.InvalidProviderConfigurationReason, handling: failure.Stalling,
 			message: "the 'azure' Bucket provider is not supported yet: use 'generic' or 'aws'",
 		},
 		{
 			name:   "sts",
 			spec:   sourcev1.BucketSpec{STS: &sourcev1.BucketSTSSpec{Provider: sourcev1.STSProviderLDAP, Endpoint: "https://sts.example.com"}},
-			reason: sourcev1.InvalidSTSConfigurationReason, handling: source.Stalled,
+			reason: sourcev1.InvalidSTSConfigurationReason, handling: failure.Stalling,
 			message: "STS authentication (spec.sts, provider 'ldap') is not supported yet",
 		},
 		{
 			name:   "endpoint with a path",
 			spec:   sourcev1.BucketSpec{Endpoint: "minio:9000/path", SecretRef: creds},
-			reason: sourcev1.URLInvalidReason, handling: source.Stalled,
+			reason: sourcev1.URLInvalidReason, handling: failure.Stalling,
 			message: "invalid endpoint 'minio:9000/path': ",
 		},
 		{
 			name:   "invalid bucket name",
 			spec:   sourcev1.BucketSpec{BucketName: "ab", SecretRef: creds},
-			reason: sourcev1.BucketOperationFailedReason, handling: source.Stalled,
+			reason: sourcev1.BucketOperationFailedReason, handling: failure.Stalling,
 			message: "invalid bucket name 'ab': Bucket name cannot be shorter than 3 characters",
 		},
 		{
 			name:     "object over the size limit",
 			spec:     sourcev1.BucketSpec{SecretRef: creds},
 			resolved: true,
-			reason:   sourcev1.BucketOperationFailedReason, handling: source.Final,
+			reason:   sourcev1.BucketOperationFailedReason, handling: failure.Final,
 			message: "fetch from bucket 'testbucket' failed: file too large: object 'big.bin' is 2048 bytes, over the limit of 1024",
 		},
 	}
@@ -469,7 +470,7 @@ func TestAWSProviderCredentialChain(t *testing.T) {
 	// The same spec as generic is anonymous: the bucket is private.
 	req.Bucket.Provider = sourcev1.BucketProviderGeneric
 	_, _, _, err = fetch(t, src, req)
-	checkFailure(t, err, sourcev1.BucketOperationFailedReason, source.Transient, "Access Denied")
+	checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Transient, "Access Denied")
 }
 
 // TestUnsafeKeys checks the path of every key before anything is fetched.
@@ -515,7 +516,7 @@ func TestUnsafeKeys(t *testing.T) {
 		"fine.yaml": {etag: "1"}, "../escape.yaml": {etag: "2"},
 	}}
 	_, err = r.Download(context.Background(), dir)
-	checkFailure(t, err, sourcev1.BucketOperationFailedReason, source.Final,
+	checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Final,
 		"fetch from bucket 'hostile' failed: unsafe object key '../escape.yaml': '..' element")
 	if left := files(t, parent); len(left) != 0 {
 		t.Errorf("files written: %v", left)
@@ -549,20 +550,20 @@ func TestClashingKeysAreFinal(t *testing.T) {
 	r := &resolved{bucket: "bkt"}
 	for _, cause := range []error{syscall.ENOTDIR, syscall.EISDIR, fs.ErrExist} {
 		err := r.fileError("a/b", &fs.PathError{Op: "openat", Path: "a/b", Err: cause})
-		checkFailure(t, err, sourcev1.BucketOperationFailedReason, source.Final, "fetch from bucket 'bkt' failed: failed to write 'a/b' object: openat a/b: ")
+		checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Final, "fetch from bucket 'bkt' failed: failed to write 'a/b' object: openat a/b: ")
 	}
-	checkFailure(t, r.fileError("a", syscall.ENOSPC), sourcev1.BucketOperationFailedReason, source.Transient, "no space left on device")
+	checkFailure(t, r.fileError("a", syscall.ENOSPC), sourcev1.BucketOperationFailedReason, failure.Transient, "no space left on device")
 }
 
 func TestNoCluster(t *testing.T) {
 	src := &Source{Secrets: secrets.Unavailable{Err: errors.New("no kubeconfig")}}
 	req := request(sourcev1.BucketSpec{BucketName: "bkt", Endpoint: "127.0.0.1:1", SecretRef: &meta.LocalObjectReference{Name: "creds"}})
 	_, err := src.Resolve(context.Background(), req)
-	checkFailure(t, err, sourcev1.AuthenticationFailedReason, source.Transient,
+	checkFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Transient,
 		"failed to get secret 'default/creds': no Kubernetes API server is configured: no kubeconfig")
 	req.Bucket = nil
 	_, err = src.Resolve(context.Background(), req)
-	checkFailure(t, err, source.InvalidSpecReason, source.Stalled, "fetch request for Bucket 'default/podinfo' has no Bucket spec")
+	checkFailure(t, err, source.InvalidSpecReason, failure.Stalling, "fetch request for Bucket 'default/podinfo' has no Bucket spec")
 }
 
 func TestTimeout(t *testing.T) {

@@ -26,8 +26,8 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/miniotest"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
 // selfSigned returns a PEM certificate and key for a client.
@@ -86,24 +86,24 @@ func TestTLS(t *testing.T) {
 		name     string
 		secret   string
 		reason   string
-		handling source.Handling
+		handling failure.Handling
 		message  string
 	}{
 		{name: "ca and client certificate", secret: "tls"},
 		{name: "deprecated keys", secret: "legacy"},
-		{name: "no client certificate", secret: "ca-only", reason: sourcev1.BucketOperationFailedReason, handling: source.Transient,
+		{name: "no client certificate", secret: "ca-only", reason: sourcev1.BucketOperationFailedReason, handling: failure.Transient,
 			message: "failed to confirm existence of 'testbucket' bucket: "},
-		{name: "unknown server certificate", reason: sourcev1.BucketOperationFailedReason, handling: source.Transient,
+		{name: "unknown server certificate", reason: sourcev1.BucketOperationFailedReason, handling: failure.Transient,
 			message: "certificate signed by unknown authority"},
-		{name: "certificate without key", secret: "cert", reason: sourcev1.AuthenticationFailedReason, handling: source.Stalled,
+		{name: "certificate without key", secret: "cert", reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling,
 			message: "failed to get TLS config: secret 'default/cert' must contain both 'tls.crt' and 'tls.key'"},
-		{name: "no TLS keys", secret: "empty", reason: sourcev1.AuthenticationFailedReason, handling: source.Stalled,
+		{name: "no TLS keys", secret: "empty", reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling,
 			message: "failed to get TLS config: secret 'default/empty' must contain either 'ca.crt' or both 'tls.crt' and 'tls.key'"},
-		{name: "unparseable CA", secret: "bad-ca", reason: sourcev1.AuthenticationFailedReason, handling: source.Stalled,
+		{name: "unparseable CA", secret: "bad-ca", reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling,
 			message: "failed to get TLS config: failed to parse CA certificate"},
-		{name: "mismatched key", secret: "bad-pair", reason: sourcev1.AuthenticationFailedReason, handling: source.Stalled,
+		{name: "mismatched key", secret: "bad-pair", reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling,
 			message: "failed to get TLS config: failed to parse TLS certificate and key: "},
-		{name: "missing secret", secret: "absent", reason: sourcev1.AuthenticationFailedReason, handling: source.Transient,
+		{name: "missing secret", secret: "absent", reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient,
 			message: `failed to get TLS config: failed to get secret 'default/absent': secrets "absent" not found`},
 	}
 	for _, tc := range cases {
@@ -175,12 +175,12 @@ func TestProxy(t *testing.T) {
 	}
 
 	_, _, _, err = fetch(t, src, withProxy("anonymous"))
-	checkFailure(t, err, sourcev1.BucketOperationFailedReason, source.Transient, "failed to confirm existence of 'testbucket' bucket: ")
+	checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Transient, "failed to confirm existence of 'testbucket' bucket: ")
 	if refused.Load() == 0 {
 		t.Error("the proxy refused no request")
 	}
 	_, _, _, err = fetch(t, src, withProxy("socks4"))
-	checkFailure(t, err, sourcev1.AuthenticationFailedReason, source.Stalled,
+	checkFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Stalling,
 		"failed to get proxy URL: secret 'default/socks4': proxy URL must use one of the supported schemes (http, https, socks5), got 'socks4'")
 }
 

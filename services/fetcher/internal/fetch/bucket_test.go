@@ -59,7 +59,7 @@ func newBucketEnv(t *testing.T) *bucketEnv {
 	must(t, err)
 	must(t, e.conn.EnsureStreams(ctx))
 	cons, err := e.conn.EnsureConsumer(ctx, events.FetchStream,
-		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
+		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{MaxDeliver: 2}))
 	must(t, err)
 	e.packages, err = e.conn.EnsureConsumer(ctx, events.PackageStream,
 		events.Consumer(events.PackageStream, "test-packager", events.ConsumerOptions{}))
@@ -96,18 +96,18 @@ func newBucketEnv(t *testing.T) *bucketEnv {
 	e.reg = prometheus.NewRegistry()
 	e.tempDir = t.TempDir()
 	h := &Handler{
-		Sources:     map[string]source.Source{bucketfetch.Kind: &bucketfetch.Source{Secrets: secrets.NewKube(kube), Concurrency: 2}},
-		Storage:     e.store,
-		Publisher:   e.conn.NewPublisher("fetcher"),
-		MaxAttempts: 2,
-		TempDir:     e.tempDir,
-		Metrics:     NewMetrics(e.reg),
+		Sources:   map[string]source.Source{bucketfetch.Kind: &bucketfetch.Source{Secrets: secrets.NewKube(kube), Concurrency: 2}},
+		Storage:   e.store,
+		Publisher: e.conn.NewPublisher("fetcher"),
+		TempDir:   e.tempDir,
+		Metrics:   NewMetrics(e.reg),
 	}
 	w := &bus.Worker{
 		Service:     "fetcher",
 		Consumer:    cons,
 		Concurrency: 2,
 		Handler:     h.Handle,
+		Report:      h.Report,
 		Metrics:     telemetry.NewJobMetrics(e.reg, "fetcher"),
 		Log:         logr.Discard(),
 	}
@@ -268,15 +268,15 @@ func TestBucketFailures(t *testing.T) {
 			if out.Job.ID != job.ID || out.Failure == nil || *out.Failure != tc.failure {
 				t.Errorf("outcome %d = %+v, failure %+v\nwant failure %+v", i, out, out.Failure, tc.failure)
 			}
-			// A transient failure is retried once (MaxAttempts 2), a stalled
+			// A transient failure is retried once (MaxDeliver 2), a stalled
 			// one is not; either way the job ends.
 			e.waitEmpty(t)
 		})
 	}
-	if n := jobsTotal(t, e.reg, "rejected"); n != 2 {
+	if n := jobsTotal(t, e.reg, "failed"); n != 2 {
 		t.Errorf("terminated jobs = %v, want 2", n)
 	}
-	if n := jobsTotal(t, e.reg, "error"); n != 1 {
+	if n := jobsTotal(t, e.reg, "retry"); n != 1 {
 		t.Errorf("retried attempts = %v, want 1 (the missing bucket's)", n)
 	}
 }

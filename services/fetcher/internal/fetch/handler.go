@@ -22,6 +22,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -51,9 +52,6 @@ type Handler struct {
 	Storage storage.Storage
 	// Publisher publishes results.
 	Publisher Publisher
-	// MaxAttempts bounds the attempts of a job that keeps failing
-	// transiently; the last failure is final.
-	MaxAttempts uint64
 	// MaxFileSize, when positive, fails a fetch with a larger file.
 	MaxFileSize int64
 	// TempDir is where downloads go; the system's when empty.
@@ -67,49 +65,43 @@ type Handler struct {
 	ContentCache bool
 }
 
-// Handle is a bus.Handler for the fetch stream.
-func (h *Handler) Handle(ctx context.Context, msg *events.Message, d bus.Delivery) error {
+// Handle is a bus.Handler for the fetch stream. A failed fetch is a
+// *failure.Error, which the worker reports (Report) and settles; any other
+// error is the platform's (the bus, the storage).
+func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
 	req, ok := msg.Data.(*events.FetchRequested)
 	if !ok {
-		return bus.Terminal(fmt.Errorf("unexpected event type %s on the fetch stream", msg.Event.Type()))
+		return fmt.Errorf("%w: unexpected event type %s on the fetch stream", events.ErrMalformed, msg.Event.Type())
 	}
 	start := time.Now()
-	kind := req.Job.Object.Kind
-	log := logr.FromContextOrDiscard(ctx)
-
 	result, err := h.fetch(ctx, req)
-	if err == nil {
-		h.observe(kind, result, start)
-		return nil
-	}
-	var ferr *source.Error
-	if !errors.As(err, &ferr) {
-		// Not the fetch's fault (the bus, the storage): retry.
-		return err
-	}
-	if ctx.Err() != nil {
-		// Shutting down: the job goes to another replica, unreported.
-		return ctx.Err()
-	}
-	h.observe(kind, ResultFailed, start)
-	failure := ferr.Failure()
-	log.Info("fetch failed", "reason", failure.Reason, "message", failure.Message, "stalled", failure.Stalled)
-	out := &events.Outcome{Job: req.Job, Revision: ferr.Revision, Failure: failure, Verification: ferr.Verification}
-	if perr := h.Publisher.Publish(ctx, events.PublishSubject(kind), events.TypeFetchFailed, req.Job, out); perr != nil {
-		return perr
-	}
 	switch {
-	case ferr.Handling != source.Transient:
-		return bus.Terminal(failure)
-	case h.MaxAttempts > 0 && d.Attempt >= h.MaxAttempts:
-		return bus.Terminal(fmt.Errorf("giving up after %d attempts: %w", d.Attempt, failure))
-	default:
-		return failure
+	case err == nil:
+		h.observe(req.Job.Object.Kind, result, start)
+	case failure.As(err) != nil && ctx.Err() == nil:
+		h.observe(req.Job.Object.Kind, ResultFailed, start)
 	}
+	return err
+}
+
+// Report is the worker's bus.Reporter: it publishes a failed fetch as the
+// job's FetchFailed outcome, with the revision resolved before the failure
+// and a failed signature check, if that is what failed.
+func (h *Handler) Report(ctx context.Context, msg *events.Message, f *failure.Error) error {
+	req, ok := msg.Data.(*events.FetchRequested)
+	if !ok {
+		return fmt.Errorf("report: %T is not a fetch request", msg.Data)
+	}
+	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data()}
+	var unverified *source.Unverified
+	if errors.As(f, &unverified) {
+		out.Verification = unverified.Verification
+	}
+	return h.Publisher.Publish(ctx, events.PublishSubject(req.Job.Object.Kind), events.TypeFetchFailed, req.Job, out)
 }
 
 // fetch does the job and publishes its result, except a failure, which it
-// returns as a *source.Error; any other error is the platform's.
+// returns as a *failure.Error; any other error is the platform's.
 func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ string, err error) {
 	kind := req.Job.Object.Kind
 	src, ok := h.Sources[kind]
@@ -129,7 +121,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 	revision := res.Revision()
 	// A failure from here on happened with a new upstream revision known.
 	defer func() {
-		if ferr := (*source.Error)(nil); errors.As(err, &ferr) && ferr.Revision == "" {
+		if ferr := failure.As(err); ferr != nil && ferr.Revision == "" {
 			ferr.Revision = revision
 		}
 	}()
@@ -164,7 +156,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 
 	dir, err := os.MkdirTemp(h.TempDir, "fetch-")
 	if err != nil {
-		return "", &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
+		return "", &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
 			Err: fmt.Errorf("failed to create temporary working directory: %w", err)}
 	}
 	defer func() {
@@ -311,7 +303,7 @@ func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Noti
 }
 
 // stage streams the tar of content into storage at key and returns its
-// size. An archiving failure is a *source.Error; a storage failure is not.
+// size. An archiving failure is a *failure.Error; a storage failure is not.
 func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
@@ -324,22 +316,22 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 	// Unblock the writer if Put stopped reading early.
 	pr.CloseWithError(errStagingStopped)
 	if werr := <-done; werr != nil && !errors.Is(werr, errStagingStopped) {
-		handling := source.Transient
+		handling := failure.Transient
 		if errors.Is(werr, archive.ErrTooLarge) {
 			// The same content is as large the next time. The message
 			// names the file, not the temporary directory it was in.
-			handling = source.Final
+			handling = failure.Final
 			if cause := errors.Unwrap(werr); cause != nil {
 				werr = cause
 			}
 		}
-		return 0, &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 			Handling: handling, Err: fmt.Errorf("unable to archive artifact to storage: %w", werr)}
 	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// The spec's timeout ran out while staging.
-			return 0, &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 				Err: fmt.Errorf("unable to archive artifact to storage: %w", ctx.Err())}
 		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)

@@ -61,7 +61,7 @@ type attempt struct {
 }
 
 // newEnv starts the env; opts adjust the handler before it starts.
-func newEnv(t *testing.T, maxAttempts uint64, opts ...func(*Handler)) *env {
+func newEnv(t *testing.T, maxAttempts int, opts ...func(*Handler)) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	e := &env{ctx: ctx}
@@ -72,7 +72,7 @@ func newEnv(t *testing.T, maxAttempts uint64, opts ...func(*Handler)) *env {
 	must(t, err)
 	must(t, e.conn.EnsureStreams(ctx))
 	cons, err := e.conn.EnsureConsumer(ctx, events.FetchStream,
-		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
+		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{MaxDeliver: maxAttempts}))
 	must(t, err)
 	e.packages, err = e.conn.EnsureConsumer(ctx, events.PackageStream,
 		events.Consumer(events.PackageStream, "test-packager", events.ConsumerOptions{}))
@@ -110,12 +110,11 @@ func newEnv(t *testing.T, maxAttempts uint64, opts ...func(*Handler)) *env {
 	e.reg = prometheus.NewRegistry()
 	e.tempDir = t.TempDir()
 	h := &Handler{
-		Sources:     map[string]source.Source{gitfetch.Kind: &gitfetch.Source{}},
-		Storage:     e.store,
-		Publisher:   e.conn.NewPublisher("fetcher"),
-		MaxAttempts: maxAttempts,
-		TempDir:     e.tempDir,
-		Metrics:     NewMetrics(e.reg),
+		Sources:   map[string]source.Source{gitfetch.Kind: &gitfetch.Source{}},
+		Storage:   e.store,
+		Publisher: e.conn.NewPublisher("fetcher"),
+		TempDir:   e.tempDir,
+		Metrics:   NewMetrics(e.reg),
 	}
 	for _, o := range opts {
 		o(h)
@@ -131,6 +130,7 @@ func newEnv(t *testing.T, maxAttempts uint64, opts ...func(*Handler)) *env {
 			e.mu.Unlock()
 			return err
 		},
+		Report:  h.Report,
 		Metrics: telemetry.NewJobMetrics(e.reg, "fetcher"),
 		Log:     logr.Discard(),
 	}
@@ -427,10 +427,10 @@ func TestFailures(t *testing.T) {
 				t.Fatalf("handler calls = %+v, want %d", got, tc.attempts)
 			}
 			// Every attempt but the last was retried; the last terminated.
-			if n := jobsTotal(t, e.reg, "error"); n != float64(tc.attempts-1) {
+			if n := jobsTotal(t, e.reg, "retry"); n != float64(tc.attempts-1) {
 				t.Errorf("retried attempts = %v, want %d", n, tc.attempts-1)
 			}
-			if n := jobsTotal(t, e.reg, "rejected"); n != 1 {
+			if n := jobsTotal(t, e.reg, "failed"); n != 1 {
 				t.Errorf("terminated attempts = %v, want 1", n)
 			}
 			if n := histogramCount(t, e.reg, "headwater_fetch_duration_seconds", ResultFailed); n != uint64(tc.attempts) {

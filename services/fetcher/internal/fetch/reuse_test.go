@@ -93,7 +93,7 @@ func newPipeline(t *testing.T) *pipeline {
 	must(t, err)
 	must(t, p.conn.EnsureStreams(ctx))
 	cons, err := p.conn.EnsureConsumer(ctx, events.FetchStream,
-		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
+		events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{MaxDeliver: 3}))
 	must(t, err)
 	p.results, err = p.conn.EnsureConsumer(ctx, events.PublishStream,
 		events.Consumer(events.PublishStream, "test-announcer", events.ConsumerOptions{}))
@@ -132,12 +132,11 @@ func newPipeline(t *testing.T) *pipeline {
 		}},
 		Storage:      p.store,
 		Publisher:    p.conn.NewPublisher("fetcher"),
-		MaxAttempts:  3,
 		TempDir:      t.TempDir(),
 		Metrics:      NewMetrics(p.reg),
 		ContentCache: true,
 	}
-	w := &bus.Worker{Service: "fetcher", Consumer: cons, Concurrency: 2, Handler: h.Handle,
+	w := &bus.Worker{Service: "fetcher", Consumer: cons, Concurrency: 2, Handler: h.Handle, Report: h.Report,
 		Metrics: telemetry.NewJobMetrics(p.reg, "fetcher"), Log: logr.Discard()}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()

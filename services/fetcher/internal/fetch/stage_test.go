@@ -10,6 +10,7 @@ import (
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -46,13 +47,13 @@ func TestStageFileTooLarge(t *testing.T) {
 				}
 				return
 			}
-			var ferr *source.Error
+			var ferr *failure.Error
 			if !errors.As(err, &ferr) {
-				t.Fatalf("stage error = %v (%T), want a *source.Error", err, err)
+				t.Fatalf("stage error = %v (%T), want a *failure.Error", err, err)
 			}
-			f := ferr.Failure()
+			f := ferr.Data()
 			if f.Condition != sourcev1.StorageOperationFailedCondition || f.Reason != sourcev1.ArchiveOperationFailedReason ||
-				f.Stalled || ferr.Handling != source.Final {
+				f.Stalled || ferr.Handling != failure.Final {
 				t.Errorf("failure = %+v, handling %v; want StorageOperationFailed/ArchiveOperationFailed, final, not stalled", f, ferr.Handling)
 			}
 			if f.Message != tc.wantErr {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
@@ -121,7 +122,12 @@ func TestVerificationResults(t *testing.T) {
 		must(t, err)
 		msg, err := events.Decode(body)
 		must(t, err)
-		return h.Handle(context.Background(), msg, bus.Delivery{Attempt: 1})
+		// Handle, and report a failure as the worker does.
+		err = h.Handle(context.Background(), msg, bus.Delivery{Attempt: 1})
+		if f := failure.As(err); f != nil {
+			must(t, h.Report(context.Background(), msg, f))
+		}
+		return err
 	}
 
 	// Signed by the trusted key: staged, with the verification.
@@ -138,9 +144,8 @@ func TestVerificationResults(t *testing.T) {
 
 	// Not signed: a final failure, not retried, nothing staged.
 	err = handle("job-unsigned", "master")
-	var failure *events.Failure
-	if err == nil || !errors.As(err, &failure) {
-		t.Fatalf("handler returned %v, want the failure", err)
+	if f := failure.As(err); f == nil || f.Handling != failure.Final {
+		t.Fatalf("handler returned %v, want a final failure", err)
 	}
 	if len(p.out) != 2 || p.out[1].eventType != events.TypeFetchFailed {
 		t.Fatalf("published %+v, want a FetchFailed after the Fetched", p.out)

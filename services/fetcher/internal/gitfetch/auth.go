@@ -19,6 +19,7 @@ import (
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -233,7 +234,7 @@ func proxyOptions(ref string, data map[string][]byte, scheme string) (transport.
 		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': an ssh URL can only be fetched through a socks5 proxy, got '%s'", ref, u.Scheme)
 	}
 	if u.Host == "" {
-		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': proxy address '%s' has no host", ref, source.RedactURL(u.String()))
+		return transport.ProxyOptions{}, fmt.Errorf("secret '%s': proxy address '%s' has no host", ref, failure.RedactURL(u.String()))
 	}
 	opts := transport.ProxyOptions{Username: string(data[keyUsername]), Password: string(data[keyPassword])}
 	if opts.Username == "" && u.User != nil {

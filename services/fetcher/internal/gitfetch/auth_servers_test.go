@@ -19,9 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
 // The tests below fetch from real servers (SSH, HTTPS, a bearer token
@@ -158,7 +158,7 @@ func TestSSH(t *testing.T) {
 		{name: "wrong passphrase", url: url, secret: creds(encrypted, srv.KnownHosts(), "password", "guess"),
 			reason: sourcev1.AuthenticationFailedReason, stalled: true, message: "failed to configure authentication options: invalid 'identity': "},
 		{name: "missing repository", url: srv.RepoURL("missing"), secret: creds(key, srv.KnownHosts()),
-			reason: sourcev1.GitOperationFailedReason, message: "unable to clone '" + source.RedactURL(srv.RepoURL("missing")) + "': repository not found"},
+			reason: sourcev1.GitOperationFailedReason, message: "unable to clone '" + failure.RedactURL(srv.RepoURL("missing")) + "': repository not found"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.run(t, commit) })
@@ -202,7 +202,7 @@ func TestSSHSilentServer(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		checkFailure(t, err, sourcev1.GitOperationFailedReason, false, "unable to clone '"+source.RedactURL(u)+"': ssh: handshake failed: ")
+		checkFailure(t, err, sourcev1.GitOperationFailedReason, false, "unable to clone '"+failure.RedactURL(u)+"': ssh: handshake failed: ")
 	case <-time.After(time.Minute):
 		t.Fatal("the fetch from a silent SSH server outlived its deadline by a minute")
 	}

@@ -17,6 +17,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -242,8 +243,8 @@ func TestSubmoduleFailures(t *testing.T) {
 			must(t, err)
 			_, err = fetchSpec(t, srv.RepoURL(name), func(s *sourcev1.GitRepositorySpec) { s.RecurseSubmodules = true })
 			checkFailure(t, err, sourcev1.GitOperationFailedReason, false, tc.message)
-			var ferr *source.Error
-			if errors.As(err, &ferr) && (ferr.Handling == source.Final) != tc.final {
+			var ferr *failure.Error
+			if errors.As(err, &ferr) && (ferr.Handling == failure.Final) != tc.final {
 				t.Errorf("handling = %v, want final %v", ferr.Handling, tc.final)
 			}
 			// Without recursion the submodule is not looked at.

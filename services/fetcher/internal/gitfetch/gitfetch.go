@@ -31,6 +31,7 @@ import (
 	"github.com/go-git/go-git/v5/storage/memory"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -361,7 +362,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to unlink work tree: %w", err)
 	}
 	if err := resolveSymlinks(tree); err != nil {
-		return nil, &source.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+		return nil, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 			Err: fmt.Errorf("failed to resolve symlinks in repository: %w", err)}
 	}
 	filter, err := ignore.Load(tree, r.ignore)

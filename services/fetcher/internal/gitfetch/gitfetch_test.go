@@ -18,6 +18,7 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -324,15 +325,15 @@ func TestTimeout(t *testing.T) {
 	}
 }
 
-// checkFailure asserts err is a *source.Error with the reason, stall and a
+// checkFailure asserts err is a *failure.Error with the reason, stall and a
 // message containing want, and no credential.
 func checkFailure(t *testing.T, err error, reason string, stalled bool, want string) {
 	t.Helper()
-	var ferr *source.Error
+	var ferr *failure.Error
 	if !errors.As(err, &ferr) {
-		t.Fatalf("error = %v (%T), want a *source.Error", err, err)
+		t.Fatalf("error = %v (%T), want a *failure.Error", err, err)
 	}
-	f := ferr.Failure()
+	f := ferr.Data()
 	t.Logf("failure: %+v", *f)
 	if f.Reason != reason || f.Stalled != stalled || !strings.Contains(f.Message, want) {
 		t.Errorf("failure = %+v\nwant reason %s, stalled %v, message containing %q", f, reason, stalled, want)

@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/gitserver"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
 // countingProxy serves target through a reverse proxy that counts
@@ -135,7 +135,7 @@ func TestRefCacheNeverSharesAcrossCredentials(t *testing.T) {
 
 	// A listing obtained with valid credentials never answers others.
 	_, err := src.Resolve(context.Background(), withSecret("bad"))
-	var ferr *source.Error
+	var ferr *failure.Error
 	if !errors.As(err, &ferr) || ferr.Reason != sourcev1.AuthenticationFailedReason {
 		t.Fatalf("resolve with wrong credentials = %v, want an AuthenticationFailed error", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -56,7 +57,7 @@ func updateSubmodules(ctx context.Context, repo *git.Repository, base *git.Fetch
 	}
 	subs, err := wt.Submodules()
 	if err != nil {
-		return &source.Error{Reason: sourcev1.GitOperationFailedReason, Handling: source.Final,
+		return &failure.Error{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.GitOperationFailedReason, Handling: failure.Final,
 			Err: fmt.Errorf(checkoutPrefix+"unable to read submodules: %w", err)}
 	}
 	if len(subs) == 0 {
@@ -120,28 +121,28 @@ func checkoutGitmodules(repo *git.Repository, wt *git.Worktree) error {
 func updateSubmodule(ctx context.Context, sub *git.Submodule, hash plumbing.Hash, base *git.FetchOptions,
 	owner *transport.Endpoint, depth int) error {
 	path := sub.Config().Path
-	fail := func(handling source.Handling, format string, args ...any) error {
-		return &source.Error{Reason: sourcev1.GitOperationFailedReason, Handling: handling,
+	fail := func(handling failure.Handling, format string, args ...any) error {
+		return &failure.Error{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.GitOperationFailedReason, Handling: handling,
 			Err: fmt.Errorf(checkoutPrefix+"unable to update submodule '%s': "+format, append([]any{path}, args...)...)}
 	}
 	if err := sub.Init(); err != nil && !errors.Is(err, git.ErrSubmoduleAlreadyInitialized) {
-		return fail(source.Final, "%w", err)
+		return fail(failure.Final, "%w", err)
 	}
 	repo, err := sub.Repository()
 	if err != nil {
-		return fail(source.Final, "%w", err)
+		return fail(failure.Final, "%w", err)
 	}
 	remote, err := repo.Remote(git.DefaultRemoteName)
 	if err != nil || len(remote.Config().URLs) == 0 {
-		return fail(source.Final, "no URL")
+		return fail(failure.Final, "no URL")
 	}
 	u := remote.Config().URLs[0]
 	ep, err := transport.NewEndpoint(u)
 	if err != nil {
-		return fail(source.Final, "invalid URL '%s': %w", u, err)
+		return fail(failure.Final, "invalid URL '%s': %w", u, err)
 	}
 	if !submoduleProtocols[ep.Protocol] {
-		return fail(source.Final, "URL '%s' is not allowed: submodules are fetched over http, https or ssh only", u)
+		return fail(failure.Final, "URL '%s' is not allowed: submodules are fetched over http, https or ssh only", u)
 	}
 
 	// The source's transport settings, for the submodule's remote.
@@ -167,15 +168,15 @@ func updateSubmodule(ctx context.Context, sub *git.Submodule, hash plumbing.Hash
 			return gitError(err, checkoutPrefix+"unable to clone submodule '"+escapePercent(path)+"' from '%s': %w", u)
 		}
 		if _, err := repo.CommitObject(hash); err != nil {
-			return fail(source.Transient, "commit '%s' not found in '%s'", hash, u)
+			return fail(failure.Transient, "commit '%s' not found in '%s'", hash, u)
 		}
 	}
 	wt, err := repo.Worktree()
 	if err != nil {
-		return fail(source.Transient, "%w", err)
+		return fail(failure.Transient, "%w", err)
 	}
 	if err := wt.Checkout(&git.CheckoutOptions{Hash: hash, Force: true}); err != nil {
-		return fail(source.Final, "unable to checkout commit '%s': %w", hash, err)
+		return fail(failure.Final, "unable to checkout commit '%s': %w", hash, err)
 	}
 	return updateSubmodules(ctx, repo, base, owner, depth-1)
 }

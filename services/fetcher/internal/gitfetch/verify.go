@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -87,7 +88,7 @@ func (s *Source) verification(req *events.FetchRequested) *verification {
 // after its checkout: the tag that spec.ref names (modes Tag and
 // TagAndHEAD), then the commit (modes HEAD and TagAndHEAD), with the keys
 // of the Secret spec.verify.secretRef names. It returns nil when there is
-// nothing to verify, and a *source.Error carrying the failed Verification
+// nothing to verify, and a *failure.Error carrying the failed Verification
 // when a signature does not check out.
 func (r *resolved) verifySignatures(ctx context.Context, repo *git.Repository, commit *object.Commit) (*events.Verification, error) {
 	v := r.verify
@@ -96,7 +97,7 @@ func (r *resolved) verifySignatures(ctx context.Context, repo *git.Repository, c
 	}
 	keys, err := v.keys(ctx)
 	if err != nil {
-		return nil, v.failed(sourcev1.VerificationError, source.Transient, fmt.Errorf("PGP public keys secret error: %w", err))
+		return nil, v.failed(sourcev1.VerificationError, failure.Transient, fmt.Errorf("PGP public keys secret error: %w", err))
 	}
 
 	var message strings.Builder
@@ -108,16 +109,16 @@ func (r *resolved) verifySignatures(ctx context.Context, repo *git.Repository, c
 		switch {
 		case tag == nil:
 			// spec.ref names no tag: nothing but a spec change helps.
-			return nil, v.failed(InvalidVerificationModeReason, source.Stalled,
+			return nil, v.failed(InvalidVerificationModeReason, failure.Stalling,
 				errors.New("cannot verify tag object's signature if a tag reference is not specified"))
 		case tag.signature == "":
 			// The tag may be replaced by a signed one upstream: not stalled.
-			return nil, v.failed(InvalidGitObjectReason, source.Final,
+			return nil, v.failed(InvalidGitObjectReason, failure.Final,
 				fmt.Errorf("cannot verify signature of tag '%s' since it is not signed", tag))
 		}
 		key, err := verifyObject("tag", tag.signature, tag.payload, keys)
 		if err != nil {
-			return nil, v.failed(InvalidTagSignatureReason, source.Final,
+			return nil, v.failed(InvalidTagSignatureReason, failure.Final,
 				fmt.Errorf("signature verification of tag '%s' failed: %w", tag, err))
 		}
 		fmt.Fprintf(&message, "verified signature of\n\t- tag '%s' with key '%s'", tag, key)
@@ -129,7 +130,7 @@ func (r *resolved) verifySignatures(ctx context.Context, repo *git.Repository, c
 		}
 		key, err := verifyObject("commit", commit.PGPSignature, payload, keys)
 		if err != nil {
-			return nil, v.failed(InvalidCommitSignatureReason, source.Final,
+			return nil, v.failed(InvalidCommitSignatureReason, failure.Final,
 				fmt.Errorf("signature verification of commit '%s' failed: %w", commit.Hash, err))
 		}
 		if message.Len() == 0 {
@@ -142,10 +143,8 @@ func (r *resolved) verifySignatures(ctx context.Context, repo *git.Repository, c
 
 // failed is a failed verification: no negative condition, SourceVerified
 // False with the reason and the message.
-func (v *verification) failed(reason string, handling source.Handling, err error) *source.Error {
-	e := &source.Error{Reason: reason, Handling: handling, Err: err}
-	e.Verification = &events.Verification{Mode: string(v.mode), Reason: reason, Message: e.Error()}
-	return e
+func (v *verification) failed(reason string, handling failure.Handling, err error) *failure.Error {
+	return source.VerificationFailed(string(v.mode), handling, reason, err)
 }
 
 // trustedKeys are the public keys of a verification Secret.

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -237,7 +238,7 @@ func TestVerify(t *testing.T) {
 		// verification fails (Succeeded when it passes).
 		message  string
 		reason   string
-		handling source.Handling
+		handling failure.Handling
 	}{
 		{name: "HEAD signed by a trusted key", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "pgp"},
 			secret: "trusted", readme: "one", message: commitOK(c1, trusted.id)},
@@ -250,25 +251,25 @@ func TestVerify(t *testing.T) {
 		{name: "HEAD signed with SSH by a trusted key", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "master"},
 			secret: "trusted", readme: "four", message: commitOK(c4, trustedSSH.fingerprint)},
 		{name: "HEAD signed by another key", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "other"},
-			secret: "trusted", reason: InvalidCommitSignatureReason, handling: source.Final, message: commitFailed(c2, noPGPKey)},
+			secret: "trusted", reason: InvalidCommitSignatureReason, handling: failure.Final, message: commitFailed(c2, noPGPKey)},
 		{name: "HEAD not signed", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "unsigned"},
-			secret: "trusted", reason: InvalidCommitSignatureReason, handling: source.Final,
+			secret: "trusted", reason: InvalidCommitSignatureReason, handling: failure.Final,
 			message: commitFailed(c3, "unable to verify Git commit: unable to verify payload: signature is empty")},
 		{name: "HEAD signed with SSH, no SSH key trusted", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "master"},
-			secret: "pgp-only", reason: InvalidCommitSignatureReason, handling: source.Final,
+			secret: "pgp-only", reason: InvalidCommitSignatureReason, handling: failure.Final,
 			message: commitFailed(c4, "unable to verify Git commit SSH signature: unable to verify payload with any of the given authorized keys: no matching key")},
 		{name: "HEAD signed with SSH by another key", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "master"},
-			secret: "ssh-other", reason: InvalidCommitSignatureReason, handling: source.Final,
+			secret: "ssh-other", reason: InvalidCommitSignatureReason, handling: failure.Final,
 			message: commitFailed(c4, "unable to verify Git commit SSH signature: unable to verify payload with any of the given authorized keys: no matching key")},
 		{name: "Secret with only another key", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "pgp"},
-			secret: "other", reason: InvalidCommitSignatureReason, handling: source.Final, message: commitFailed(c1, noPGPKey)},
+			secret: "other", reason: InvalidCommitSignatureReason, handling: failure.Final, message: commitFailed(c1, noPGPKey)},
 		{name: "Secret without keys", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "pgp"},
-			secret: "empty", reason: InvalidCommitSignatureReason, handling: source.Final, message: commitFailed(c1, noPGPKey)},
+			secret: "empty", reason: InvalidCommitSignatureReason, handling: failure.Final, message: commitFailed(c1, noPGPKey)},
 		{name: "Secret with no key ring that parses", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "pgp"},
-			secret: "garbage", reason: InvalidCommitSignatureReason, handling: source.Final,
+			secret: "garbage", reason: InvalidCommitSignatureReason, handling: failure.Final,
 			message: commitFailed(c1, "unable to verify Git commit: unable to read armored key ring: ")},
 		{name: "missing Secret", mode: sourcev1.ModeGitHEAD, ref: sourcev1.GitRepositoryRef{Branch: "pgp"},
-			secret: "absent", reason: sourcev1.VerificationError, handling: source.Transient,
+			secret: "absent", reason: sourcev1.VerificationError, handling: failure.Transient,
 			message: `PGP public keys secret error: secrets "absent" not found`},
 
 		{name: "Tag signed by a trusted key", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Tag: "v1.0.0"},
@@ -282,22 +283,22 @@ func TestVerify(t *testing.T) {
 		{name: "Tag named with a commit", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Name: "refs/tags/v1.0.0", Commit: c1},
 			secret: "trusted", readme: "one", message: "verified signature of\n\t- tag 'v1.0.0@" + v100 + "' with key '" + trusted.id + "'"},
 		{name: "Tag signed by another key", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Tag: "v1.1.0"},
-			secret: "trusted", reason: InvalidTagSignatureReason, handling: source.Final,
+			secret: "trusted", reason: InvalidTagSignatureReason, handling: failure.Final,
 			message: "signature verification of tag 'v1.1.0@" + v110 + "' failed: unable to verify Git tag: unable to verify payload with any of the given key rings: no matching key"},
 		{name: "Tag not signed", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Tag: "v1.2.0"},
-			secret: "trusted", reason: InvalidGitObjectReason, handling: source.Final,
+			secret: "trusted", reason: InvalidGitObjectReason, handling: failure.Final,
 			message: "cannot verify signature of tag 'v1.2.0@" + v120 + "' since it is not signed"},
 		{name: "Tag lightweight", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Tag: "v1.3.0"},
-			secret: "trusted", reason: InvalidGitObjectReason, handling: source.Final,
+			secret: "trusted", reason: InvalidGitObjectReason, handling: failure.Final,
 			message: "cannot verify signature of tag 'v1.3.0' since it is not signed"},
 		{name: "Tag with a branch", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Branch: "pgp"},
-			secret: "trusted", reason: InvalidVerificationModeReason, handling: source.Stalled,
+			secret: "trusted", reason: InvalidVerificationModeReason, handling: failure.Stalling,
 			message: "cannot verify tag object's signature if a tag reference is not specified"},
 		{name: "Tag with a peeled tag name", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Name: "refs/tags/v1.0.0^{}"},
-			secret: "trusted", reason: InvalidVerificationModeReason, handling: source.Stalled,
+			secret: "trusted", reason: InvalidVerificationModeReason, handling: failure.Stalling,
 			message: "cannot verify tag object's signature if a tag reference is not specified"},
 		{name: "Tag with a missing Secret", mode: sourcev1.ModeGitTag, ref: sourcev1.GitRepositoryRef{Tag: "v1.0.0"},
-			secret: "absent", reason: sourcev1.VerificationError, handling: source.Transient,
+			secret: "absent", reason: sourcev1.VerificationError, handling: failure.Transient,
 			message: `PGP public keys secret error: secrets "absent" not found`},
 
 		{name: "TagAndHEAD both signed", mode: sourcev1.ModeGitTagAndHEAD, ref: sourcev1.GitRepositoryRef{Tag: "v1.0.0"},
@@ -307,10 +308,10 @@ func TestVerify(t *testing.T) {
 			secret: "trusted", readme: "four",
 			message: "verified signature of\n\t- tag 'v2.0.0@" + v200 + "' with key '" + trustedSSH.fingerprint + "'\n\t- commit '" + c4 + "' with key '" + trustedSSH.fingerprint + "'"},
 		{name: "TagAndHEAD with a signed tag of an unsigned commit", mode: sourcev1.ModeGitTagAndHEAD, ref: sourcev1.GitRepositoryRef{Tag: "v1.4.0"},
-			secret: "trusted", reason: InvalidCommitSignatureReason, handling: source.Final,
+			secret: "trusted", reason: InvalidCommitSignatureReason, handling: failure.Final,
 			message: commitFailed(c3, "unable to verify Git commit: unable to verify payload: signature is empty")},
 		{name: "TagAndHEAD with a tag signed by another key", mode: sourcev1.ModeGitTagAndHEAD, ref: sourcev1.GitRepositoryRef{Tag: "v1.1.0"},
-			secret: "trusted", reason: InvalidTagSignatureReason, handling: source.Final,
+			secret: "trusted", reason: InvalidTagSignatureReason, handling: failure.Final,
 			message: "signature verification of tag 'v1.1.0@" + v110 + "' failed: unable to verify Git tag: unable to verify payload with any of the given key rings: no matching key"},
 	}
 	for _, tc := range cases {
@@ -369,7 +370,7 @@ func TestVerify(t *testing.T) {
 			res, err := (&Source{Secrets: s}).Resolve(context.Background(), req)
 			must(t, err)
 			_, err = res.Download(context.Background(), t.TempDir())
-			checkVerificationFailure(t, err, "HEAD", sourcev1.VerificationError, source.Transient,
+			checkVerificationFailure(t, err, "HEAD", sourcev1.VerificationError, failure.Transient,
 				"PGP public keys secret error: no Kubernetes API server is configured")
 		}
 	})
@@ -460,27 +461,31 @@ func TestSignatureFormat(t *testing.T) {
 }
 
 // checkVerificationFailure asserts err is a failed verification: a
-// *source.Error with reason, handling and a message starting with want,
+// *failure.Error with reason, handling and a message starting with want,
 // whose Failure sets no condition and carries a Verification that is not
 // verified, with the same reason and message.
-func checkVerificationFailure(t *testing.T, err error, mode, reason string, handling source.Handling, want string) {
+func checkVerificationFailure(t *testing.T, err error, mode, reason string, handling failure.Handling, want string) {
 	t.Helper()
-	var ferr *source.Error
+	var ferr *failure.Error
 	if !errors.As(err, &ferr) {
-		t.Fatalf("error = %v (%T), want a *source.Error", err, err)
+		t.Fatalf("error = %v (%T), want a *failure.Error", err, err)
 	}
-	f := ferr.Failure()
+	f := ferr.Data()
 	if f.Condition != "" || f.Reason != reason || ferr.Handling != handling || !strings.HasPrefix(f.Message, want) {
 		t.Errorf("failure = %+v, handling %d\nwant reason %s, handling %d, no condition, message starting with %q",
 			f, ferr.Handling, reason, handling, want)
 	}
-	if f.Stalled != (handling == source.Stalled) {
-		t.Errorf("failure stalled = %v, want %v", f.Stalled, handling == source.Stalled)
+	if f.Stalled != (handling == failure.Stalling) {
+		t.Errorf("failure stalled = %v, want %v", f.Stalled, handling == failure.Stalling)
 	}
 	if mode == "head" {
 		mode = string(sourcev1.ModeGitHEAD)
 	}
-	v := ferr.Verification
+	var unverified *source.Unverified
+	var v *events.Verification
+	if errors.As(err, &unverified) {
+		v = unverified.Verification
+	}
 	if v == nil || v.Verified || v.Mode != mode || v.Reason != reason || v.Message != f.Message {
 		t.Errorf("verification = %+v, want not verified, mode %s, reason %s, message %q", v, mode, reason, f.Message)
 	}

@@ -5,28 +5,13 @@ import (
 	"testing"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 )
-
-func TestRedact(t *testing.T) {
-	cases := []struct{ in, want string }{
-		{"plain text", "plain text"},
-		{"unable to clone 'https://user:pass@example.com/org/repo.git': boom", "unable to clone 'https://example.com/org/repo.git': boom"},
-		{`Get "http://tok@127.0.0.1:8080/r.git/info/refs?service=git-upload-pack": refused`, `Get "http://127.0.0.1:8080/r.git/info/refs": refused`},
-		{"https://example.com/repo.git?access_token=abc#frag and more", "https://example.com/repo.git and more"},
-		{"failed to parse url 'http://u:p@host:bad/x?y=z'", "failed to parse url 'http://host:bad/x'"},
-		{"two http://a:b@h1/x and https://c@h2/y", "two http://h1/x and https://h2/y"},
-	}
-	for _, tc := range cases {
-		if got := Redact(tc.in); got != tc.want {
-			t.Errorf("Redact(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
 
 func TestErrorFailure(t *testing.T) {
 	cases := []struct {
 		name string
-		err  *Error
+		err  *failure.Error
 		want events.Failure
 	}{
 		{
@@ -41,23 +26,40 @@ func TestErrorFailure(t *testing.T) {
 		},
 		{
 			name: "final is not stalled, condition kept",
-			err:  &Error{Condition: "StorageOperationFailed", Reason: "ArchiveOperationFailed", Handling: Final, Err: errors.New("too large")},
-			want: events.Failure{Condition: "StorageOperationFailed", Reason: "ArchiveOperationFailed", Message: "too large"},
+			err:  FailedWith(failure.Final, "ArchiveOperationFailed", "too large"),
+			want: events.Failure{Condition: "FetchFailed", Reason: "ArchiveOperationFailed", Message: "too large"},
+		},
+		{
+			name: "failed verification sets no condition",
+			err:  VerificationFailed("HEAD", failure.Final, "InvalidCommitSignature", errors.New("signature of 'https://u:p@h/r.git' invalid")),
+			want: events.Failure{Reason: "InvalidCommitSignature", Message: "signature of 'https://h/r.git' invalid"},
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := *tc.err.Failure(); got != tc.want {
-				t.Errorf("Failure() = %+v, want %+v", got, tc.want)
+			if got := *tc.err.Data(); got != tc.want {
+				t.Errorf("Data() = %+v, want %+v", got, tc.want)
 			}
 		})
 	}
 	wrapped := AsError(errors.New("boom"), "GitOperationFailed")
-	if wrapped.Handling != Transient || wrapped.Reason != "GitOperationFailed" {
+	if wrapped.Handling != failure.Transient || wrapped.Reason != "GitOperationFailed" {
 		t.Errorf("AsError of a plain error = %+v", wrapped)
 	}
 	inner := StalledError("URLInvalid", "bad")
 	if AsError(inner, "other") != inner {
-		t.Errorf("AsError does not keep an *Error")
+		t.Errorf("AsError does not keep a *failure.Error")
+	}
+}
+
+func TestVerificationFailedCarriesTheCheck(t *testing.T) {
+	f := VerificationFailed("Tag", failure.Final, "InvalidTagSignature", errors.New("tag 'v1' is not signed by 'https://t@h/k'"))
+	var u *Unverified
+	if !errors.As(f, &u) {
+		t.Fatal("the failure does not carry an *Unverified")
+	}
+	want := events.Verification{Mode: "Tag", Reason: "InvalidTagSignature", Message: "tag 'v1' is not signed by 'https://h/k'"}
+	if *u.Verification != want {
+		t.Errorf("verification = %+v, want %+v", *u.Verification, want)
 	}
 }

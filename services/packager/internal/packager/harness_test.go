@@ -100,6 +100,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if ho.attemptOffset > 0 {
 		handler = func(ctx context.Context, m *events.Message, d bus.Delivery) error {
 			d.Attempt += ho.attemptOffset
+			d.Last = d.Attempt >= events.DefaultMaxDeliver
 			return p.Handle(ctx, m, d)
 		}
 	}

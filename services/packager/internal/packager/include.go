@@ -15,6 +15,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 )
 
@@ -43,7 +44,7 @@ const (
 
 // checkIncludes validates the includes of a job: plain names, toPaths and
 // fromPaths that stay inside the artifact, and artifacts that belong to
-// the named source. A bad one is an *events.Failure.
+// the named source. A bad one is an *failure.Error.
 func checkIncludes(obj events.ObjectRef, incs []events.Include) error {
 	for _, in := range incs {
 		if err := checkSegment(in.Name); err != nil {
@@ -71,38 +72,28 @@ func checkIncludes(obj events.ObjectRef, incs []events.Include) error {
 
 // stalledInclude is the failure of an include the spec (or the job) gets
 // wrong: retrying cannot help until it changes.
-func stalledInclude(in events.Include, format string, args ...any) *events.Failure {
-	return &events.Failure{
-		Condition: sourcev1.IncludeUnavailableCondition,
-		Reason:    illegalPathReason,
-		// Flux's words (GitRepositoryReconciler.reconcileInclude).
-		Message: fmt.Sprintf("path calculation for include '%s' failed: ", in.Name) + fmt.Sprintf(format, args...),
-		Stalled: true,
-	}
+func stalledInclude(in events.Include, format string, args ...any) *failure.Error {
+	// Flux's words (GitRepositoryReconciler.reconcileInclude).
+	return failure.New(failure.Stalling, sourcev1.IncludeUnavailableCondition, illegalPathReason,
+		"path calculation for include '%s' failed: %s", in.Name, fmt.Sprintf(format, args...))
 }
 
 // unavailableInclude is the failure of an include whose artifact is missing
 // or unusable: the included source rebuilds it, and the watcher requeues
 // this one when it does.
-func unavailableInclude(in events.Include, format string, args ...any) *events.Failure {
-	return &events.Failure{
-		Condition: sourcev1.IncludeUnavailableCondition,
-		Reason:    noArtifactReason,
-		// Flux's words for an include without an artifact, with why.
-		Message: fmt.Sprintf("no artifact available for include '%s': ", in.Name) + fmt.Sprintf(format, args...),
-	}
+func unavailableInclude(in events.Include, format string, args ...any) *failure.Error {
+	// Flux's words for an include without an artifact, with why.
+	return failure.New(failure.Final, sourcev1.IncludeUnavailableCondition, noArtifactReason,
+		"no artifact available for include '%s': %s", in.Name, fmt.Sprintf(format, args...))
 }
 
 // copyFailure is the failure of an include whose content cannot go where
 // the spec says (no fromPath in the artifact, a file where a directory is
 // needed): a new commit of either source may fix it.
-func copyFailure(in events.Include, err error) *events.Failure {
-	return &events.Failure{
-		Condition: sourcev1.StorageOperationFailedCondition,
-		Reason:    copyFailureReason,
-		// Flux's words (GitRepositoryReconciler.reconcileInclude).
-		Message: fmt.Sprintf("failed to copy '%s' include from %s to %s: %s", in.Name, in.FromPath, in.ToPath, err.Error()),
-	}
+func copyFailure(in events.Include, err error) *failure.Error {
+	// Flux's words (GitRepositoryReconciler.reconcileInclude).
+	return failure.New(failure.Final, sourcev1.StorageOperationFailedCondition, copyFailureReason,
+		"failed to copy '%s' include from %s to %s: %s", in.Name, in.FromPath, in.ToPath, err.Error())
 }
 
 // cleanRelative accepts a clean relative slash-separated path that stays
@@ -142,7 +133,7 @@ type merger struct {
 var errMergeStopped = errors.New("merge stopped")
 
 // openIncludes opens the artifact of every include. A missing artifact is
-// an *events.Failure; another error is storage's.
+// an *failure.Error; another error is storage's.
 func (p *Packager) openIncludes(ctx context.Context, incs []events.Include) (*merger, error) {
 	m := &merger{incs: incs}
 	for _, in := range incs {
@@ -213,7 +204,7 @@ func (m *merger) storageErr() error {
 }
 
 // failure turns a merge error into the job's failure: one about the staged
-// content is a *contentError, one about an include an *events.Failure.
+// content is a *contentError, one about an include an *failure.Error.
 func (m *merger) failure(err error) error {
 	var le *archive.LayerError
 	if !errors.As(err, &le) {

@@ -31,13 +31,10 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
 )
-
-// MaxAttempts is how often a job is tried when storage keeps failing; the
-// last attempt publishes PackageFailed and terminates the job.
-const MaxAttempts = 5
 
 // Publisher publishes a job's result; *bus.Publisher is one.
 type Publisher interface {
@@ -69,7 +66,7 @@ func (p *Packager) Handle(ctx context.Context, m *events.Message, d bus.Delivery
 	case *events.DeleteRequested:
 		return p.deleteSource(ctx, data, d)
 	}
-	return bus.Terminal(fmt.Errorf("%w: the packager does not handle %q", events.ErrMalformed, m.Event.Type()))
+	return fmt.Errorf("%w: the packager does not handle %q", events.ErrMalformed, m.Event.Type())
 }
 
 // contentError says the staged content itself cannot be archived (an unsafe
@@ -100,7 +97,7 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 
 	artifact, err := p.write(ctx, f, key)
 	var content *contentError
-	var failure *events.Failure
+	var ferr *failure.Error
 	switch {
 	case errors.Is(err, errStagingGone):
 		// Redelivered after the staged content was deleted: the artifact
@@ -115,12 +112,12 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.
 			return p.retryOrFail(ctx, f, d, err)
 		}
 		log.Info("staged content gone, artifact already stored", "artifact", key)
-	case errors.As(err, &content), errors.As(err, &failure):
+	case errors.As(err, &content), errors.As(err, &ferr):
 		if err := p.publishFailure(ctx, f, err); err != nil {
 			return err
 		}
 		p.deleteStaging(ctx, f.Staging)
-		return bus.Terminal(fmt.Errorf("package failed: %w", err))
+		return &failure.Error{Handling: failure.Final, Err: fmt.Errorf("package failed: %w", err)}
 	case err != nil:
 		return p.retryOrFail(ctx, f, d, err)
 	default:
@@ -382,7 +379,7 @@ func (p *Packager) recover(ctx context.Context, key string) (*meta.Artifact, err
 // retryOrFail returns a storage failure for a retry, or, on the last
 // attempt, publishes it and terminates the job.
 func (p *Packager) retryOrFail(ctx context.Context, f *events.Fetched, d bus.Delivery, err error) error {
-	if d.Attempt < MaxAttempts {
+	if !d.Last {
 		return err
 	}
 	return p.fail(ctx, f, err)
@@ -394,27 +391,24 @@ func (p *Packager) fail(ctx context.Context, f *events.Fetched, cause error) err
 	if err := p.publishFailure(ctx, f, cause); err != nil {
 		return err
 	}
-	return bus.Terminal(fmt.Errorf("package failed: %w", cause))
+	return &failure.Error{Handling: failure.Final, Err: fmt.Errorf("package failed: %w", cause)}
 }
 
 // publishFailure publishes PackageFailed for f: cause itself when it is an
 // *events.Failure, otherwise a StorageOperationFailed failure with cause
 // as its message.
 func (p *Packager) publishFailure(ctx context.Context, f *events.Fetched, cause error) error {
-	failure := &events.Failure{
-		Condition: sourcev1.StorageOperationFailedCondition,
-		Reason:    sourcev1.ArchiveOperationFailedReason,
+	ferr := failure.As(cause)
+	if ferr == nil {
 		// Flux's words (GitRepositoryReconciler.reconcileArtifact).
-		Message: fmt.Errorf("unable to archive artifact to storage: %w", cause).Error(),
-	}
-	if ff := (*events.Failure)(nil); errors.As(cause, &ff) {
-		failure = ff
+		ferr = failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
+			"unable to archive artifact to storage: %w", cause)
 	}
 	out := events.Outcome{
 		Job:          f.Job,
 		Revision:     f.Revision,
 		Notices:      f.Notices,
-		Failure:      failure,
+		Failure:      ferr.Data(),
 		Verification: f.Verification,
 	}
 	return p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackageFailed, f.Job, out)
@@ -448,7 +442,7 @@ func (p *Packager) collect(ctx context.Context, dir, current string) {
 func (p *Packager) deleteSource(ctx context.Context, r *events.DeleteRequested, _ bus.Delivery) error {
 	dir, err := sourceDir(r.Job.Object)
 	if err != nil {
-		return bus.Terminal(fmt.Errorf("%w: %w", events.ErrMalformed, err))
+		return fmt.Errorf("%w: %w", events.ErrMalformed, err)
 	}
 	// The pointer goes first, so it never points at a deleted artifact.
 	if err := p.store.Delete(ctx, path.Join(dir, storage.LatestName)); err != nil {

@@ -317,7 +317,7 @@ func TestHostileStagingIsRejected(t *testing.T) {
 				t.Errorf("evil file written: %v", err)
 			}
 			eventually(t, "job rejected", func() bool {
-				return h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "rejected"}) == 1
+				return h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "failed"}) == 1
 			})
 			h.stagingGone(bad)
 		})
@@ -383,7 +383,7 @@ func TestStorageFailuresAreRetried(t *testing.T) {
 
 func TestStorageFailureOnLastAttemptFails(t *testing.T) {
 	failing := func(s storage.Storage) storage.Storage { return &failingPuts{Storage: s} }
-	h := newHarness(t, harnessOptions{opts: defaultOptions(), wrap: failing, attemptOffset: MaxAttempts - 1})
+	h := newHarness(t, harnessOptions{opts: defaultOptions(), wrap: failing, attemptOffset: events.DefaultMaxDeliver - 1})
 	f := fetched("job-1", "podinfo", "abc.tar.gz")
 	h.stage(f, stagingTar(t, writeTree(t, time.Now())))
 	h.send(events.TypeFetched, f.Job, f)
@@ -394,7 +394,7 @@ func TestStorageFailureOnLastAttemptFails(t *testing.T) {
 		t.Errorf("failure = %+v, want the storage error", out.Failure)
 	}
 	eventually(t, "job rejected", func() bool {
-		return h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "rejected"}) == 1
+		return h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "failed"}) == 1
 	})
 }
 
@@ -462,7 +462,7 @@ func TestMalformedMessagesAreTerminated(t *testing.T) {
 	eventually(t, "malformed messages rejected", func() bool {
 		return h.metric("headwater_jobs_total", map[string]string{"type": "malformed", "result": "rejected"}) == 1 &&
 			h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetchFailed, "result": "rejected"}) == 1 &&
-			h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "rejected"}) == 1
+			h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "failed"}) == 1
 	})
 }
 

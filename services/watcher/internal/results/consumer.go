@@ -48,10 +48,16 @@ type Consumer struct {
 
 var _ manager.Runnable = (*Consumer)(nil)
 
+// outcomeAttempts bounds the attempts to write one outcome into status. An
+// outcome is only lost to an API server that stays unreachable for the
+// whole backoff (about 25 minutes); the next interval's job then reports
+// again.
+const outcomeAttempts = 20
+
 // Start consumes until ctx ends.
 func (c *Consumer) Start(ctx context.Context) error {
 	cons, err := c.Conn.JoinStream(ctx, events.EventStream, events.WatcherConsumer,
-		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), DeliverNew: true})
+		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), DeliverNew: true, MaxDeliver: outcomeAttempts})
 	if err != nil {
 		return err
 	}
@@ -69,12 +75,12 @@ func (c *Consumer) Start(ctx context.Context) error {
 func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
 	o, ok := msg.Data.(*events.Outcome)
 	if !ok {
-		return bus.Terminal(fmt.Errorf("unexpected %s on the event stream", msg.Event.Type()))
+		return fmt.Errorf("%w: unexpected %s on the event stream", events.ErrMalformed, msg.Event.Type())
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	kind, ok := source.ByName(o.Job.Object.Kind)
 	if !ok {
-		return bus.Terminal(fmt.Errorf("unknown kind %q", o.Job.Object.Kind))
+		return fmt.Errorf("%w: unknown kind %q", events.ErrMalformed, o.Job.Object.Kind)
 	}
 	obj := kind.New()
 	key := types.NamespacedName{Namespace: o.Job.Object.Namespace, Name: o.Job.Object.Name}
