@@ -174,9 +174,9 @@ func testStatusPatchConflict(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	mutations := 0
-	err := status.Patch(ctx, e.k8s, e.k8s, stale, func(o source.Object) bool {
+	err := status.Patch(ctx, e.k8s, e.k8s, source.GitRepository(), stale, func(o source.Object) bool {
 		mutations++
-		conditions.MarkTrue(o, meta.ReadyCondition, meta.SucceededReason, "mine")
+		conditions.MarkTrue(o, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "mine")
 		return true
 	})
 	if err != nil {

@@ -7,7 +7,6 @@ package controller
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
@@ -102,9 +102,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	fetch := &events.FetchRequested{Previous: obj.GetArtifact()}
 	force, err := r.Kind.Request(ctx, r.Client, obj, fetch)
-	var wait *source.WaitingError
-	if errors.As(err, &wait) {
-		return r.waiting(ctx, obj, wait)
+	if f := failure.As(err); f != nil {
+		return r.waiting(ctx, obj, f)
 	}
 	if err != nil {
 		return ctrl.Result{}, err
@@ -119,7 +118,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// kstatus already reads its observedGeneration of -1 as in progress,
 	// and its outcome is usually a second away (one write saved per new
 	// object). A source that was waiting for another one stops waiting.
-	err = status.Patch(ctx, r.Client, r.Live, obj, func(o source.Object) bool {
+	err = status.Patch(ctx, r.Client, r.Live, r.Kind, obj, func(o source.Object) bool {
 		st := r.Kind.Status(o)
 		if o.GetGeneration() != *st.ObservedGeneration && len(o.GetConditions()) > 0 {
 			status.MarkProgressing(o, st)
@@ -139,18 +138,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(obj.GetRequeueAfter())}, nil
 }
 
-// waiting records that no job can be made yet: the waiting condition
-// (abnormal-true) and Ready=False with its reason and message, a Warning
-// Event when that is news, and a look again after RequeueDependency (or
-// only on a spec change, when stalled).
-func (r *Reconciler) waiting(ctx context.Context, obj source.Object, w *source.WaitingError) (ctrl.Result, error) {
+// waiting records that no job can be made yet, as a failed job's outcome
+// is recorded (status.MarkFailure): the failure's condition, Ready=False
+// with its reason and message, a Warning Event when that is news, and a
+// look again after its RetryAfter (RequeueDependency when unset), or only on
+// a spec change when it stalls.
+func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.Error) (ctrl.Result, error) {
 	var old *metav1.Condition
-	err := status.Patch(ctx, r.Client, r.Live, obj, func(o source.Object) bool {
+	err := status.Patch(ctx, r.Client, r.Live, r.Kind, obj, func(o source.Object) bool {
 		old = conditions.Get(o, meta.ReadyCondition)
-		conditions.MarkTrue(o, w.Condition, w.Reason, "%s", w.Message)
-		conditions.MarkFalse(o, meta.ReadyCondition, w.Reason, "%s", w.Message)
-		if w.Stalled {
-			conditions.MarkStalled(o, w.Reason, "%s", w.Message)
+		status.MarkFailure(r.Kind, o, f)
+		if f.Stalled() {
 			conditions.Delete(o, meta.ReconcilingCondition)
 			*r.Kind.Status(o).ObservedGeneration = o.GetGeneration()
 		}
@@ -162,12 +160,16 @@ func (r *Reconciler) waiting(ctx context.Context, obj source.Object, w *source.W
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("record waiting: %w", err)
 	}
-	if r.Recorder != nil && (old == nil || old.Reason != w.Reason || old.Message != w.Message) {
-		r.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, w.Reason, "Reconcile", "%s", w.Message)
+	msg := f.Error()
+	if r.Recorder != nil && (old == nil || old.Reason != f.Reason || old.Message != msg) {
+		r.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, f.Reason, "Reconcile", "%s", msg)
 	}
-	log.FromContext(ctx).Info("waiting", "reason", w.Reason, "message", w.Message, "stalled", w.Stalled)
-	if w.Stalled {
+	log.FromContext(ctx).Info("waiting", "reason", f.Reason, "message", msg, "handling", f.Handling.String())
+	if f.Stalled() {
 		return ctrl.Result{}, nil
+	}
+	if f.RetryAfter > 0 {
+		return ctrl.Result{RequeueAfter: f.RetryAfter}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.RequeueDependency}, nil
 }

@@ -104,7 +104,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	}
 
 	var recorded []status.Event
-	err = status.Patch(ctx, c.Client, c.Live, obj, func(cur source.Object) bool {
+	err = status.Patch(ctx, c.Client, c.Live, kind, obj, func(cur source.Object) bool {
 		if string(cur.GetUID()) != o.Job.Object.UID {
 			recorded = nil
 			return false

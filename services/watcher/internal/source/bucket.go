@@ -2,7 +2,6 @@ package source
 
 import (
 	"context"
-	"fmt"
 	"path"
 	"reflect"
 
@@ -32,21 +31,16 @@ func Bucket() Kind {
 				b.Status.URL = latestURL(a.URL)
 			}
 		},
-		ReadyMessage: func(revision string) string {
-			return fmt.Sprintf("stored artifact: revision '%s'", revision)
-		},
+		ReadyFormat:    "stored artifact: revision '%s'",
 		UpToDateReason: sourcev1.ArtifactUpToDateReason,
 		Status: func(o Object) Status {
-			b := o.(*sourcev1.Bucket)
-			return Status{
-				ObservedGeneration:     &b.Status.ObservedGeneration,
-				Artifact:               &b.Status.Artifact,
-				LastHandledReconcileAt: &b.Status.LastHandledReconcileAt,
-			}
+			st := &o.(*sourcev1.Bucket).Status
+			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
 		},
-		FailureConditions: []string{
-			sourcev1.FetchFailedCondition,
+		// Flux's order (bucketReadyCondition).
+		Conditions: []string{
 			sourcev1.StorageOperationFailedCondition,
+			sourcev1.FetchFailedCondition,
 			sourcev1.ArtifactOutdatedCondition,
 		},
 	}

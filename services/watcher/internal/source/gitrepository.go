@@ -42,23 +42,20 @@ func GitRepository() Kind {
 			g.Status.ObservedInclude = g.Spec.Include
 			g.Status.ObservedSparseCheckout = g.Spec.SparseCheckout
 		},
-		ReadyMessage: func(revision string) string {
-			return fmt.Sprintf("stored artifact for revision '%s'", revision)
-		},
+		ReadyFormat:    "stored artifact for revision '%s'",
 		UpToDateReason: sourcev1.GitOperationSucceedReason,
 		Status: func(o Object) Status {
-			g := o.(*sourcev1.GitRepository)
-			return Status{
-				ObservedGeneration:     &g.Status.ObservedGeneration,
-				Artifact:               &g.Status.Artifact,
-				LastHandledReconcileAt: &g.Status.LastHandledReconcileAt,
-			}
+			st := &o.(*sourcev1.GitRepository).Status
+			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
 		},
-		FailureConditions: []string{
-			sourcev1.FetchFailedCondition,
+		// Flux's order (gitRepositoryReadyCondition), but a failed
+		// verification is named before the outdated artifact it causes.
+		Conditions: []string{
 			sourcev1.StorageOperationFailedCondition,
-			sourcev1.ArtifactOutdatedCondition,
+			sourcev1.FetchFailedCondition,
 			sourcev1.IncludeUnavailableCondition,
+			sourcev1.SourceVerifiedCondition,
+			sourcev1.ArtifactOutdatedCondition,
 		},
 	}
 }
@@ -82,7 +79,7 @@ func gitRequest(ctx context.Context, r client.Reader, o Object, req *events.Fetc
 }
 
 // resolveIncludes returns the artifacts spec.include names, in order, or a
-// *WaitingError with Flux's reasons: NotFound and NoArtifact (wait for the
+// waiting failure with Flux's reasons: NotFound and NoArtifact (wait for the
 // included source), IllegalPath and IncludeCycle (stalled until the spec
 // changes).
 func resolveIncludes(ctx context.Context, r client.Reader, g *sourcev1.GitRepository) ([]events.Include, error) {

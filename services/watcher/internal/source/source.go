@@ -10,11 +10,13 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 )
 
 // Object is a Flux source object the watcher manages.
@@ -45,7 +47,9 @@ type Kind struct {
 	// to other objects with r, and reports whether the content-affecting
 	// part of the spec differs from what the stored artifact was built with
 	// (so the artifact must be rebuilt even if the upstream revision is
-	// unchanged). A *WaitingError means the job cannot be made yet.
+	// unchanged). A *failure.Error (Waiting or Stalling) means the job
+	// cannot be made yet: the reconciler writes it as it writes a failed
+	// job's outcome.
 	Request func(ctx context.Context, r client.Reader, obj Object, req *events.FetchRequested) (force bool, err error)
 	// Record writes the kind-specific parts of an outcome into status
 	// (e.g. a GitRepository's includedArtifacts and SourceVerified); nil
@@ -58,17 +62,39 @@ type Kind struct {
 	// in status, the spec fields status reports as observed (and any field
 	// derived from the artifact, such as a Bucket's status.url).
 	Observe func(Object)
-	// ReadyMessage is Flux's Ready and ArtifactInStorage message for a
-	// stored revision, which differs between kinds.
-	ReadyMessage func(revision string) string
+	// ReadyFormat formats Flux's Ready and ArtifactInStorage message for a
+	// stored revision (one %s), which differs between kinds.
+	ReadyFormat string
 	// UpToDateReason is the reason Flux logs when nothing changed upstream.
 	UpToDateReason string
 	// Status returns the object's common status fields.
 	Status func(Object) Status
-	// FailureConditions are the negative-polarity conditions a successful
-	// outcome clears.
-	FailureConditions []string
+	// Conditions are the kind's own conditions besides Ready, Reconciling,
+	// Stalled and ArtifactInStorage, in the order in which they decide
+	// Ready: the first failing one (a negative-polarity one that is True,
+	// a normal-polarity one that is False; see NegativePolarity) gives
+	// Ready=False its reason and message. A failure sets one of the
+	// negative ones, a success clears them.
+	Conditions []string
 }
+
+// NegativePolarity reports whether a condition type is abnormal-true: True
+// means something is wrong (FetchFailed, StorageOperationFailed,
+// IncludeUnavailable, ArtifactOutdated, Reconciling, Stalled). Every other
+// condition a source has (Ready, ArtifactInStorage, SourceVerified) is
+// normal-polarity: True means all is well.
+func NegativePolarity(conditionType string) bool {
+	switch conditionType {
+	case sourcev1.FetchFailedCondition, sourcev1.StorageOperationFailedCondition, sourcev1.IncludeUnavailableCondition,
+		sourcev1.ArtifactOutdatedCondition, meta.ReconcilingCondition, meta.StalledCondition:
+		return true
+	}
+	return false
+}
+
+// ReadyMessage is Flux's Ready and ArtifactInStorage message for a stored
+// revision.
+func (k Kind) ReadyMessage(revision string) string { return fmt.Sprintf(k.ReadyFormat, revision) }
 
 // Kinds lists every kind the watcher reconciles.
 func Kinds() []Kind {
@@ -85,21 +111,14 @@ func ByName(name string) (Kind, bool) {
 	return Kind{}, false
 }
 
-// WaitingError says a job cannot be made until something else changes (an
-// included source gets an artifact, say). The reconciler writes Condition
-// (abnormal-true) and Ready=False with Reason and Message, records a Warning
-// Event, and looks again after RequeueAfter, or never if Stalled.
-type WaitingError struct {
-	Condition string
-	Reason    string
-	Message   string
-	// Stalled is true when only a spec change can help.
-	Stalled bool
-}
-
-func (e *WaitingError) Error() string { return e.Message }
-
-// waiting builds a WaitingError.
-func waiting(condition, reason string, stalled bool, format string, args ...any) *WaitingError {
-	return &WaitingError{Condition: condition, Reason: reason, Stalled: stalled, Message: fmt.Sprintf(format, args...)}
+// waiting is the failure of a job that cannot be made until something else
+// changes (an included source gets an artifact): the condition
+// (abnormal-true), Ready=False with reason and message, a Warning Event, and
+// a look again later; with stalled, only after the spec changes.
+func waiting(condition, reason string, stalled bool, format string, args ...any) *failure.Error {
+	h := failure.Waiting
+	if stalled {
+		h = failure.Stalling
+	}
+	return failure.New(h, condition, reason, format, args...)
 }

@@ -17,8 +17,9 @@ const FieldOwner = "headwater-watcher"
 // maxConflicts bounds the re-reads after conflicting writes.
 const maxConflicts = 8
 
-// Patch changes obj's status with mutate and writes it in one request: a
-// merge patch guarded by the object's resourceVersion. obj usually comes
+// Patch changes obj's status with mutate, derives Ready from the result
+// (Summarize) and writes it in one request: a merge patch guarded by the
+// object's resourceVersion. obj usually comes
 // from the informer cache; when it was stale, or another write came first,
 // the API server answers Conflict and Patch reads the object live and
 // applies mutate again. mutate reports whether it changed anything worth
@@ -28,10 +29,15 @@ const maxConflicts = 8
 // One request per status change, where Flux's patch helper makes two (one
 // for conditions, one for the rest): at thousands of sources, API writes
 // are what the control plane spends its CPU on.
-func Patch(ctx context.Context, c client.Client, live client.Reader, obj source.Object, mutate func(source.Object) bool) error {
+func Patch(ctx context.Context, c client.Client, live client.Reader, kind source.Kind, obj source.Object,
+	mutate func(source.Object) bool) error {
 	for attempt := 0; ; attempt++ {
 		before := obj.DeepCopyObject().(source.Object)
-		if !mutate(obj) || equality.Semantic.DeepEqual(before, obj) {
+		if !mutate(obj) {
+			return nil
+		}
+		Summarize(kind, obj)
+		if equality.Semantic.DeepEqual(before, obj) {
 			return nil
 		}
 		err := c.Status().Patch(ctx, obj, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}),

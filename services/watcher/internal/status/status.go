@@ -1,21 +1,27 @@
 // Package status turns what the bus reports into a source's status and its
 // Kubernetes Events, the way Flux's source-controller writes them.
 //
-// Conditions written here:
+// Each step writes only the conditions it owns; Summarize, run by Patch
+// after every change, derives Ready from them (Flux's summarize-and-patch):
 //
-//   - Ready (summary; normal polarity): True/Succeeded with "stored artifact
-//     for revision '<rev>'" after a stored or unchanged outcome; False with
-//     the failure's reason and message after a failure; Unknown/Progressing
-//     while a new generation is being processed.
-//   - ArtifactInStorage (normal polarity): True once an artifact is stored.
-//   - Reconciling (abnormal-true): set while a new generation is processed,
-//     removed when the outcome for the current generation arrives.
-//   - Stalled (abnormal-true): set for failures retrying cannot fix.
-//   - FetchFailed, StorageOperationFailed, ... (abnormal-true): set by a
-//     failure outcome naming them, cleared by a successful one.
+//   - Ready (summary; normal polarity): False with the reason and message
+//     of Stalled, or of the first failing one of the kind's Conditions (in
+//     the kind's order); else Unknown/Progressing while a new
+//     generation is processed (Reconciling); else True with
+//     ArtifactInStorage's reason and message.
+//   - ArtifactInStorage (normal polarity): True once an artifact is stored
+//     (Apply).
+//   - Reconciling (abnormal-true): set while a new generation is processed
+//     (MarkProgressing), removed when the outcome for the current
+//     generation arrives (Apply).
+//   - Stalled (abnormal-true): set by a failure retrying cannot fix
+//     (MarkFailure), removed by any other outcome.
+//   - FetchFailed, StorageOperationFailed, IncludeUnavailable, ...
+//     (abnormal-true, among the kind's Conditions): set by the failure
+//     naming them (MarkFailure), cleared by a successful outcome.
 //   - ArtifactOutdated (abnormal-true): set, reason NewRevision, when a
-//     failure happened after a new upstream revision was seen; cleared by a
-//     successful outcome.
+//     failure happened after a new upstream revision was seen (Apply);
+//     cleared by a successful outcome.
 package status
 
 import (
@@ -25,8 +31,10 @@ import (
 	"github.com/fluxcd/pkg/runtime/conditions"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 )
 
@@ -50,16 +58,68 @@ func ProgressingMessage(observed, current int64) string {
 }
 
 // MarkProgressing records that the object's current generation is being
-// processed: Reconciling=True and Ready=Unknown, both reason Progressing.
+// processed: Reconciling=True, reason Progressing (so Ready is Unknown).
 func MarkProgressing(obj source.Object, st source.Status) {
 	msg := ProgressingMessage(*st.ObservedGeneration, obj.GetGeneration())
 	conditions.MarkReconciling(obj, meta.ProgressingReason, "%s", msg)
-	conditions.MarkUnknown(obj, meta.ReadyCondition, meta.ProgressingReason, "reconciliation in progress")
+}
+
+// MarkFailure writes a failure into the conditions it owns: its condition
+// True with its reason and message (the kind's other negative conditions
+// but ArtifactOutdated are cleared: they described an earlier attempt), and
+// Stalled when retrying cannot help. A failure without a condition (a failed
+// signature check) is written by the kind into another field.
+func MarkFailure(kind source.Kind, obj source.Object, f *failure.Error) {
+	for _, c := range kind.Conditions {
+		if source.NegativePolarity(c) && c != f.Condition && c != sourcev1.ArtifactOutdatedCondition {
+			conditions.Delete(obj, c)
+		}
+	}
+	if f.Condition != "" {
+		conditions.MarkTrue(obj, f.Condition, f.Reason, "%s", f.Error())
+	}
+	if f.Stalled() {
+		conditions.MarkStalled(obj, f.Reason, "%s", f.Error())
+	} else {
+		conditions.Delete(obj, meta.StalledCondition)
+	}
+}
+
+// Summarize derives Ready from the other conditions, in Flux's order (see
+// the package documentation). It is the only writer of Ready.
+func Summarize(kind source.Kind, obj source.Object) {
+	from := func(c *metav1.Condition, status metav1.ConditionStatus) {
+		conditions.Set(obj, &metav1.Condition{Type: meta.ReadyCondition, Status: status, Reason: c.Reason, Message: c.Message})
+	}
+	if c := conditions.Get(obj, meta.StalledCondition); c != nil && c.Status == metav1.ConditionTrue {
+		from(c, metav1.ConditionFalse)
+		return
+	}
+	for _, t := range kind.Conditions {
+		failing := metav1.ConditionFalse
+		if source.NegativePolarity(t) {
+			failing = metav1.ConditionTrue
+		}
+		if c := conditions.Get(obj, t); c != nil && c.Status == failing {
+			from(c, metav1.ConditionFalse)
+			return
+		}
+	}
+	if conditions.IsReconciling(obj) {
+		conditions.MarkUnknown(obj, meta.ReadyCondition, meta.ProgressingReason, "reconciliation in progress")
+		return
+	}
+	if c := conditions.Get(obj, sourcev1.ArtifactInStorageCondition); c != nil && c.Status == metav1.ConditionTrue {
+		from(c, metav1.ConditionTrue)
+		return
+	}
+	conditions.Delete(obj, meta.ReadyCondition)
 }
 
 // Apply writes an outcome of eventType (a public type such as
-// events.TypeArtifactStored) into obj's status and returns the Events it
-// deserves. obj must be the live object with the job's UID.
+// events.TypeArtifactStored) into obj's status, but for Ready (see
+// Summarize), and returns the Events it deserves. obj must be the live
+// object with the job's UID.
 func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outcome) []Event {
 	st := kind.Status(obj)
 	job := o.Job
@@ -89,11 +149,12 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 		msg := kind.ReadyMessage((*st.Artifact).Revision)
 		conditions.MarkTrue(obj, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "%s", msg)
-		for _, c := range kind.FailureConditions {
-			conditions.Delete(obj, c)
+		for _, c := range kind.Conditions {
+			if source.NegativePolarity(c) {
+				conditions.Delete(obj, c)
+			}
 		}
 		conditions.Delete(obj, meta.StalledCondition)
-		conditions.MarkTrue(obj, meta.ReadyCondition, meta.SucceededReason, "%s", msg)
 		if current && kind.Observe != nil {
 			kind.Observe(obj)
 		}
@@ -108,30 +169,19 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: meta.SucceededReason, Message: msg})
 		}
 	case events.TypeArtifactFailed:
-		f := o.Failure
-		if f == nil {
-			f = &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: meta.FailedReason, Message: "unknown failure"}
+		data := o.Failure
+		if data == nil {
+			data = &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: meta.FailedReason, Message: "unknown failure"}
 		}
-		if f.Condition != "" {
-			conditions.MarkTrue(obj, f.Condition, f.Reason, "%s", f.Message)
-		} else {
-			// A failure reported by another field (a failed verification)
-			// means the fetch itself worked.
-			conditions.Delete(obj, sourcev1.FetchFailedCondition)
-		}
-		conditions.MarkFalse(obj, meta.ReadyCondition, f.Reason, "%s", f.Message)
+		f := failure.FromData(data)
+		MarkFailure(kind, obj, f)
 		// A new upstream revision was seen but its artifact could not be
 		// made: the stored one is outdated (Flux's NewRevision).
 		if prev := *st.Artifact; o.Revision != "" && (prev == nil || prev.Revision != o.Revision) {
 			conditions.MarkTrue(obj, sourcev1.ArtifactOutdatedCondition, "NewRevision", "new upstream revision '%s'", o.Revision)
 		}
-		if f.Stalled {
-			conditions.MarkStalled(obj, f.Reason, "%s", f.Message)
-		} else {
-			conditions.Delete(obj, meta.StalledCondition)
-		}
-		if oldReady == nil || oldReady.Status != "False" || oldReady.Reason != f.Reason || oldReady.Message != f.Message {
-			out = append(out, Event{Type: corev1.EventTypeWarning, Reason: f.Reason, Message: f.Message})
+		if oldReady == nil || oldReady.Status != metav1.ConditionFalse || oldReady.Reason != data.Reason || oldReady.Message != data.Message {
+			out = append(out, Event{Type: corev1.EventTypeWarning, Reason: data.Reason, Message: data.Message})
 		}
 	default:
 		return out

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 )
 
@@ -231,6 +233,7 @@ func TestApply(t *testing.T) {
 				tt.setup(g)
 			}
 			got := Apply(source.GitRepository(), g, tt.eventType, tt.outcome)
+			Summarize(source.GitRepository(), g) // as Patch does
 			tt.check(t, g)
 			if len(got) != len(tt.events) {
 				t.Fatalf("events = %+v, want %+v", got, tt.events)
@@ -279,6 +282,7 @@ func TestApplyBucket(t *testing.T) {
 	o.Job.Object.Kind = sourcev1.BucketKind
 
 	got := Apply(source.Bucket(), b, events.TypeArtifactStored, o)
+	Summarize(source.Bucket(), b)
 
 	c := conditions.Get(b, meta.ReadyCondition)
 	if c == nil || c.Message != "stored artifact: revision '"+rev+"'" {
@@ -320,6 +324,7 @@ func TestApplyVerification(t *testing.T) {
 		Apply(kind, g, events.TypeArtifactFailed, &events.Outcome{Job: job(1, ""),
 			Failure:      &events.Failure{Reason: "InvalidCommitSignature", Message: "bad signature"},
 			Verification: &events.Verification{Mode: "HEAD", Reason: "InvalidCommitSignature", Message: "bad signature"}})
+		Summarize(kind, g)
 		wantCondition(t, g, sourcev1.SourceVerifiedCondition, metav1.ConditionFalse, "InvalidCommitSignature", "bad signature")
 		wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, "InvalidCommitSignature", "bad signature")
 		wantNoCondition(t, g, sourcev1.FetchFailedCondition)
@@ -331,4 +336,96 @@ func TestApplyVerification(t *testing.T) {
 		Apply(kind, g, events.TypeArtifactUnchanged, &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", time.Now())})
 		wantNoCondition(t, g, sourcev1.SourceVerifiedCondition)
 	})
+}
+
+// TestSummarize checks that Ready is derived from the other conditions in
+// Flux's order, whoever wrote them.
+func TestSummarize(t *testing.T) {
+	type cond struct {
+		typ    string
+		status metav1.ConditionStatus
+		reason string
+	}
+	tests := []struct {
+		name  string
+		conds []cond
+		want  *cond // nil: no Ready
+	}{
+		{"nothing to summarize", nil, nil},
+		{"artifact stored", []cond{{sourcev1.ArtifactInStorageCondition, "True", meta.SucceededReason}},
+			&cond{meta.ReadyCondition, "True", meta.SucceededReason}},
+		{"a new generation in progress hides the stored artifact",
+			[]cond{{meta.ReconcilingCondition, "True", meta.ProgressingReason}, {sourcev1.ArtifactInStorageCondition, "True", meta.SucceededReason}},
+			&cond{meta.ReadyCondition, "Unknown", meta.ProgressingReason}},
+		{"a failure shows while a new generation is in progress",
+			[]cond{{meta.ReconcilingCondition, "True", meta.ProgressingReason}, {sourcev1.FetchFailedCondition, "True", "GitOperationFailed"}},
+			&cond{meta.ReadyCondition, "False", "GitOperationFailed"}},
+		{"stalled wins over failures",
+			[]cond{{sourcev1.FetchFailedCondition, "True", "GitOperationFailed"}, {meta.StalledCondition, "True", "URLInvalid"}},
+			&cond{meta.ReadyCondition, "False", "URLInvalid"}},
+		{"the kind's order: storage before fetch",
+			[]cond{{sourcev1.FetchFailedCondition, "True", "GitOperationFailed"},
+				{sourcev1.StorageOperationFailedCondition, "True", "ArchiveOperationFailed"},
+				{sourcev1.ArtifactInStorageCondition, "True", meta.SucceededReason}},
+			&cond{meta.ReadyCondition, "False", "ArchiveOperationFailed"}},
+		{"a failure wins over the outdated artifact",
+			[]cond{{sourcev1.ArtifactOutdatedCondition, "True", "NewRevision"}, {sourcev1.IncludeUnavailableCondition, "True", "NoArtifact"}},
+			&cond{meta.ReadyCondition, "False", "NoArtifact"}},
+		{"a failed verification before the outdated artifact it causes",
+			[]cond{{sourcev1.ArtifactOutdatedCondition, "True", "NewRevision"}, {sourcev1.SourceVerifiedCondition, "False", "InvalidCommitSignature"}},
+			&cond{meta.ReadyCondition, "False", "InvalidCommitSignature"}},
+		{"a failed verification",
+			[]cond{{sourcev1.SourceVerifiedCondition, "False", "InvalidCommitSignature"}, {sourcev1.ArtifactInStorageCondition, "True", meta.SucceededReason}},
+			&cond{meta.ReadyCondition, "False", "InvalidCommitSignature"}},
+		{"a false negative condition is no failure",
+			[]cond{{sourcev1.FetchFailedCondition, "False", meta.SucceededReason}, {sourcev1.ArtifactInStorageCondition, "True", meta.SucceededReason}},
+			&cond{meta.ReadyCondition, "True", meta.SucceededReason}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", Generation: 3}}
+			conditions.MarkFalse(g, meta.ReadyCondition, "Stale", "from before")
+			for _, c := range tt.conds {
+				conditions.Set(g, &metav1.Condition{Type: c.typ, Status: c.status, Reason: c.reason, Message: c.reason + " message"})
+			}
+			Summarize(source.GitRepository(), g)
+			got := conditions.Get(g, meta.ReadyCondition)
+			switch {
+			case tt.want == nil && got != nil:
+				t.Errorf("Ready = %+v, want none", got)
+			case tt.want == nil:
+			case got == nil:
+				t.Errorf("no Ready, want %+v", *tt.want)
+			case got.Status != tt.want.status || got.Reason != tt.want.reason || got.ObservedGeneration != 3:
+				t.Errorf("Ready = %s/%s (generation %d), want %s/%s (generation 3)", got.Status, got.Reason, got.ObservedGeneration,
+					tt.want.status, tt.want.reason)
+			case got.Status != "Unknown" && got.Message != tt.want.reason+" message":
+				t.Errorf("Ready message = %q, want the deciding condition's", got.Message)
+			}
+		})
+	}
+}
+
+// TestMarkFailure checks the conditions a failure owns: its own, Stalled,
+// and the earlier attempts' failures it replaces.
+func TestMarkFailure(t *testing.T) {
+	kind := source.GitRepository()
+	g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", Generation: 1}}
+	conditions.MarkTrue(g, sourcev1.FetchFailedCondition, sourcev1.GitOperationFailedReason, "old fetch failure")
+	conditions.MarkTrue(g, sourcev1.ArtifactOutdatedCondition, "NewRevision", "new upstream revision 'x'")
+
+	MarkFailure(kind, g, failure.New(failure.Stalling, sourcev1.IncludeUnavailableCondition, "IncludeCycle",
+		"include cycle detected: a -> b -> a"))
+	Summarize(kind, g)
+	wantCondition(t, g, sourcev1.IncludeUnavailableCondition, metav1.ConditionTrue, "IncludeCycle", "include cycle detected: a -> b -> a")
+	wantCondition(t, g, meta.StalledCondition, metav1.ConditionTrue, "IncludeCycle", "include cycle detected: a -> b -> a")
+	wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, "IncludeCycle", "include cycle detected: a -> b -> a")
+	wantCondition(t, g, sourcev1.ArtifactOutdatedCondition, metav1.ConditionTrue, "NewRevision", "new upstream revision 'x'")
+	wantNoCondition(t, g, sourcev1.FetchFailedCondition)
+
+	MarkFailure(kind, g, &failure.Error{Handling: failure.Waiting, Condition: sourcev1.IncludeUnavailableCondition, Reason: "NoArtifact",
+		Err: errors.New("no artifact available for include 'b'")})
+	Summarize(kind, g)
+	wantNoCondition(t, g, meta.StalledCondition)
+	wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, "NoArtifact", "no artifact available for include 'b'")
 }
