@@ -1,3 +1,6 @@
+// Module testsupport holds the real servers Headwater's tests run against
+// (git, MinIO, NATS JetStream). Tests and the e2e harness and local runner
+// import it; no service does (hack/verify.sh checks their binaries).
 module github.com/headwater-gitops/headwater/testsupport
 
 go 1.26.0
