@@ -21,6 +21,7 @@ WORKDIR /src
 # Every module of go.work must be present, even those not built here.
 COPY go.work go.work.sum ./
 COPY pkg/go.mod pkg/go.sum pkg/
+COPY testsupport/go.mod testsupport/go.sum testsupport/
 COPY services/watcher/go.mod services/watcher/go.sum services/watcher/
 COPY services/fetcher/go.mod services/fetcher/go.sum services/fetcher/
 COPY services/packager/go.mod services/packager/go.sum services/packager/

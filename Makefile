@@ -11,7 +11,7 @@ SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
 SERVICES    := watcher fetcher packager artifact-server
-MODULES     := pkg $(addprefix services/,$(SERVICES)) e2e
+MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
 CRD_DIR     := deploy/crds

@@ -23,7 +23,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/miniotest"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
 // The Bucket tests run on the package's Env (directory storage), each

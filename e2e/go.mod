@@ -9,6 +9,7 @@ require (
 	github.com/go-git/go-git/v5 v5.19.3
 	github.com/go-logr/logr v1.4.4
 	github.com/headwater-gitops/headwater/pkg v0.0.0
+	github.com/headwater-gitops/headwater/testsupport v0.0.0
 	github.com/minio/minio-go/v7 v7.4.1
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -111,3 +112,5 @@ require (
 )
 
 replace github.com/headwater-gitops/headwater/pkg => ../pkg
+
+replace github.com/headwater-gitops/headwater/testsupport => ../testsupport

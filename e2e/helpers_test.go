@@ -29,7 +29,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 // The machine is slow and shared: every wait is generous. Nothing here

@@ -23,8 +23,8 @@ import (
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
-	"github.com/headwater-gitops/headwater/pkg/miniotest"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
 // s3Bucket and s3Prefix are where the S3 Env keeps its artifacts.

@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 // TestVerify checks spec.verify as a user sees it: a GitRepository whose

@@ -4,7 +4,8 @@
 #   - the generated CRDs and RBAC match the committed ones;
 #   - go.work lists every module of the workspace;
 #   - every module's go.mod and go.sum are tidy;
-#   - every module resolves the shared dependencies to the same versions.
+#   - every module resolves the shared dependencies to the same versions;
+#   - no service binary links a NATS server or the testsupport module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -48,6 +49,25 @@ for m in "${modules[@]}"; do
 		fi
 		seen[$path]=$version
 	done < <(cd "$m" && for p in $shared; do GOWORK=off go list -m -f '{{.Path}} {{.Version}}' "$p" 2>/dev/null || true; done)
+done
+
+# A service binary links only what it runs: the test servers of the
+# testsupport module, and the NATS server they embed, are for tests and the
+# local runner (e2e) only; a service dials NATS through pkg/bus.
+forbidden='^(github\.com/nats-io/nats-server/v2|github\.com/headwater-gitops/headwater/testsupport)(/|$)'
+for m in "${modules[@]}"; do
+	[[ $m == services/* ]] || continue
+	if ! deps=$(cd "$m" && go list -deps . 2>&1); then
+		say "$m: go list -deps failed:"
+		say "$deps"
+		fail=1
+		continue
+	fi
+	if linked=$(grep -E "$forbidden" <<<"$deps"); then
+		say "$m: the service binary links test support; only tests may import it:"
+		say "$(sed 's/^/  /' <<<"$linked")"
+		fail=1
+	fi
 done
 
 if [ "$fail" -ne 0 ]; then

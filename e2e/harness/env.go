@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/headwater-gitops/headwater/pkg/bus"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // Env is Headwater running on real parts. Start brings it up; Stop takes
@@ -81,7 +81,7 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 	}
 
 	c.progress("starting NATS JetStream (embedded)")
-	e.nats, err = bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: filepath.Join(c.Dir, "nats")})
+	e.nats, err = natsserver.Start(natsserver.Options{StoreDir: filepath.Join(c.Dir, "nats")})
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // wait bounds every wait for something that should happen.
@@ -50,7 +51,7 @@ type testBus struct {
 
 func newTestBus(t *testing.T) *testBus {
 	t.Helper()
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,12 +264,6 @@ func jobsTotal(t *testing.T, reg *prometheus.Registry, typ, result string) float
 		}
 	}
 	return 0
-}
-
-func TestStartEmbeddedNeedsStoreDir(t *testing.T) {
-	if _, err := bus.StartEmbedded(bus.EmbeddedOptions{}); err == nil {
-		t.Fatal("no error without a store directory")
-	}
 }
 
 func TestConnectGivesUpWithContext(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/headwater-gitops/headwater/pkg/miniotest"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
 // conformanceCases are the behaviours every Storage shares; each runs on a

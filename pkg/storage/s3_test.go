@@ -16,8 +16,8 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
-	"github.com/headwater-gitops/headwater/pkg/miniotest"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
 // unknownLength hides everything but Read, so nothing can learn the size.

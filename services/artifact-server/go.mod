@@ -7,6 +7,7 @@ require (
 	github.com/fluxcd/pkg/apis/meta v1.30.2
 	github.com/go-logr/logr v1.4.4
 	github.com/headwater-gitops/headwater/pkg v0.0.0
+	github.com/headwater-gitops/headwater/testsupport v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
@@ -69,3 +70,5 @@ require (
 )
 
 replace github.com/headwater-gitops/headwater/pkg => ../../pkg
+
+replace github.com/headwater-gitops/headwater/testsupport => ../../testsupport

@@ -18,6 +18,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 func TestFlags(t *testing.T) {
@@ -64,7 +65,7 @@ func get(url string) (int, []byte, error) {
 // directory: it becomes ready, serves an artifact, announces a result with
 // the artifact's URL, and stops cleanly when its context ends.
 func TestRun(t *testing.T) {
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

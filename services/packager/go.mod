@@ -7,6 +7,7 @@ require (
 	github.com/fluxcd/source-controller/api v1.9.5
 	github.com/go-logr/logr v1.4.4
 	github.com/headwater-gitops/headwater/pkg v0.0.0
+	github.com/headwater-gitops/headwater/testsupport v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/prometheus/client_golang v1.25.0
@@ -66,3 +67,5 @@ require (
 )
 
 replace github.com/headwater-gitops/headwater/pkg => ../../pkg
+
+replace github.com/headwater-gitops/headwater/testsupport => ../../testsupport

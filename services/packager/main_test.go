@@ -21,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 func TestFlagDefaults(t *testing.T) {
@@ -59,7 +60,7 @@ func TestRunRejectsBadOptions(t *testing.T) {
 
 // TestRun starts the service as main does and packages one job through it.
 func TestRun(t *testing.T) {
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ require (
 	github.com/fluxcd/source-controller/api v1.9.5
 	github.com/go-logr/logr v1.4.4
 	github.com/headwater-gitops/headwater/pkg v0.0.0
+	github.com/headwater-gitops/headwater/testsupport v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	k8s.io/api v0.37.0
 	k8s.io/apimachinery v0.37.0
@@ -100,3 +101,5 @@ require (
 )
 
 replace github.com/headwater-gitops/headwater/pkg => ../../pkg
+
+replace github.com/headwater-gitops/headwater/testsupport => ../../testsupport

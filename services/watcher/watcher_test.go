@@ -26,6 +26,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // env is a real API server with the Flux CRDs, a real NATS server and a
@@ -66,7 +67,7 @@ func startEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir(), Port: -1})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 
 	"github.com/headwater-gitops/headwater/services/artifact-server/internal/sink"
 )
@@ -45,7 +46,7 @@ type env struct {
 
 func newEnv(t *testing.T, configure func(*Announcer)) *env {
 	t.Helper()
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

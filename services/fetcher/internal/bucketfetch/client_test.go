@@ -27,7 +27,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/pkg/miniotest"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
 // selfSigned returns a PEM certificate and key for a client.

@@ -29,12 +29,13 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/miniotest"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // bucketEnv is a fetcher worker on an embedded NATS server, with directory
@@ -53,7 +54,7 @@ func newBucketEnv(t *testing.T) *bucketEnv {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	e := &bucketEnv{env: &env{ctx: ctx}}
 
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	must(t, err)
 	e.conn, err = bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "fetcher-test", logr.Discard())
 	must(t, err)

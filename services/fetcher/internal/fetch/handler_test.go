@@ -28,11 +28,12 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // env is a fetcher worker on an embedded NATS server, with directory
@@ -66,7 +67,7 @@ func newEnv(t *testing.T, maxAttempts int, opts ...func(*Handler)) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	e := &env{ctx: ctx}
 
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	must(t, err)
 	e.conn, err = bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "fetcher-test", logr.Discard())
 	must(t, err)

@@ -26,11 +26,12 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // binDir holds the binaries tests build; TestMain removes it.
@@ -87,7 +88,7 @@ func newPipeline(t *testing.T) *pipeline {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	p := &pipeline{t: t, ctx: ctx}
 
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	must(t, err)
 	p.conn, err = bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "fetcher-test", logr.Discard())
 	must(t, err)

@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 // The tests below fetch from real servers (SSH, HTTPS, a bearer token

@@ -14,7 +14,7 @@ import (
 	"github.com/skeema/knownhosts"
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 // testPEMs are a CA certificate and a client certificate with its key.

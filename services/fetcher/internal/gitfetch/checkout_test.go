@@ -18,8 +18,8 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 // newServer starts a git server on a fresh root, with basic auth when

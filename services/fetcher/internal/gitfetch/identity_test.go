@@ -12,7 +12,7 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 func TestContentIdentity(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 // countingProxy serves target through a reverse proxy that counts

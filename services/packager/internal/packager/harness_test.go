@@ -25,6 +25,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // wait bounds every wait for a result.
@@ -57,7 +58,7 @@ func defaultOptions() Options {
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
 	t.Helper()
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

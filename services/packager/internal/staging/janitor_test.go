@@ -16,6 +16,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // env is a package stream on an embedded NATS server and a directory
@@ -29,7 +30,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	ns, err := bus.StartEmbedded(bus.EmbeddedOptions{StoreDir: t.TempDir()})
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/headwater-gitops/headwater/pkg/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
 // git runs the system git as a client would, with no user configuration and

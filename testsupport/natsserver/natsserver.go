@@ -1,4 +1,8 @@
-package bus
+// Package natsserver runs a real NATS server with JetStream in-process: the
+// bus that tests and the local runner of `make run` talk to. It links
+// nats-server, so it lives in the testsupport module, which no service
+// imports; services only ever dial a server with pkg/bus.
+package natsserver
 
 import (
 	"errors"
@@ -8,8 +12,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// EmbeddedOptions configure an in-process NATS server.
-type EmbeddedOptions struct {
+// Options configure an in-process NATS server.
+type Options struct {
 	// Host and Port to listen on; Port -1 picks a free port.
 	Host string
 	Port int
@@ -17,10 +21,10 @@ type EmbeddedOptions struct {
 	StoreDir string
 }
 
-// StartEmbedded starts a NATS server with JetStream in this process: the
-// embedded default of `make run`, and the real server tests run against.
+// Start starts a NATS server with JetStream in this process: the embedded
+// default of `make run`, and the real server tests run against.
 // Call Shutdown and WaitForShutdown on the result to stop it.
-func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
+func Start(o Options) (*server.Server, error) {
 	if o.Host == "" {
 		o.Host = "127.0.0.1"
 	}
