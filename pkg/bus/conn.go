@@ -67,7 +67,9 @@ func Connect(ctx context.Context, o Options, name string, log logr.Logger) (*Con
 		log.Info("waiting for nats", "error", err.Error())
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to nats: %w", err)
+			// Wraps ctx's error too: a service stopped while waiting
+			// has not failed.
+			return nil, fmt.Errorf("connect to nats: %w (%w)", ctx.Err(), err)
 		case <-time.After(time.Second):
 		}
 	}
