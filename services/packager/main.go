@@ -128,6 +128,7 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 		Consumer:    consumer,
 		Concurrency: o.concurrency,
 		Handler:     p.Handle,
+		Report:      p.Report,
 		Metrics:     telemetry.NewJobMetrics(reg, service),
 		Log:         log,
 	}
