@@ -42,6 +42,7 @@ type options struct {
 	telemetry   telemetry.Options
 	packager    packager.Options
 	concurrency int
+	maxAttempts int
 	stagingTTL  time.Duration
 }
 
@@ -51,6 +52,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.telemetry.BindFlags(fs, ":9102")
 	o.packager.BindFlags(fs)
 	fs.IntVar(&o.concurrency, "concurrency", 2, "Jobs packaged at once by this replica.")
+	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.DurationVar(&o.stagingTTL, "staging-ttl", time.Hour,
 		"Age after which staged content no pending job refers to is removed; 0 disables the janitor.")
 }
@@ -80,6 +82,9 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 	if o.concurrency < 1 {
 		return errors.New("--concurrency must be at least 1")
 	}
+	if o.maxAttempts < 1 {
+		return errors.New("--max-attempts must be at least 1")
+	}
 	store, err := o.storage.OpenContext(ctx)
 	if err != nil {
 		return err
@@ -92,7 +97,7 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 		return err
 	}
 	defer conn.Close()
-	consumer, err := conn.JoinStream(ctx, events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{})
+	consumer, err := conn.JoinStream(ctx, events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
 	if err != nil {
 		return err
 	}
