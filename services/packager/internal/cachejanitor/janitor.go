@@ -16,10 +16,10 @@ import (
 )
 
 // Janitor removes the cache entries nobody used for TTL: the index of an
-// entry goes when it is older than TTL (a fetcher using an entry rewrites
-// its index every contentcache.RefreshAfter), and a cached
-// artifact goes when it has no index left and no pending job names it.
-// Several replicas may run one each: deletes are idempotent.
+// entry goes when it is older than TTL (the packager, copying an entry for
+// a source, rewrites its index every contentcache.RefreshAfter), and a
+// cached artifact goes when it has no index left and no pending job names
+// it. Several replicas may run one each: deletes are idempotent.
 type Janitor struct {
 	// Store holds the cache.
 	Store storage.Storage
@@ -68,7 +68,7 @@ func (j *Janitor) Sweep(ctx context.Context) ([]string, error) {
 	var deleted []string
 	var errs []error
 	for _, o := range expired {
-		// A fetcher may have refreshed it since the listing.
+		// A packager may have refreshed it since the listing.
 		if st, err := j.Store.Stat(ctx, o.Key); err == nil && !st.ModTime.Before(cutoff) {
 			continue
 		}

@@ -268,6 +268,9 @@ func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Arti
 		EventMessage: j.EventMessage,
 	}
 	if j.reused {
+		if err := contentcache.Refresh(ctx, p.store, idx, p.now()); err != nil {
+			log.Error(err, "refreshing the content cache entry failed", "key", j.cacheKey)
+		}
 		return
 	}
 	if err := contentcache.Record(ctx, p.store, j.key, idx); err != nil {
