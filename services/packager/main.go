@@ -24,16 +24,11 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
-	"github.com/headwater-gitops/headwater/services/packager/internal/cachejanitor"
+	"github.com/headwater-gitops/headwater/services/packager/internal/housekeeping"
 	"github.com/headwater-gitops/headwater/services/packager/internal/packager"
-	"github.com/headwater-gitops/headwater/services/packager/internal/staging"
 )
 
 const service = "packager"
-
-// stagingScanLimit bounds the package-stream messages the staging janitor
-// reads per sweep.
-const stagingScanLimit = 10000
 
 // options are the packager's flags.
 type options struct {
@@ -109,23 +104,16 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 		return err
 	}
 
-	jobs := staging.StreamJobs(stream, stagingScanLimit)
-	janitor := &staging.Janitor{
-		Store: store,
-		TTL:   o.stagingTTL,
-		Jobs:  jobs,
-		Log:   log.WithName("staging"),
-	}
-	cacheJanitor := &cachejanitor.Janitor{
-		Store: store,
-		TTL:   o.packager.ContentCacheTTL,
-		Jobs:  jobs,
-		Log:   log.WithName("content-cache"),
+	janitor := &housekeeping.Janitor{
+		Store:      store,
+		StagingTTL: o.stagingTTL,
+		CacheTTL:   o.packager.ContentCacheTTL,
+		Pending:    housekeeping.StreamPending(stream, housekeeping.DefaultScanLimit),
+		Log:        log.WithName("housekeeping"),
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { janitor.Run(ctx) })
-	wg.Go(func() { cacheJanitor.Run(ctx) })
 
 	p := packager.New(store, conn.NewPublisher(service), o.packager, packager.NewMetrics(reg))
 	worker := &bus.Worker{
