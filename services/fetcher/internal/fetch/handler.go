@@ -188,6 +188,9 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		Verification: content.Verification,
 		Includes:     req.Includes,
 	}
+	if content.File != "" {
+		out.Format = events.FormatFile
+	}
 	if share != nil {
 		// The content downloaded may be of a newer revision than resolved.
 		if identity, ok := share.ContentIdentity(); ok {
@@ -305,6 +308,9 @@ func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Noti
 // stage streams the tar of content into storage at key and returns its
 // size. An archiving failure is a *failure.Error; a storage failure is not.
 func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
+	if content.File != "" {
+		return h.stageFile(ctx, key, content.File)
+	}
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
@@ -334,6 +340,22 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 				Err: fmt.Errorf("unable to archive artifact to storage: %w", ctx.Err())}
 		}
+		return 0, fmt.Errorf("stage %s: %w", key, err)
+	}
+	return info.Size, nil
+}
+
+// stageFile stores the file that is the artifact itself at key, as it is.
+// A file that cannot be read is a *failure.Error; a storage failure is not.
+func (h *Handler) stageFile(ctx context.Context, key, file string) (int64, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return 0, failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
+			"unable to stage artifact: %w", err)
+	}
+	defer f.Close()
+	info, err := h.Storage.Put(ctx, key, f)
+	if err != nil {
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
 	return info.Size, nil
