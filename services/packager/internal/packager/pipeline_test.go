@@ -156,7 +156,8 @@ func TestFailureClassification(t *testing.T) {
 			reuse(t, fx)
 			fx.reuse.Digest = "sha256:" + strings.Repeat("0", 64)
 		}, want: contentFailed("cached artifact .cache/" + cacheKey + ".tar.gz does not match its digest")},
-		{step: "reuse: stat", setup: reuse, fault: fault{op: "stat", prefix: contentcache.Dir}, want: storageFailed("disk on fire")},
+		{step: "reuse: open", setup: reuse, fault: fault{op: "open", prefix: contentcache.Dir}, want: storageFailed("disk on fire")},
+		{step: "reuse: read", setup: reuse, fault: fault{op: "read", prefix: contentcache.Dir}, want: storageFailed("connection reset by peer")},
 		{step: "reuse: copy", setup: reuse, fault: fault{op: "copy", prefix: contentcache.Dir}, want: storageFailed("copy cached artifact: disk on fire")},
 		{step: "latest", fault: fault{op: "latest", prefix: appDir}, want: storageFailed("update latest pointer: disk on fire")},
 		{step: "latest, reused", setup: reuse, fault: fault{op: "latest", prefix: appDir}, want: storageFailed("update latest pointer: disk on fire")},
