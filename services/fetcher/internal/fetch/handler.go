@@ -92,7 +92,7 @@ func (h *Handler) Report(ctx context.Context, msg *events.Message, f *failure.Er
 	if !ok {
 		return fmt.Errorf("report: %T is not a fetch request", msg.Data)
 	}
-	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data()}
+	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data(), Notices: f.Notices}
 	var unverified *source.Unverified
 	if errors.As(f, &unverified) {
 		out.Verification = unverified.Verification
@@ -116,7 +116,19 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 
 	res, err := src.Resolve(work, req)
 	if err != nil {
-		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
+		f := source.AsError(err, sourcev1.GitOperationFailedReason)
+		// The stored artifact is checked whether or not the upstream
+		// answers: a corrupt or missing one is reported now, not once
+		// the upstream is back.
+		if prev := req.Previous; prev != nil && f.Handling != failure.Waiting {
+			if notice, verr := h.verify(ctx, prev); verr == nil && notice != nil {
+				if notice.Reason == ArtifactMissingReason {
+					notice.Message = fmt.Sprintf("artifact '%s' is missing from storage: it is rebuilt once the source can be fetched", prev.Path)
+				}
+				f.Notices = append(f.Notices, *notice)
+			}
+		}
+		return "", f
 	}
 	revision := res.Revision()
 	// A failure from here on happened with a new upstream revision known.

@@ -10,7 +10,8 @@
 //     generation is processed (Reconciling); else True with
 //     ArtifactInStorage's reason and message.
 //   - ArtifactInStorage (normal polarity): True once an artifact is stored
-//     (Apply).
+//     (Apply); False when a failed job found the stored one gone or
+//     corrupt.
 //   - Reconciling (abnormal-true): set while a new generation is processed
 //     (MarkProgressing), removed when the outcome for the current
 //     generation arrives (Apply).
@@ -50,6 +51,11 @@ type Event struct {
 const (
 	// NewArtifactReason is the reason of the Event for a new artifact.
 	NewArtifactReason = "NewArtifact"
+	// ArtifactMissingReason and ArtifactVerificationFailedReason are the
+	// reasons of the notices that say the stored artifact is gone or
+	// corrupt.
+	ArtifactMissingReason            = "ArtifactMissing"
+	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
 )
 
 // ProgressingMessage is the Reconciling message for a new generation.
@@ -175,6 +181,13 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 		f := failure.FromData(data)
 		MarkFailure(kind, obj, f)
+		// The stored artifact was found gone or corrupt and could not be
+		// rebuilt (the upstream failed): it is no longer in storage.
+		for _, n := range o.Notices {
+			if n.Reason == ArtifactMissingReason || n.Reason == ArtifactVerificationFailedReason {
+				conditions.MarkFalse(obj, sourcev1.ArtifactInStorageCondition, n.Reason, "%s", n.Message)
+			}
+		}
 		// A new upstream revision was seen but its artifact could not be
 		// made: the stored one is outdated (Flux's NewRevision).
 		if prev := *st.Artifact; o.Revision != "" && (prev == nil || prev.Revision != o.Revision) {
