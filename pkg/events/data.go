@@ -92,6 +92,11 @@ type Verification struct {
 	Message string `json:"message"`
 }
 
+// DeletionJobID is the ID of the job that removes every artifact of the
+// deleted object with the given UID: one per object, so a finalizer that
+// runs twice makes one job.
+func DeletionJobID(uid string) string { return uid + "/delete" }
+
 // DeleteRequested is the data of TypeDeleteRequested: remove every artifact
 // of a source that was deleted.
 type DeleteRequested struct {

@@ -58,6 +58,16 @@ const (
 	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
 )
 
+// NoChangeMessage is Flux's message for a reconcile that found the upstream
+// revision unchanged.
+func NoChangeMessage(revision string) string {
+	return fmt.Sprintf("no changes since last reconciliation: observed revision '%s'", revision)
+}
+
+// GarbageCollectedMessage is Flux's message for the artifacts of a deleted
+// source removed (reason GarbageCollectionSucceeded).
+const GarbageCollectedMessage = "garbage collected artifacts for deleted resource"
+
 // ProgressingMessage is the Reconciling message for a new generation.
 func ProgressingMessage(observed, current int64) string {
 	return fmt.Sprintf("processing object: new generation %d -> %d", observed, current)
@@ -173,6 +183,11 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: m})
 		case wasFailing:
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: meta.SucceededReason, Message: msg})
+		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:
+			// Flux records a no-change reconcile of a GitRepository as a
+			// Normal Event (Kubernetes aggregates the repeats); for the
+			// kinds whose reason is ArtifactUpToDate it only logs.
+			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: kind.UpToDateReason, Message: NoChangeMessage(o.Revision)})
 		}
 	case events.TypeArtifactFailed:
 		data := o.Failure

@@ -65,7 +65,7 @@ func TestApply(t *testing.T) {
 			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact for commit 'first'"}},
 		},
 		{
-			name: "unchanged emits nothing and keeps the artifact",
+			name: "unchanged keeps the artifact and says so, as Flux does for a GitRepository",
 			setup: func(g *sourcev1.GitRepository) {
 				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
 				g.Status.ObservedGeneration = 1
@@ -79,6 +79,7 @@ func TestApply(t *testing.T) {
 					t.Errorf("lastHandledReconcileAt = %q", g.Status.LastHandledReconcileAt)
 				}
 			},
+			events: []Event{{corev1.EventTypeNormal, sourcev1.GitOperationSucceedReason, "no changes since last reconciliation: observed revision '" + rev1 + "'"}},
 		},
 		{
 			name: "failure keeps the previous artifact and warns",
