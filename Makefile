@@ -33,6 +33,13 @@ export HEADWATER_BIN_DIR   := $(BIN_DIR)
 
 GO_TEST_FLAGS ?= -count=1
 
+# Fuzz targets, as <module dir>:<package>:<target>. `make test` runs each
+# for FUZZ_SHORT; `make fuzz` for FUZZTIME.
+FUZZ_TARGETS := pkg:./archive:FuzzCanonicalize pkg:./events:FuzzDecode \
+	services/fetcher:./internal/ignore:FuzzFilter services/fetcher:./internal/gitfetch:FuzzRevision
+FUZZ_SHORT ?= 5s
+FUZZTIME   ?= 1m
+
 # Build information stamped into every service (pkg/buildinfo; -version, the
 # start-up log line and headwater_build_info). A clone without tags describes
 # itself by its abbreviated commit; outside git the values stay empty and the
@@ -112,6 +119,15 @@ test: kube-tools minio build ## Run every test: unit, integration and end-to-end
 	done
 	@echo "==> go test hack/deployvalidate"
 	@cd hack/deployvalidate && GOWORK=off go test $(GO_TEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
+
+.PHONY: fuzz
+fuzz: ## Fuzz the archive writer, event decoding, ignore rules and revisions (FUZZTIME each; default 1m).
+	@for t in $(FUZZ_TARGETS); do \
+		IFS=: read -r dir pkg target <<< "$$t"; \
+		echo "==> fuzz $$dir $$pkg $$target for $(FUZZTIME)"; \
+		(cd $$dir && go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$pkg) || exit 1; \
+	done
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no built tools (fast).
