@@ -48,6 +48,8 @@ type FetchRequested struct {
 	GitRepository *sourcev1.GitRepositorySpec `json:"gitRepository,omitempty"`
 	// Bucket is the spec of a Bucket.
 	Bucket *sourcev1.BucketSpec `json:"bucket,omitempty"`
+	// OCIRepository is the spec of an OCIRepository.
+	OCIRepository *sourcev1.OCIRepositorySpec `json:"ociRepository,omitempty"`
 	// Previous is the artifact recorded in the object's status, if any. The
 	// fetcher answers FetchUnchanged when the upstream revision equals its
 	// revision and the stored file is intact.
