@@ -1,6 +1,7 @@
 package status
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -428,4 +429,54 @@ func TestMarkFailure(t *testing.T) {
 	Summarize(kind, g)
 	wantNoCondition(t, g, meta.StalledCondition)
 	wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, "NoArtifact", "no artifact available for include 'b'")
+}
+
+func TestApplyOCIRepository(t *testing.T) {
+	kind := source.OCIRepository()
+	r := &sourcev1.OCIRepository{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default", UID: "u", Generation: 1}}
+	r.Status.ObservedGeneration = -1
+	ignore := "*.md"
+	r.Spec.Ignore = &ignore
+	r.Spec.LayerSelector = &sourcev1.OCILayerSelector{MediaType: "application/vnd.cncf.flux.content.v1.tar+gzip", Operation: sourcev1.OCILayerExtract}
+	digest := "sha256:" + strings.Repeat("cd", 32)
+	rev := "v1@" + digest
+	a := artifact(rev, "sha256:d", time.Now())
+	a.Path = "ocirepository/default/app/" + digest + ".tar.gz"
+	a.URL = "http://srv/" + a.Path
+	msg := "stored artifact with revision '" + rev + "' from 'oci://registry/app'"
+	o := &events.Outcome{Job: job(1, ""), Revision: rev, Artifact: a, EventMessage: msg}
+	o.Job.Object.Kind = sourcev1.OCIRepositoryKind
+
+	got := Apply(kind, r, events.TypeArtifactStored, o)
+	Summarize(kind, r)
+
+	if c := conditions.Get(r, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != "stored artifact for digest '"+rev+"'" {
+		t.Errorf("Ready = %+v, want Flux's OCIRepository message", c)
+	}
+	if r.Status.URL != "http://srv/ocirepository/default/app/latest.tar.gz" {
+		t.Errorf("status.url = %q", r.Status.URL)
+	}
+	if r.Status.ObservedIgnore == nil || *r.Status.ObservedIgnore != ignore ||
+		r.Status.ObservedLayerSelector == nil || *r.Status.ObservedLayerSelector != *r.Spec.LayerSelector {
+		t.Errorf("observedIgnore %v, observedLayerSelector %v", r.Status.ObservedIgnore, r.Status.ObservedLayerSelector)
+	}
+	if want := (Event{corev1.EventTypeNormal, NewArtifactReason, msg}); len(got) != 1 || got[0] != want {
+		t.Errorf("events = %+v, want %+v", got, want)
+	}
+
+	// A changed layer selector or ignore rule forces a rebuild of the same digest.
+	req := &events.FetchRequested{}
+	force, err := kind.Request(context.Background(), nil, r, req)
+	if err != nil || force || req.OCIRepository == nil || req.OCIRepository.URL != r.Spec.URL {
+		t.Fatalf("Request = %v, %v, spec %v; want the spec and no rebuild", force, err, req.OCIRepository)
+	}
+	r.Spec.LayerSelector = &sourcev1.OCILayerSelector{MediaType: "application/x-other"}
+	if force, _ := kind.Request(context.Background(), nil, r, req); !force {
+		t.Error("a changed layer selector does not force a rebuild")
+	}
+	r.Spec.LayerSelector = r.Status.ObservedLayerSelector.DeepCopy()
+	r.Spec.Ignore = nil
+	if force, _ := kind.Request(context.Background(), nil, r, req); !force {
+		t.Error("a changed ignore rule does not force a rebuild")
+	}
 }
