@@ -2,9 +2,15 @@
 #
 # One image per Headwater service, built from the go.work workspace:
 #
-#   docker build --build-arg SERVICE=fetcher -t headwater/fetcher:dev .
+#   docker build --build-arg SERVICE=fetcher -t headwater/fetcher:dev \
+#     --build-arg VERSION="$(git describe --tags --always --dirty)" \
+#     --build-arg REVISION="$(git rev-parse HEAD)" \
+#     --build-arg BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
 #
-# SERVICE is one of watcher, fetcher, packager, artifact-server. The binary is
+# SERVICE is one of watcher, fetcher, packager, artifact-server. VERSION,
+# REVISION and BUILD_DATE (optional; .git is not sent to the build) are
+# stamped into the binary, which reports them on -version, in its start-up
+# log line and as headwater_build_info, and label the image. The binary is
 # static (CGO_ENABLED=0) and runs as the distroless "nonroot" user (65532) on
 # an image without a shell or package manager. No service shells out: the
 # fetcher clones with go-git, so the image needs no git binary.
@@ -35,18 +41,30 @@ RUN case "${SERVICE}" in \
       watcher|fetcher|packager|artifact-server) ;; \
       *) echo "build arg SERVICE must be watcher, fetcher, packager or artifact-server (got '${SERVICE}')" >&2; exit 1 ;; \
     esac
+# Declared here, not above: a new version or date rebuilds only this step.
+ARG VERSION
+ARG REVISION
+ARG BUILD_DATE
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     cd "services/${SERVICE}" && \
+    bi=github.com/headwater-gitops/headwater/pkg/buildinfo && \
     CGO_ENABLED=0 GOOS="${TARGETOS}" GOARCH="${TARGETARCH}" \
-      go build -trimpath -buildvcs=false -ldflags="-s -w" -o /out/headwater . && \
+      go build -trimpath -buildvcs=false -o /out/headwater \
+        -ldflags="-s -w -X $bi.Version=${VERSION} -X $bi.Revision=${REVISION} -X $bi.BuildDate=${BUILD_DATE}" . && \
     mkdir -p /out/data
 
 FROM gcr.io/distroless/static:nonroot
 ARG SERVICE
+ARG VERSION
+ARG REVISION
+ARG BUILD_DATE
 LABEL org.opencontainers.image.title="headwater-${SERVICE}" \
       org.opencontainers.image.description="Headwater ${SERVICE}: a horizontally scalable Flux source-controller" \
-      org.opencontainers.image.source="https://github.com/headwater-gitops/headwater"
+      org.opencontainers.image.source="https://github.com/headwater-gitops/headwater" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${BUILD_DATE}"
 COPY --from=build /out/headwater /headwater
 # /data is where the dir storage backend lives. Created owned by the runtime
 # user, so a fresh named volume mounted there (docker compose) is writable.

@@ -161,8 +161,8 @@ func checkKubeconfig(t *testing.T, s types.ServiceConfig, source string) {
 
 // TestDockerfile checks the Dockerfile against the workspace: every module
 // of go.work is copied before `go mod download` (the workspace does not load
-// otherwise), the build arg picks the service, and the image is static and
-// non-root.
+// otherwise), the build arg picks the service, the build information is
+// stamped, and the image is static and non-root.
 func TestDockerfile(t *testing.T) {
 	root := repoRoot(t)
 	df, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
@@ -199,6 +199,9 @@ func TestDockerfile(t *testing.T) {
 		"CGO_ENABLED=0",
 		"-trimpath",
 		`cd "services/${SERVICE}"`,
+		// The build information -version and headwater_build_info report.
+		"ARG VERSION",
+		"github.com/headwater-gitops/headwater/pkg/buildinfo",
 		"FROM gcr.io/distroless/static:nonroot",
 		"USER 65532:65532",
 		`ENTRYPOINT ["/headwater"]`,

@@ -537,7 +537,7 @@ func TestStreams(t *testing.T) {
 func TestConsumer(t *testing.T) {
 	c := Consumer(FetchStream, FetcherConsumer, ConsumerOptions{})
 	if c.Durable != FetcherConsumer || c.AckPolicy != jetstream.AckExplicitPolicy ||
-		c.AckWait != 30*time.Second || c.MaxDeliver != -1 || c.MaxAckPending != 1024 ||
+		c.AckWait != 30*time.Second || c.MaxDeliver != DefaultMaxDeliver || c.MaxAckPending != 1024 ||
 		c.DeliverPolicy != jetstream.DeliverAllPolicy || c.Description == "" {
 		t.Errorf("defaults: %+v", c)
 	}
@@ -545,9 +545,9 @@ func TestConsumer(t *testing.T) {
 		t.Errorf("defaults filter %q %q, want the whole stream", c.FilterSubject, c.FilterSubjects)
 	}
 
-	c = Consumer(EventStream, WatcherConsumer, ConsumerOptions{MaxAckPending: 8, AckWait: time.Second, MaxDeliver: 5, DeliverNew: true})
+	c = Consumer(EventStream, WatcherConsumer, ConsumerOptions{MaxAckPending: 8, AckWait: time.Second, MaxDeliver: 20, DeliverNew: true})
 	if c.Durable != WatcherConsumer || c.MaxAckPending != 8 || c.AckWait != time.Second ||
-		c.MaxDeliver != 5 || c.DeliverPolicy != jetstream.DeliverNewPolicy {
+		c.MaxDeliver != 20 || c.DeliverPolicy != jetstream.DeliverNewPolicy {
 		t.Errorf("options: %+v", c)
 	}
 

@@ -19,13 +19,24 @@ func EnvName(flagName string) string {
 }
 
 // Parse parses args into fs, then sets every flag not given on the command
-// line from its environment variable, if that is set. Command-line flags win.
+// line from its environment variable, if that is set (see FromEnv).
+// Command-line flags win.
 func Parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	return FromEnv(fs)
+}
+
+// FromEnv sets every flag of the parsed fs that the command line did not
+// give from its environment variable, if that is set. Flags named in
+// commandLineOnly are never read from the environment.
+func FromEnv(fs *flag.FlagSet, commandLineOnly ...string) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range commandLineOnly {
+		given[name] = true
+	}
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if given[f.Name] || err != nil {

@@ -41,3 +41,15 @@ func TestParseBadEnvironment(t *testing.T) {
 		t.Fatal("want an error for a non-numeric HEADWATER_CONCURRENCY")
 	}
 }
+
+func TestFromEnvCommandLineOnly(t *testing.T) {
+	t.Setenv("HEADWATER_VERSION", "v0.1.0")
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	version := fs.Bool("version", false, "")
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := FromEnv(fs, "version"); err != nil || *version {
+		t.Fatalf("FromEnv read a command-line-only flag from the environment: %v, version %v", err, *version)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strings"
@@ -67,14 +68,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.S3.CreateBucket, "storage-s3-create-bucket", false, "Create the s3 storage backend's bucket at start if it does not exist.")
 }
 
-// Open returns the configured storage; see OpenContext.
-func (o *Options) Open() (Storage, error) {
-	return o.OpenContext(context.Background())
-}
-
-// OpenContext returns the configured storage. For s3 it checks that the
-// bucket exists (creating it if asked) within ctx and 30 seconds, so a
-// wrong endpoint, bucket or key fails the start with a clear error.
+// OpenContext returns the configured storage; Close releases it. For s3 it
+// checks that the bucket exists (creating it if asked) within ctx and 30
+// seconds, so a wrong endpoint, bucket or key fails the start with a clear
+// error.
 func (o *Options) OpenContext(ctx context.Context) (Storage, error) {
 	switch o.Backend {
 	case "dir", "":
@@ -87,6 +84,15 @@ func (o *Options) OpenContext(ctx context.Context) (Storage, error) {
 	default:
 		return nil, fmt.Errorf("storage: unknown backend %q", o.Backend)
 	}
+}
+
+// Close releases what s holds open, if anything: a Dir's directory. A
+// service opens its storage with OpenContext and closes it on the way out.
+func Close(s Storage) error {
+	if c, ok := s.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // open connects to the bucket. Errors never include the secret key.

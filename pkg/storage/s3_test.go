@@ -268,15 +268,18 @@ func TestOptionsOpenDefaultsToDir(t *testing.T) {
 	if err := fs.Parse([]string{"-storage-path=" + t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := opts.Open()
+	s, err := opts.OpenContext(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := s.(*storage.Dir); !ok {
-		t.Fatalf("Open returned %T, want *storage.Dir", s)
+		t.Fatalf("OpenContext returned %T, want *storage.Dir", s)
+	}
+	if err := storage.Close(s); err != nil {
+		t.Fatal(err)
 	}
 	opts.Backend = "tape"
-	if _, err := opts.Open(); err == nil || !strings.Contains(err.Error(), `unknown backend "tape"`) {
+	if _, err := opts.OpenContext(t.Context()); err == nil || !strings.Contains(err.Error(), `unknown backend "tape"`) {
 		t.Fatalf("unknown backend: %v", err)
 	}
 }

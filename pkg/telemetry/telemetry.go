@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 )
 
 // Namespace prefixes every Headwater metric.
@@ -64,6 +66,21 @@ func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
+}
+
+// RegisterBuildInfo registers headwater_build_info{service,version,revision,goversion},
+// always 1, on reg: which build of service runs, from package buildinfo.
+// Like MustRegister, it panics if reg already has it.
+func RegisterBuildInfo(reg prometheus.Registerer, service string) {
+	info := buildinfo.Get()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help: "Which build of the service runs: its version, commit and Go release; always 1.",
+		ConstLabels: prometheus.Labels{"service": service, "version": info.Version,
+			"revision": info.Revision, "goversion": info.GoVersion},
+	})
+	g.Set(1)
+	reg.MustRegister(g)
 }
 
 // Check is a health or readiness probe: nil means healthy.

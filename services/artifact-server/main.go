@@ -4,15 +4,11 @@
 package main
 
 import (
-	"context"
 	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
-	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 
@@ -53,17 +49,10 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 
 func main() {
 	var o options
-	fs := flag.NewFlagSet(service, flag.ExitOnError)
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	o.bindFlags(fs)
-	if err := flagenv.Parse(fs, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	command.Parse(fs, os.Args[1:])
+	ctx, stop := command.Start(o.telemetry.NewLogger(service))
 	defer stop()
-	if err := run(ctx, o); err != nil {
-		fmt.Fprintln(os.Stderr, "artifact-server:", err)
-		stop()
-		os.Exit(1)
-	}
+	command.Exit(ctx, run(ctx, o))
 }

@@ -14,9 +14,10 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/go-logr/logr"
 
+	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
@@ -27,7 +28,7 @@ func TestFlags(t *testing.T) {
 	var o options
 	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	o.bindFlags(fs)
-	if err := flagenv.Parse(fs, []string{"-concurrency", "3"}); err != nil {
+	if err := command.ParseArgs(fs, []string{"-concurrency", "3"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if o.addr != ":9090" || o.telemetry.Addr != ":9103" || o.concurrency != 3 {
@@ -145,12 +146,16 @@ func TestRun(t *testing.T) {
 	if code, body, err := get(url); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
 		t.Fatalf("GET announced URL: %d %q %v", code, body, err)
 	}
-	// The job is counted once it is acknowledged, just after the announcement.
+	// The job is counted once it is acknowledged, just after the announcement;
+	// the HTTP requests and the build information are there by then.
+	build := buildinfo.Get()
 	for want := []byte(`headwater_jobs_total{result="success",service="artifact-server",type="` + events.TypePackaged + `"} 1`); ; {
 		code, body, err := get("http://" + telemetryAddr + "/metrics")
 		if err == nil && code == http.StatusOK && bytes.Contains(body, want) {
-			if !bytes.Contains(body, []byte(`headwater_http_requests_total{code="200",method="GET"} 2`)) {
-				t.Fatalf("http metrics missing:\n%s", body)
+			if !bytes.Contains(body, []byte(`headwater_http_requests_total{code="200",method="GET"} 2`)) ||
+				!bytes.Contains(body, []byte(`headwater_build_info{goversion="`+build.GoVersion+`",revision="`+build.Revision+
+					`",service="artifact-server",version="`+build.Version+`"} 1`)) {
+				t.Fatalf("http or build metrics missing:\n%s", body)
 			}
 			break
 		}

@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 
 	"github.com/headwater-gitops/headwater/services/artifact-server/internal/announce"
@@ -23,24 +25,17 @@ import (
 const shutdownTimeout = 20 * time.Second
 
 // run serves artifacts and announces results until ctx ends, then stops the
-// announcer and lets downloads in progress finish.
+// announcer and lets downloads in progress finish. It logs with ctx's
+// logger.
 func run(ctx context.Context, o options) error {
-	log := o.telemetry.NewLogger(service)
-	reg := telemetry.NewRegistry()
-
-	store, err := o.storage.Open()
+	log := logr.FromContextOrDiscard(ctx)
+	store, err := o.storage.OpenContext(ctx)
 	if err != nil {
 		return err
 	}
-	if c, ok := store.(io.Closer); ok {
-		defer c.Close()
-	}
-
+	defer storage.Close(store)
 	conn, err := bus.Connect(ctx, o.bus, service, log)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for NATS
-		}
 		return err
 	}
 	defer conn.Close()
@@ -49,6 +44,8 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
 	sinks, err := sink.New(o.sinks, sink.Options{}, reg, log.WithName("sink"))
 	if err != nil {
 		return err

@@ -9,18 +9,15 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
@@ -31,9 +28,11 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
+// service names the fetcher on the bus, in logs and in metrics.
 const service = "fetcher"
 
-// options are the fetcher's flags.
+// options are the fetcher's flags; every flag can also be set from
+// HEADWATER_<FLAG> (see package flagenv).
 type options struct {
 	bus         bus.Options
 	storage     storage.Options
@@ -67,22 +66,16 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 
 func main() {
 	var o options
-	fs := flag.NewFlagSet(service, flag.ExitOnError)
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	o.bindFlags(fs)
-	if err := flagenv.Parse(fs, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := run(ctx, o)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, service+":", err)
-		os.Exit(1)
-	}
+	command.Parse(fs, os.Args[1:])
+	ctx, stop := command.Start(o.telemetry.NewLogger(service))
+	defer stop()
+	command.Exit(ctx, run(ctx, o))
 }
 
-// run builds the fetcher and handles jobs until ctx ends.
+// run builds the fetcher and handles jobs until ctx ends; it logs with
+// ctx's logger.
 func run(ctx context.Context, o options) error {
 	if o.concurrency < 1 {
 		return errors.New("--concurrency must be at least 1")
@@ -96,14 +89,14 @@ func run(ctx context.Context, o options) error {
 	if o.refCacheTTL < 0 {
 		return errors.New("--ref-cache-ttl must not be negative")
 	}
-	log := o.telemetry.NewLogger(service)
+	log := logr.FromContextOrDiscard(ctx)
 	ctrllog.SetLogger(log)
-	ctx = logr.NewContext(ctx, log)
 
-	store, err := o.storage.Open()
+	store, err := o.storage.OpenContext(ctx)
 	if err != nil {
 		return err
 	}
+	defer storage.Close(store)
 	secretReader, err := o.secrets.NewReader()
 	if err != nil {
 		log.Info("no kubernetes cluster: sources that name a secret will fail", "error", err.Error())
@@ -120,6 +113,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
 			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,

@@ -15,9 +15,10 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
@@ -27,7 +28,7 @@ func TestFlags(t *testing.T) {
 	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	o.bindFlags(fs)
 	t.Setenv("HEADWATER_MAX_ATTEMPTS", "7")
-	if err := flagenv.Parse(fs, []string{"-concurrency", "2"}); err != nil {
+	if err := command.ParseArgs(fs, []string{"-concurrency", "2"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 ||
@@ -70,7 +71,6 @@ func TestRun(t *testing.T) {
 	o.bus.URL = ns.ClientURL()
 	o.storage.Path = t.TempDir()
 	o.telemetry.Addr = freeAddr(t)
-	o.telemetry.LogLevel = "error"
 	o.secrets.Kubeconfig = filepath.Join(t.TempDir(), "no-cluster")
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -106,8 +106,12 @@ func TestRun(t *testing.T) {
 		t.Errorf("fetched = %+v, want revision main@sha1:%s", m.Data, commit)
 	}
 
-	// The job is counted once the handler returns, just after it publishes.
-	families := []string{"headwater_fetch_duration_seconds", "headwater_fetch_bytes_total", `headwater_jobs_total{result="success"`}
+	// The job is counted once the handler returns, just after it publishes;
+	// the build information is there from the start.
+	build := buildinfo.Get()
+	families := []string{"headwater_fetch_duration_seconds", "headwater_fetch_bytes_total", `headwater_jobs_total{result="success"`,
+		`headwater_build_info{goversion="` + build.GoVersion + `",revision="` + build.Revision +
+			`",service="fetcher",version="` + build.Version + `"} 1`}
 	deadline := time.Now().Add(30 * time.Second)
 	for missing := families; len(missing) > 0; {
 		if time.Now().After(deadline) {

@@ -9,19 +9,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/packager/internal/cachejanitor"
@@ -29,13 +25,15 @@ import (
 	"github.com/headwater-gitops/headwater/services/packager/internal/staging"
 )
 
+// service names the packager on the bus, in logs and in metrics.
 const service = "packager"
 
 // stagingScanLimit bounds the package-stream messages the staging janitor
 // reads per sweep.
 const stagingScanLimit = 10000
 
-// options are the packager's flags.
+// options are the packager's flags; every flag can also be set from
+// HEADWATER_<FLAG> (see package flagenv).
 type options struct {
 	bus         bus.Options
 	storage     storage.Options
@@ -56,37 +54,30 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 }
 
 func main() {
-	fs := flag.NewFlagSet(service, flag.ExitOnError)
 	var o options
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	o.bindFlags(fs)
-	if err := flagenv.Parse(fs, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	log := o.telemetry.NewLogger(service)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	command.Parse(fs, os.Args[1:])
+	ctx, stop := command.Start(o.telemetry.NewLogger(service))
 	defer stop()
-	if err := run(ctx, o, log, telemetry.NewRegistry()); err != nil {
-		log.Error(err, "packager stopped")
-		os.Exit(1)
-	}
+	command.Exit(ctx, run(ctx, o))
 }
 
-// run builds the packager's parts and handles jobs until ctx ends.
-func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Registry) error {
+// run builds the packager's parts and handles jobs until ctx ends; it logs
+// with ctx's logger.
+func run(ctx context.Context, o options) error {
 	if err := o.packager.Validate(); err != nil {
 		return err
 	}
 	if o.concurrency < 1 {
 		return errors.New("--concurrency must be at least 1")
 	}
+	log := logr.FromContextOrDiscard(ctx)
 	store, err := o.storage.OpenContext(ctx)
 	if err != nil {
 		return err
 	}
-	if c, ok := store.(io.Closer); ok {
-		defer c.Close()
-	}
+	defer storage.Close(store)
 	conn, err := bus.Connect(ctx, o.bus, service, log)
 	if err != nil {
 		return err
@@ -100,6 +91,8 @@ func run(ctx context.Context, o options, log logr.Logger, reg *prometheus.Regist
 	if err != nil {
 		return fmt.Errorf("package stream: %w", err)
 	}
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
 	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
 		return err
 	}

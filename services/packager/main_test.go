@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -12,14 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
@@ -29,7 +31,7 @@ func TestFlagDefaults(t *testing.T) {
 	var o options
 	o.bindFlags(fs)
 	t.Setenv("HEADWATER_ARTIFACT_RETENTION_RECORDS", "5")
-	if err := flagenv.Parse(fs, []string{"-concurrency=3"}); err != nil {
+	if err := command.ParseArgs(fs, []string{"-concurrency=3"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if o.telemetry.Addr != ":9102" || o.concurrency != 3 || o.stagingTTL != time.Hour ||
@@ -52,7 +54,7 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
-		if err := run(context.Background(), o, testr.New(t), prometheus.NewRegistry()); err == nil {
+		if err := run(logr.NewContext(context.Background(), testr.New(t)), o); err == nil {
 			t.Errorf("run accepted %q", args)
 		}
 	}
@@ -77,7 +79,7 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, o, testr.New(t), prometheus.NewRegistry()) }()
+	go func() { done <- run(logr.NewContext(ctx, testr.New(t)), o) }()
 
 	// Ready once connected.
 	eventually(t, "ready", func() bool {
@@ -137,6 +139,7 @@ func TestRun(t *testing.T) {
 		t.Error(err)
 	}
 
+	build := buildinfo.Get()
 	eventually(t, "metrics exported", func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
@@ -149,6 +152,8 @@ func TestRun(t *testing.T) {
 			"headwater_artifact_bytes_count 1",
 			"headwater_gc_deleted_total 0",
 			`headwater_jobs_total{result="success",service="packager",type="` + events.TypeFetched + `"} 1`,
+			`headwater_build_info{goversion="` + build.GoVersion + `",revision="` + build.Revision +
+				`",service="packager",version="` + build.Version + `"} 1`,
 		} {
 			if !strings.Contains(body.String(), sample) {
 				return false

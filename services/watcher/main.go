@@ -12,12 +12,11 @@ import (
 	"math/rand"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/fluxcd/pkg/runtime/jitter"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -29,14 +28,18 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
-	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 )
 
-// options are the watcher's flags.
+// service names the watcher on the bus, in logs and in metrics.
+const service = "watcher"
+
+// options are the watcher's flags; every flag can also be set from
+// HEADWATER_<FLAG> (see package flagenv).
 type options struct {
 	bus       bus.Options
 	telemetry telemetry.Options
@@ -73,22 +76,18 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 
 func main() {
 	var o options
-	fs := flag.NewFlagSet("watcher", flag.ExitOnError)
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	o.bindFlags(fs)
-	if err := flagenv.Parse(fs, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	command.Parse(fs, os.Args[1:])
+	ctx, stop := command.Start(o.telemetry.NewLogger(service))
 	defer stop()
-	if err := run(ctx, o); err != nil {
-		fmt.Fprintln(os.Stderr, "watcher:", err)
-		os.Exit(1)
-	}
+	command.Exit(ctx, run(ctx, o))
 }
 
+// run builds the manager, its controllers and the results consumer, and
+// reconciles until ctx ends; it logs with ctx's logger.
 func run(ctx context.Context, o options) error {
-	log := o.telemetry.NewLogger("watcher")
+	log := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(log)
 	jitter.SetGlobalIntervalJitter(o.intervalJitter/100, rand.New(rand.NewSource(time.Now().UnixNano())))
 
@@ -132,7 +131,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("manager: %w", err)
 	}
 
-	conn, err := bus.Connect(ctx, o.bus, "watcher", log)
+	conn, err := bus.Connect(ctx, o.bus, service, log)
 	if err != nil {
 		return err
 	}
@@ -140,8 +139,10 @@ func run(ctx context.Context, o options) error {
 	if err := conn.EnsureStreams(ctx); err != nil {
 		return err
 	}
-	jobs := conn.NewPublisher("watcher")
+	jobs := conn.NewPublisher(service)
 
+	// The manager serves controller-runtime's registry on -telemetry-addr.
+	telemetry.RegisterBuildInfo(crmetrics.Registry, service)
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -162,7 +163,7 @@ func run(ctx context.Context, o options) error {
 		Live:        mgr.GetAPIReader(),
 		Recorder:    mgr.GetEventRecorder("headwater-watcher"),
 		Concurrency: o.eventConcurrency,
-		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, "watcher"),
+		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, service),
 		Log:         log.WithName("results"),
 	}); err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +22,9 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
@@ -80,7 +83,7 @@ func startEnv(t *testing.T) *env {
 	o.telemetry.Addr = "0"
 	o.telemetry.LogFormat = "text"
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, o) }()
+	go func() { done <- run(logr.NewContext(ctx, o.telemetry.NewLogger(service)), o) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -153,6 +156,31 @@ func TestWatcher(t *testing.T) {
 	t.Run("suspend", func(t *testing.T) { testSuspend(t, e) })
 	t.Run("include", func(t *testing.T) { testInclude(t, e) })
 	t.Run("status patch conflict", func(t *testing.T) { testStatusPatchConflict(t, e) })
+	t.Run("build info", testBuildInfo)
+}
+
+// testBuildInfo finds the build information in the registry the watcher's
+// manager serves on /metrics.
+func testBuildInfo(t *testing.T) {
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := buildinfo.Get()
+	want := map[string]string{"service": "watcher", "version": build.Version, "revision": build.Revision, "goversion": build.GoVersion}
+	for _, f := range families {
+		if f.GetName() == "headwater_build_info" && len(f.GetMetric()) == 1 && f.GetMetric()[0].GetGauge().GetValue() == 1 {
+			got := map[string]string{}
+			for _, l := range f.GetMetric()[0].GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("headwater_build_info labels %v, want %v", got, want)
+			}
+			return
+		}
+	}
+	t.Error("no headwater_build_info 1 on /metrics")
 }
 
 // testStatusPatchConflict writes status from a stale copy: the write must

@@ -1,0 +1,96 @@
+// Package command is what the main of every Headwater service does the same
+// way: read the flags from the command line and the environment, answer
+// -version, log the build it runs, run until SIGTERM or an interrupt, and
+// report a failed run. A service's main reads:
+//
+//	func main() {
+//		var o options
+//		fs := flag.NewFlagSet(service, flag.ContinueOnError)
+//		o.bindFlags(fs)
+//		command.Parse(fs, os.Args[1:])
+//		ctx, stop := command.Start(o.telemetry.NewLogger(service))
+//		defer stop()
+//		command.Exit(ctx, run(ctx, o))
+//	}
+package command
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+
+	"github.com/headwater-gitops/headwater/pkg/buildinfo"
+	"github.com/headwater-gitops/headwater/pkg/flagenv"
+)
+
+// versionFlag prints the build information and exits. It is read from the
+// command line only: a HEADWATER_VERSION in a container's environment (an
+// image tag, say) must not turn a service into a version printer.
+const versionFlag = "version"
+
+// ErrVersion is what ParseArgs returns once it has printed the version for
+// -version: the caller exits, successfully.
+var ErrVersion = errors.New("version printed")
+
+// Parse is ParseArgs for main, writing the version to stdout: it returns
+// only when the service should run, and otherwise exits, 0 after -version
+// or -help and 2 after a bad flag or environment variable.
+func Parse(fs *flag.FlagSet, args []string) {
+	switch err := ParseArgs(fs, args, os.Stdout); {
+	case err == nil:
+	case errors.Is(err, ErrVersion), errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	default:
+		os.Exit(2)
+	}
+}
+
+// ParseArgs adds -version to fs (named after the service), then parses args
+// into it. With -version it writes "<service> version <build information>"
+// to stdout and returns ErrVersion. Otherwise it sets the flags args did not
+// give from the environment (see package flagenv). Errors are printed to
+// fs.Output() and returned.
+func ParseArgs(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	version := fs.Bool(versionFlag, false, "Print the version and build information, then exit.")
+	if err := fs.Parse(args); err != nil {
+		return err // the flag package has printed it
+	}
+	if *version {
+		fmt.Fprintf(stdout, "%s version %s\n", fs.Name(), buildinfo.Get())
+		return ErrVersion
+	}
+	if err := flagenv.FromEnv(fs, versionFlag); err != nil {
+		fmt.Fprintln(fs.Output(), err)
+		return err
+	}
+	return nil
+}
+
+// Start logs that the service starts, with its build information, and
+// returns the context it runs in: it carries log (see logr.FromContext)
+// and ends on SIGTERM or an interrupt. stop releases the signals.
+func Start(log logr.Logger) (ctx context.Context, stop context.CancelFunc) {
+	info := buildinfo.Get()
+	log.Info("starting", "version", info.Version, "revision", info.Revision, "modified", info.Modified,
+		"buildDate", info.BuildDate, "goVersion", info.GoVersion)
+	return signal.NotifyContext(logr.NewContext(context.Background(), log), syscall.SIGTERM, os.Interrupt)
+}
+
+// Exit ends a service whose run(ctx) returned err. A nil err, or a run
+// stopped by a signal before it was up (its error wraps ctx's
+// cancellation), returns to main, which exits 0. Any other error is logged
+// as one line with ctx's logger and the process exits 1.
+func Exit(ctx context.Context, err error) {
+	if err == nil || (ctx.Err() != nil && errors.Is(err, context.Canceled)) {
+		return
+	}
+	logr.FromContextOrDiscard(ctx).Error(err, "stopped")
+	os.Exit(1)
+}
