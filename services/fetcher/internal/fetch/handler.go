@@ -239,7 +239,7 @@ func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, r
 	identity, _ := share.ContentIdentity()
 	revision := res.Revision()
 	key := contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
-	idx, err := contentcache.Lookup(work, h.Storage, key, revision, time.Now())
+	idx, err := contentcache.Lookup(work, h.Storage, key, revision)
 	if err != nil {
 		if work.Err() == nil {
 			log.Error(err, "content cache lookup failed: fetching", "key", key)
