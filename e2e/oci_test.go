@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -175,6 +176,32 @@ func TestOCIRepositoryRefs(t *testing.T) {
 			}
 		})
 	}
+
+	// Layer operation copy stores the layer as it is: the artifact's
+	// bytes and digest are the layer's, its metadata the annotations.
+	t.Run("oci-copy", func(t *testing.T) {
+		const name = "oci-copy"
+		layer := registry.TarGz(t, registry.Files(map[string]string{"chart/Chart.yaml": "name: app\n"})...)
+		a := registry.FluxArtifact(t, nil, "https://github.com/acme/chart", "v1@sha1:3333")
+		a.Layers = []registry.Layer{{MediaType: "application/vnd.cncf.helm.chart.content.v1.tar+gzip", Data: layer}}
+		d := reg.Push(t, "copy", "v1", a)
+		createOCIRepository(t, name, reg.URL("copy"), func(o *sourcev1.OCIRepository) {
+			o.Spec.Reference = &sourcev1.OCIRepositoryRef{Tag: "v1"}
+			o.Spec.LayerSelector = &sourcev1.OCILayerSelector{MediaType: "application/vnd.cncf.helm.chart.content.v1.tar+gzip", Operation: sourcev1.OCILayerCopy}
+		})
+		rev := "v1@" + d.String()
+		obj := waitOCIArtifact(t, name, rev)
+		checkOCIStored(t, obj, rev)
+		if body := download(t, obj.Status.Artifact.URL); !bytes.Equal(body, layer) {
+			t.Errorf("artifact is %d bytes, want the layer's %d bytes as they are", len(body), len(layer))
+		}
+		if want := sha256Digest(layer); obj.Status.Artifact.Digest != want {
+			t.Errorf("artifact digest %s, want the layer's %s", obj.Status.Artifact.Digest, want)
+		}
+		if md := obj.Status.Artifact.Metadata; md[registry.RevisionAnnotation] != "v1@sha1:3333" {
+			t.Errorf("artifact metadata %v, want the manifest's annotations", md)
+		}
+	})
 
 	// Changing the layer selector rebuilds the artifact of the same digest.
 	t.Run("layer selector changed", func(t *testing.T) {

@@ -106,13 +106,20 @@ type Fetched struct {
 	// Revision is the upstream revision in Flux's format, e.g.
 	// "main@sha1:<commit>" or "sha256:<hex>".
 	Revision string `json:"revision"`
-	// Staging is the storage key of the staged content: an uncompressed tar
-	// stream in canonical entry order (see package archive), already
-	// filtered by the source's ignore rules.
+	// Staging is the storage key of the staged content, in the form
+	// StagedAs names.
 	Staging string `json:"staging"`
+	// StagedAs is the form of the staged content: StagedTar (empty, an
+	// uncompressed tar stream in canonical entry order, see package
+	// archive, already filtered by the source's ignore rules) or
+	// StagedBlob (a file stored as it is).
+	StagedAs string `json:"stagedAs,omitempty"`
 	// ArtifactName is the file name the artifact is stored under in the
 	// source's directory, e.g. "<commit>.tar.gz".
 	ArtifactName string `json:"artifactName"`
+	// Metadata is the artifact's metadata (Flux's artifact.metadata: an
+	// OCI artifact's manifest annotations), if any.
+	Metadata map[string]string `json:"metadata,omitempty"`
 	// EventMessage is the message of the NewArtifact Kubernetes Event, in
 	// Flux's words (e.g. "stored artifact for commit 'Add README'").
 	EventMessage string `json:"eventMessage,omitempty"`
@@ -134,6 +141,16 @@ type Fetched struct {
 	// copy of the cached one it names, and nothing is staged at Staging.
 	Reuse *Reuse `json:"reuse,omitempty"`
 }
+
+// The forms of staged content (Fetched.StagedAs).
+const (
+	// StagedTar is an uncompressed tar the packager canonicalises and
+	// compresses into the artifact.
+	StagedTar = ""
+	// StagedBlob is a file the packager stores as the artifact as it is
+	// (an OCIRepository layer with layer operation copy).
+	StagedBlob = "blob"
+)
 
 // Reuse names a cached artifact with the content a Fetched job needs,
 // found by the job's ContentKey.

@@ -183,10 +183,14 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		Revision:     content.Revision,
 		Staging:      key,
 		ArtifactName: content.ArtifactName,
+		Metadata:     content.Metadata,
 		EventMessage: content.EventMessage,
 		Notices:      notices,
 		Verification: content.Verification,
 		Includes:     req.Includes,
+	}
+	if content.Blob != "" {
+		out.StagedAs = events.StagedBlob
 	}
 	if share != nil {
 		// The content downloaded may be of a newer revision than resolved.
@@ -267,6 +271,7 @@ func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, r
 		// earlier attempt of the job may have staged.
 		Staging:      storage.StagingKey(req.Job.ID),
 		ArtifactName: idx.ArtifactName,
+		Metadata:     idx.Metadata,
 		EventMessage: idx.EventMessage,
 		Notices:      notices,
 		Includes:     req.Includes,
@@ -302,9 +307,13 @@ func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Noti
 	}
 }
 
-// stage streams the tar of content into storage at key and returns its
-// size. An archiving failure is a *failure.Error; a storage failure is not.
+// stage streams the tar of content, or its blob, into storage at key and
+// returns its size. An archiving failure is a *failure.Error; a storage
+// failure is not.
 func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
+	if content.Blob != "" {
+		return h.stageBlob(ctx, key, content.Blob)
+	}
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
@@ -333,6 +342,25 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 			// The spec's timeout ran out while staging.
 			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 				Err: fmt.Errorf("unable to archive artifact to storage: %w", ctx.Err())}
+		}
+		return 0, fmt.Errorf("stage %s: %w", key, err)
+	}
+	return info.Size, nil
+}
+
+// stageBlob copies the file blob into storage at key as it is.
+func (h *Handler) stageBlob(ctx context.Context, key, blob string) (int64, error) {
+	f, err := os.Open(blob)
+	if err != nil {
+		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+			Err: fmt.Errorf("unable to copy artifact to storage: %w", err)}
+	}
+	defer f.Close()
+	info, err := h.Storage.Put(ctx, key, f)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+				Err: fmt.Errorf("unable to copy artifact to storage: %w", ctx.Err())}
 		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}

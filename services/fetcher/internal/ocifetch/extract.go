@@ -2,6 +2,7 @@ package ocifetch
 
 import (
 	"archive/tar"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -54,7 +56,8 @@ func (r *resolved) extract(ctx context.Context, layer v1.Layer, dir string) erro
 		return e
 	}
 	defer blob.Close()
-	src := &readTracker{r: blob}
+	var readErr error
+	src := archive.OnReadError(blob, func(err error) { readErr = cmp.Or(readErr, err) })
 	err = untar(ctx, src, dir, r.src.MaxFileSize, limit)
 	if err == nil {
 		// Read to the end: the digest is checked there.
@@ -63,9 +66,9 @@ func (r *resolved) extract(ctx context.Context, layer v1.Layer, dir string) erro
 	switch {
 	case err == nil:
 		return nil
-	case src.err != nil:
+	case readErr != nil:
 		// The registry failed, or served other bytes than the digest.
-		e := pullError(src.err, "failed to extract layer contents from artifact: %w", src.err)
+		e := pullError(readErr, "failed to extract layer contents from artifact: %w", readErr)
 		e.Reason = sourcev1.OCILayerOperationFailedReason
 		return e
 	case ctx.Err() != nil:
@@ -75,6 +78,54 @@ func (r *resolved) extract(ctx context.Context, layer v1.Layer, dir string) erro
 	default:
 		// The content itself is unusable: it fails again until it changes.
 		return layerError(failure.Final, err)
+	}
+}
+
+// blobName is the file a copied layer is written to in the download
+// directory.
+const blobName = "layer.blob"
+
+// copyLayer writes layer's blob as it is into dir and returns its path:
+// Flux's layer operation copy. The blob is bounded by the fetcher's file
+// size limit and checked against its digest.
+func (r *resolved) copyLayer(layer v1.Layer, dir string) (string, error) {
+	layerError := func(h failure.Handling, format string, args ...any) error {
+		return source.FailedWith(h, sourcev1.OCILayerOperationFailedReason, format, args...)
+	}
+	size, err := layer.Size()
+	if err != nil {
+		return "", layerError(failure.Final, "failed to copy layer from artifact: %w", err)
+	}
+	if limit := r.src.MaxFileSize; limit > 0 && size > limit {
+		return "", layerError(failure.Final, "failed to copy layer from artifact: %w: layer is %d bytes, over the limit of %d",
+			archive.ErrTooLarge, size, limit)
+	}
+	blob, err := layer.Compressed()
+	if err != nil {
+		e := pullError(err, "failed to extract the first layer from artifact: %w", err)
+		e.Reason = sourcev1.OCILayerOperationFailedReason
+		return "", e
+	}
+	defer blob.Close()
+	p := filepath.Join(dir, blobName)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return "", layerError(failure.Transient, "failed to create file to copy layer to: %w", err)
+	}
+	var readErr error
+	_, err = io.Copy(f, archive.OnReadError(blob, func(err error) { readErr = cmp.Or(readErr, err) }))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err == nil:
+		return p, nil
+	case readErr != nil:
+		e := pullError(readErr, "failed to copy layer from artifact: %w", readErr)
+		e.Reason = sourcev1.OCILayerOperationFailedReason
+		return "", e
+	default:
+		return "", layerError(failure.Transient, "failed to copy layer from artifact: %w", err)
 	}
 }
 
@@ -94,20 +145,6 @@ func localFailure(err error) bool {
 		return false
 	}
 	return !errors.Is(err, fs.ErrExist) && !errors.Is(err, syscall.ENOTDIR) && !errors.Is(err, syscall.EISDIR)
-}
-
-// readTracker remembers the first error of its reader other than EOF.
-type readTracker struct {
-	r   io.Reader
-	err error
-}
-
-func (t *readTracker) Read(p []byte) (int, error) {
-	n, err := t.r.Read(p)
-	if err != nil && err != io.EOF && t.err == nil {
-		t.err = err
-	}
-	return n, err
 }
 
 // untar extracts the gzip-compressed tar r into dir.

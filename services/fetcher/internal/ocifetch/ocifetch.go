@@ -137,10 +137,7 @@ func checkSpec(spec *sourcev1.OCIRepositorySpec) error {
 	}
 	if ls := spec.LayerSelector; ls != nil {
 		switch ls.Operation {
-		case "", sourcev1.OCILayerExtract:
-		case sourcev1.OCILayerCopy:
-			return source.StalledError(sourcev1.OCILayerOperationFailedReason,
-				"layer operation '%s' is not supported yet: use '%s'", ls.Operation, sourcev1.OCILayerExtract)
+		case "", sourcev1.OCILayerExtract, sourcev1.OCILayerCopy:
 		default:
 			return source.StalledError(sourcev1.OCILayerOperationFailedReason, "unsupported layer operation: %s", ls.Operation)
 		}
@@ -247,7 +244,8 @@ func (s *Source) maxExtractSize() int64 {
 }
 
 // Download pulls the manifest by the resolved digest (for an image index,
-// the linux/amd64 manifest), selects the layer and extracts it into dir.
+// the linux/amd64 manifest), selects the layer and extracts it into dir,
+// or, for layer operation copy, writes it into dir as it is.
 func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, error) {
 	ref := r.repo.Digest(r.digest.String())
 	img, err := r.image(ctx, ref)
@@ -262,6 +260,20 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err != nil {
 		return nil, err
 	}
+	revision := r.Revision()
+	content := &source.Content{
+		Root:         dir,
+		Revision:     revision,
+		ArtifactName: r.digest.String() + ".tar.gz",
+		EventMessage: newArtifactMessage(revision, r.url, manifest.Annotations),
+		Metadata:     manifest.Annotations,
+	}
+	if r.operation == sourcev1.OCILayerCopy {
+		if content.Blob, err = r.copyLayer(layer, dir); err != nil {
+			return nil, err
+		}
+		return content, nil
+	}
 	if err := r.extract(ctx, layer, dir); err != nil {
 		return nil, err
 	}
@@ -269,14 +281,8 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err != nil {
 		return nil, source.Failed("SourceIgnoreError", "%w", err)
 	}
-	revision := r.Revision()
-	return &source.Content{
-		Root:         dir,
-		Exclude:      filter.Exclude,
-		Revision:     revision,
-		ArtifactName: r.digest.String() + ".tar.gz",
-		EventMessage: newArtifactMessage(revision, r.url, manifest.Annotations),
-	}, nil
+	content.Exclude = filter.Exclude
+	return content, nil
 }
 
 // newArtifactMessage is Flux's NewArtifact message, with the artifact's

@@ -3,6 +3,7 @@ package ocifetch
 import (
 	"archive/tar"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -520,4 +521,45 @@ func TestContentIdentity(t *testing.T) {
 	if strings.Contains(strings.Join(a, " "), "@") {
 		t.Errorf("identity %q holds credentials", a)
 	}
+}
+
+// Layer operation copy writes the blob as it is, checked against its
+// digest, for the packager to store unchanged.
+func TestCopy(t *testing.T) {
+	reg := registry.New(t, registry.Options{})
+	layer := registry.TarGz(t, registry.Files(map[string]string{"chart/Chart.yaml": "name: app\n"})...)
+	a := registry.FluxArtifact(t, nil, "https://github.com/x/app", "v1@sha1:1234")
+	a.Layers = []registry.Layer{{MediaType: "application/vnd.cncf.helm.chart.content.v1.tar+gzip", Data: layer}}
+	d := reg.Push(t, "chart", "v1", a)
+	reg.Push(t, "big", "v1", registry.Artifact{Layers: []registry.Layer{{Data: registry.TarGz(t, registry.Entry{Name: "noise", Body: strings.Repeat("x", 1<<10) + randomText(t, 4<<10)})}}})
+
+	copySpec := func(repo string) sourcev1.OCIRepositorySpec {
+		return sourcev1.OCIRepositorySpec{URL: reg.URL(repo), Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"},
+			LayerSelector: &sourcev1.OCILayerSelector{Operation: sourcev1.OCILayerCopy}}
+	}
+	ctx := context.Background()
+	res, err := (&Source{}).Resolve(ctx, request(copySpec("chart")))
+	must(t, err)
+	dir := t.TempDir()
+	content, err := res.Download(ctx, dir)
+	must(t, err)
+	got, err := os.ReadFile(content.Blob)
+	must(t, err)
+	if string(got) != string(layer) || filepath.Dir(content.Blob) != dir {
+		t.Errorf("blob %s holds %d bytes, want the layer's %d under %s", content.Blob, len(got), len(layer), dir)
+	}
+	if content.ArtifactName != d.String()+".tar.gz" || content.Metadata[registry.RevisionAnnotation] != "v1@sha1:1234" {
+		t.Errorf("artifact name %s, metadata %v", content.ArtifactName, content.Metadata)
+	}
+
+	_, _, _, err = fetch(t, &Source{MaxFileSize: 2 << 10}, request(copySpec("big")))
+	checkFailure(t, err, sourcev1.OCILayerOperationFailedReason, failure.Final, "failed to copy layer from artifact: file too large")
+}
+
+// randomText is n bytes that do not compress.
+func randomText(t *testing.T, n int) string {
+	b := make([]byte, n/2)
+	_, err := rand.Read(b)
+	must(t, err)
+	return hex.EncodeToString(b)
 }

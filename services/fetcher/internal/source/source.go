@@ -54,6 +54,10 @@ type Shareable interface {
 type Content struct {
 	// Root is the directory to archive.
 	Root string
+	// Blob, when set, is a file under Root stored as the artifact as it is
+	// (an OCI layer with layer operation copy), instead of an archive of
+	// Root.
+	Blob string
 	// Exclude leaves paths out of the archive (see archive.TarOptions).
 	Exclude func(rel string, isDir bool) bool
 	// Revision of the downloaded content, which may be newer than the
@@ -63,6 +67,8 @@ type Content struct {
 	ArtifactName string
 	// EventMessage is the message of the NewArtifact event, in Flux's words.
 	EventMessage string
+	// Metadata is the artifact's metadata (an OCI artifact's annotations).
+	Metadata map[string]string
 	// Verification is the result of checking the content's signatures
 	// (a GitRepository's spec.verify); nil when none were asked for.
 	Verification *events.Verification

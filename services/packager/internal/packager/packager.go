@@ -5,7 +5,7 @@
 //
 //	content in  -> the job's input writes the artifact to storage, with
 //	               its digest (input: staged content canonicalised, a
-//	               cached artifact copied, ...)
+//	               staged blob stored as it is, a cached artifact copied)
 //	latest      -> the source's latest pointer moves to it
 //	record      -> the content cache learns of it
 //	announce    -> Packaged is published
@@ -146,7 +146,8 @@ type packaging struct {
 }
 
 // plan checks a Fetched job and chooses its input: the cached artifact it
-// reuses, or the staged tar the fetcher wrote. An invalid job is a Final
+// reuses, the staged tar the fetcher wrote, or the staged blob it stores
+// as it is. An invalid job is a Final
 // failure.
 func (p *Packager) plan(f *events.Fetched) (*packaging, error) {
 	dir, err := sourceDir(f.Job.Object)
@@ -162,7 +163,17 @@ func (p *Packager) plan(f *events.Fetched) (*packaging, error) {
 	}
 	j := &packaging{Fetched: f, dir: dir, key: key, cacheKey: f.ContentKey}
 	if f.Reuse == nil {
-		j.in = &stagedTar{p: p, job: f}
+		switch f.StagedAs {
+		case events.StagedTar:
+			j.in = &stagedTar{p: p, job: f}
+		case events.StagedBlob:
+			if len(f.Includes) > 0 {
+				return nil, archiveFailure(failure.Final, "content stored as it is cannot include other artifacts")
+			}
+			j.in = &stagedBlob{p: p, job: f}
+		default:
+			return nil, archiveFailure(failure.Final, "unknown form of staged content %q", f.StagedAs)
+		}
 		return j, nil
 	}
 	cacheKey, ok := contentcache.KeyOfArtifact(f.Reuse.Key)
@@ -266,6 +277,7 @@ func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Arti
 		Revision:     j.Revision,
 		ArtifactName: j.ArtifactName,
 		EventMessage: j.EventMessage,
+		Metadata:     j.Metadata,
 	}
 	if j.reused {
 		if err := contentcache.Refresh(ctx, p.store, idx, p.now()); err != nil {
@@ -289,6 +301,7 @@ func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Arti
 // is the bus's.
 func (p *Packager) announce(ctx context.Context, j *packaging, artifact *meta.Artifact) error {
 	artifact.Revision = j.Revision
+	artifact.Metadata = j.Metadata
 	out := events.Outcome{
 		Job:               j.Job,
 		Revision:          j.Revision,
