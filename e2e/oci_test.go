@@ -3,7 +3,6 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -14,9 +13,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	gcrv1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/registry"
@@ -339,46 +336,26 @@ func createOCIRepository(t *testing.T, name, url string, opts ...func(*sourcev1.
 	for _, o := range opts {
 		o(obj)
 	}
-	if err := env.Client.Create(t.Context(), obj); err != nil {
-		t.Fatalf("create ocirepository %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		if err := env.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete ocirepository %s: %v", name, err)
-		}
-	})
+	createObject(t, obj)
 }
 
 // getOCI returns the OCIRepository name.
 func getOCI(t *testing.T, name string) *sourcev1.OCIRepository {
 	t.Helper()
-	var obj sourcev1.OCIRepository
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: name}, &obj); err != nil {
-		t.Fatalf("get ocirepository %s: %v", name, err)
-	}
-	return &obj
+	return getObject(t, name, &sourcev1.OCIRepository{})
 }
 
 // patchOCI applies mutate to the OCIRepository name with a merge patch.
 func patchOCI(t *testing.T, name string, mutate func(*sourcev1.OCIRepository)) {
 	t.Helper()
-	obj := getOCI(t, name)
-	base := client.MergeFrom(obj.DeepCopy())
-	mutate(obj)
-	if err := env.Client.Patch(t.Context(), obj, base); err != nil {
-		t.Fatalf("patch ocirepository %s: %v", name, err)
-	}
+	patchObject(t, getOCI(t, name), mutate)
 }
 
 // requestOCIReconcile sets reconcile.fluxcd.io/requestedAt to now, as
 // `flux reconcile source oci` does, and returns the token.
 func requestOCIReconcile(t *testing.T, name string) string {
 	t.Helper()
-	token := time.Now().UTC().Format(time.RFC3339Nano)
-	patchOCI(t, name, func(o *sourcev1.OCIRepository) { metav1.SetMetaDataAnnotation(&o.ObjectMeta, meta.ReconcileRequestAnnotation, token) })
-	return token
+	return requestReconcileOf(t, getOCI(t, name))
 }
 
 // waitOCIArtifact waits until the OCIRepository name is Ready for its

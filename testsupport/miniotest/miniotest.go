@@ -58,23 +58,7 @@ type Server struct {
 // tests can use it.
 func New(tb testing.TB) *Server {
 	tb.Helper()
-	bin, err := Binary()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s, err := start(bin, tb.TempDir())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			tb.Error(err)
-		}
-		if tb.Failed() {
-			tb.Logf("minio output (tail):\n%s", s.Output())
-		}
-	})
-	return s
+	return process.ForTest(tb, BinEnv, "MinIO", start)
 }
 
 // Start starts a server with its data in dir (created if needed), for use
@@ -92,12 +76,9 @@ func Start(dir string) (*Server, error) {
 
 // Binary returns the MinIO binary named by HEADWATER_MINIO_BIN.
 func Binary() (string, error) {
-	bin := os.Getenv(BinEnv)
-	if bin == "" {
-		return "", fmt.Errorf("miniotest: %s is not set: run `make test` (it builds MinIO)", BinEnv)
-	}
-	if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
-		return "", fmt.Errorf("miniotest: MinIO binary %s (from %s) is missing: run `make test` (it builds MinIO)", bin, BinEnv)
+	bin, err := process.Binary(BinEnv, "MinIO")
+	if err != nil {
+		return "", fmt.Errorf("miniotest: %w", err)
 	}
 	return bin, nil
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -123,4 +124,48 @@ func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.buf)
+}
+
+// Binary returns the path of the binary the environment variable env
+// names; what names the server in errors ("MinIO").
+func Binary(env, what string) (string, error) {
+	bin := os.Getenv(env)
+	if bin == "" {
+		return "", fmt.Errorf("%s is not set: run `make test` (it builds %s)", env, what)
+	}
+	if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
+		return "", fmt.Errorf("%s binary %s (from %s) is missing: run `make test` (it builds %s)", what, bin, env, what)
+	}
+	return bin, nil
+}
+
+// Server is a test server built on a Process.
+type Server interface {
+	Stop() error
+	Output() string
+}
+
+// ForTest starts a server for tb with start, on the binary env names and a
+// temporary directory, and stops it when the test ends, logging the tail
+// of its output if the test failed. It fails the test when the binary is
+// not available or the server does not start.
+func ForTest[S Server](tb testing.TB, env, what string, start func(bin, dir string) (S, error)) S {
+	tb.Helper()
+	bin, err := Binary(env, what)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := start(bin, tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			tb.Error(err)
+		}
+		if tb.Failed() {
+			tb.Logf("%s output (tail):\n%s", what, s.Output())
+		}
+	})
+	return s
 }

@@ -89,23 +89,7 @@ type Request struct {
 // binary is not available.
 func New(tb testing.TB, o Options) *Server {
 	tb.Helper()
-	bin, err := Binary()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s, err := start(bin, tb.TempDir(), o)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			tb.Error(err)
-		}
-		if tb.Failed() {
-			tb.Logf("registry output (tail):\n%s", s.Output())
-		}
-	})
-	return s
+	return process.ForTest(tb, BinEnv, "registry", func(bin, dir string) (*Server, error) { return start(bin, dir, o) })
 }
 
 // Start starts a server with its storage in dir (created if needed), for
@@ -123,12 +107,9 @@ func Start(dir string, o Options) (*Server, error) {
 
 // Binary returns the registry binary named by HEADWATER_REGISTRY_BIN.
 func Binary() (string, error) {
-	bin := os.Getenv(BinEnv)
-	if bin == "" {
-		return "", fmt.Errorf("registry: %s is not set: run `make test` (it builds the registry)", BinEnv)
-	}
-	if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
-		return "", fmt.Errorf("registry: registry binary %s (from %s) is missing: run `make test` (it builds the registry)", bin, BinEnv)
+	bin, err := process.Binary(BinEnv, "the registry")
+	if err != nil {
+		return "", fmt.Errorf("registry: %w", err)
 	}
 	return bin, nil
 }
@@ -209,6 +190,19 @@ func (s *Server) CountRequests(method, part string) int {
 		}
 	}
 	return n
+}
+
+// WaitRequests waits up to timeout until CountRequests(method, part) is at
+// least n and returns it: the registry logs a request after its response.
+func (s *Server) WaitRequests(method, part string, n int, timeout time.Duration) int {
+	deadline := time.Now().Add(timeout)
+	for {
+		c := s.CountRequests(method, part)
+		if c >= n || time.Now().After(deadline) {
+			return c
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Output is the tail of the server's combined output.

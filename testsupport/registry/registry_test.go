@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -76,7 +77,7 @@ func TestPushAndPull(t *testing.T) {
 			if string(body) != "kind: ConfigMap\n" {
 				t.Fatalf("body %q", body)
 			}
-			if n := s.CountRequests("GET", "/blobs/"+m.Layers[0].Digest.String()); n != 1 {
+			if n := s.WaitRequests("GET", "/blobs/"+m.Layers[0].Digest.String(), 1, 5*time.Second); n != 1 {
 				t.Fatalf("layer downloads recorded: %d, want 1; requests %v", n, s.Requests())
 			}
 			if _, err := os.Stat(s.BlobPath(m.Layers[0].Digest)); err != nil {

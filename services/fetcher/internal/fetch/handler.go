@@ -334,14 +334,12 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 				werr = cause
 			}
 		}
-		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-			Handling: handling, Err: fmt.Errorf("unable to archive artifact to storage: %w", werr)}
+		return 0, stageFailure(handling, "archive", werr)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// The spec's timeout ran out while staging.
-			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-				Err: fmt.Errorf("unable to archive artifact to storage: %w", ctx.Err())}
+			return 0, stageFailure(failure.Transient, "archive", ctx.Err())
 		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
@@ -352,19 +350,24 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 func (h *Handler) stageBlob(ctx context.Context, key, blob string) (int64, error) {
 	f, err := os.Open(blob)
 	if err != nil {
-		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-			Err: fmt.Errorf("unable to copy artifact to storage: %w", err)}
+		return 0, stageFailure(failure.Transient, "copy", err)
 	}
 	defer f.Close()
 	info, err := h.Storage.Put(ctx, key, f)
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-				Err: fmt.Errorf("unable to copy artifact to storage: %w", ctx.Err())}
+			return 0, stageFailure(failure.Transient, "copy", ctx.Err())
 		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
 	return info.Size, nil
+}
+
+// stageFailure is a failure to stage content, in Flux's words ("unable to
+// archive artifact to storage", "unable to copy ...").
+func stageFailure(h failure.Handling, verb string, err error) *failure.Error {
+	return &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+		Handling: h, Err: fmt.Errorf("unable to %s artifact to storage: %w", verb, err)}
 }
 
 func (h *Handler) observe(kind, result string, start time.Time) {

@@ -239,22 +239,17 @@ func writeFile(root *os.Root, rel string, h *tar.Header, body io.Reader) error {
 }
 
 // entryPath returns a tar entry's name as a clean relative path ("" for
-// the root), refusing, as Flux does, absolute names, backslashes and any
-// ".." segment.
+// the root, "./"), refusing, as Flux does, absolute names, backslashes and
+// any ".." segment.
 func entryPath(name string) (string, error) {
-	if name == "" || strings.HasPrefix(name, "/") || strings.Contains(name, `\`) {
-		return "", fmt.Errorf("%w: tar contained invalid name error %q", errUnsafe, name)
-	}
-	for _, seg := range strings.Split(name, "/") {
-		if seg == ".." {
-			return "", fmt.Errorf("%w: tar contained invalid name error %q", errUnsafe, name)
-		}
-	}
-	clean := path.Clean(name)
-	if clean == "." {
+	if name != "" && path.Clean(name) == "." {
 		return "", nil
 	}
-	return clean, nil
+	rel, err := archive.SafeName(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: tar contained invalid name error %q", errUnsafe, name)
+	}
+	return rel, nil
 }
 
 // escapes reports whether a link at rel to target points out of the tree.

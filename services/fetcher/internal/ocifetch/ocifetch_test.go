@@ -6,8 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
-	"io/fs"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -32,6 +31,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
 	"github.com/headwater-gitops/headwater/testsupport/registry"
 )
 
@@ -60,62 +60,6 @@ func request(spec sourcev1.OCIRepositorySpec) *events.FetchRequested {
 		Job: events.Job{ID: "job-1", RequestedAt: time.Now(),
 			Object: events.ObjectRef{Kind: Kind, Namespace: "default", Name: "podinfo", UID: "uid-1", Generation: 1}},
 		OCIRepository: &spec,
-	}
-}
-
-// files lists the regular files under dir that content keeps, with their
-// content.
-func files(t *testing.T, dir string, content *source.Content) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		rel = filepath.ToSlash(rel)
-		if d.Type()&fs.ModeSymlink != 0 {
-			t.Errorf("symbolic link %s extracted", rel)
-			return nil
-		}
-		if !d.Type().IsRegular() || (content.Exclude != nil && content.Exclude(rel, false)) {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		out[rel] = string(b)
-		return err
-	}))
-	return out
-}
-
-// fetch resolves and downloads req.
-func fetch(t *testing.T, src *Source, req *events.FetchRequested) (string, *source.Content, map[string]string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := src.Resolve(ctx, req)
-	if err != nil {
-		return "", nil, nil, err
-	}
-	dir := t.TempDir()
-	content, err := res.Download(ctx, dir)
-	if err != nil {
-		return res.Revision(), nil, nil, err
-	}
-	return res.Revision(), content, files(t, dir, content), nil
-}
-
-// checkFailure checks that err is a *failure.Error with reason, handling and
-// a message containing message.
-func checkFailure(t *testing.T, err error, reason string, handling failure.Handling, message string) {
-	t.Helper()
-	var ferr *failure.Error
-	if !errors.As(err, &ferr) {
-		t.Fatalf("error = %v (%T), want a *failure.Error", err, err)
-	}
-	if ferr.Reason != reason || ferr.Handling != handling || !strings.Contains(ferr.Error(), message) {
-		t.Errorf("failure = reason %q, handling %s, message %q\nwant reason %q, handling %s, message containing %q",
-			ferr.Reason, ferr.Handling, ferr.Error(), reason, handling, message)
 	}
 }
 
@@ -163,7 +107,7 @@ func TestFetch(t *testing.T) {
 	src := &Source{}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rev, content, got, err := fetch(t, src, request(tc.spec))
+			rev, content, got, err := sourcetest.Fetch(t, src, request(tc.spec))
 			must(t, err)
 			if !strings.HasPrefix(rev, tc.revision) || content.Revision != rev {
 				t.Errorf("revision %s (content %s), want %s", rev, content.Revision, tc.revision)
@@ -175,7 +119,7 @@ func TestFetch(t *testing.T) {
 			if content.ArtifactName != digest+".tar.gz" {
 				t.Errorf("artifact name %s, want %s.tar.gz", content.ArtifactName, digest)
 			}
-			if !mapsEqual(got, tc.files) {
+			if !maps.Equal(got, tc.files) {
 				t.Errorf("files %v, want %v", got, tc.files)
 			}
 			if tc.message != "" && content.EventMessage != tc.message {
@@ -183,18 +127,6 @@ func TestFetch(t *testing.T) {
 			}
 		})
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // Resolving a tag asks for the manifest's digest with HEAD and nothing
@@ -222,7 +154,7 @@ func TestResolveDownloadsNothing(t *testing.T) {
 	}
 	// Proving access to it asks for the manifest with HEAD.
 	must(t, res.(source.Shareable).ProveAccess(context.Background()))
-	if reg.CountRequests(http.MethodHead, "/manifests/"+d.String()) != 1 {
+	if reg.WaitRequests(http.MethodHead, "/manifests/"+d.String(), 1, 5*time.Second) != 1 {
 		t.Errorf("ProveAccess requests: %v", reg.Requests()[before:])
 	}
 }
@@ -238,13 +170,13 @@ func TestMultiPlatformIndex(t *testing.T) {
 	idx := reg.PushIndex(t, "multi", "v1", arm, amd)
 	reg.PushIndex(t, "noamd", "v1", arm, win)
 
-	rev, _, got, err := fetch(t, &Source{}, request(sourcev1.OCIRepositorySpec{URL: reg.URL("multi"), Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"}}))
+	rev, _, got, err := sourcetest.Fetch(t, &Source{}, request(sourcev1.OCIRepositorySpec{URL: reg.URL("multi"), Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"}}))
 	must(t, err)
 	if rev != "v1@"+idx.String() || got["arch"] != "amd64" {
 		t.Errorf("revision %s, files %v: want the index digest and the linux/amd64 content", rev, got)
 	}
-	_, _, _, err = fetch(t, &Source{}, request(sourcev1.OCIRepositorySpec{URL: reg.URL("noamd"), Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"}}))
-	checkFailure(t, err, sourcev1.OCIPullFailedReason, failure.Final, "has no manifest for platform 'linux/amd64' (it has: linux/arm64, windows/amd64)")
+	_, _, _, err = sourcetest.Fetch(t, &Source{}, request(sourcev1.OCIRepositorySpec{URL: reg.URL("noamd"), Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"}}))
+	sourcetest.CheckFailure(t, err, sourcev1.OCIPullFailedReason, failure.Final, "has no manifest for platform 'linux/amd64' (it has: linux/arm64, windows/amd64)")
 }
 
 func TestAuthentication(t *testing.T) {
@@ -311,7 +243,7 @@ func TestAuthentication(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rev, _, got, err := fetch(t, src, request(tc.spec))
+			rev, _, got, err := sourcetest.Fetch(t, src, request(tc.spec))
 			if tc.reason == "" {
 				must(t, err)
 				if rev != "v1@"+d.String() || got["a"] != "b" {
@@ -319,7 +251,7 @@ func TestAuthentication(t *testing.T) {
 				}
 				return
 			}
-			checkFailure(t, err, tc.reason, tc.handling, tc.message)
+			sourcetest.CheckFailure(t, err, tc.reason, tc.handling, tc.message)
 		})
 	}
 }
@@ -337,14 +269,14 @@ func TestProxy(t *testing.T) {
 		secret("bad-proxy", map[string][]byte{"address": []byte("ftp://proxy")}))}
 	spec := sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"},
 		ProxySecretRef: &meta.LocalObjectReference{Name: "proxy"}, Insecure: true}
-	_, _, got, err := fetch(t, src, request(spec))
+	_, _, got, err := sourcetest.Fetch(t, src, request(spec))
 	must(t, err)
 	if got["a"] != "b" || proxied == 0 {
 		t.Errorf("files %v, %d requests through the proxy", got, proxied)
 	}
 	spec.ProxySecretRef.Name = "bad-proxy"
-	_, _, _, err = fetch(t, src, request(spec))
-	checkFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Stalling, "proxy URL must use one of the supported schemes")
+	_, _, _, err = sourcetest.Fetch(t, src, request(spec))
+	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Stalling, "proxy URL must use one of the supported schemes")
 }
 
 func TestBadInput(t *testing.T) {
@@ -438,14 +370,14 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, _, err := fetch(t, src, request(tc.spec))
-			checkFailure(t, err, tc.reason, tc.handling, tc.message)
+			_, _, _, err := sourcetest.Fetch(t, src, request(tc.spec))
+			sourcetest.CheckFailure(t, err, tc.reason, tc.handling, tc.message)
 		})
 	}
 	t.Run("symlinks inside are left out", func(t *testing.T) {
-		_, _, got, err := fetch(t, src, request(sourcev1.OCIRepositorySpec{URL: reg.URL("symlink-in"), Reference: tag}))
+		_, _, got, err := sourcetest.Fetch(t, src, request(sourcev1.OCIRepositorySpec{URL: reg.URL("symlink-in"), Reference: tag}))
 		must(t, err)
-		if !mapsEqual(got, map[string]string{"dir/a": "x"}) {
+		if !maps.Equal(got, map[string]string{"dir/a": "x"}) {
 			t.Errorf("files %v", got)
 		}
 	})
@@ -491,8 +423,8 @@ func TestHostileManifests(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := hostile(t, reg, tc.body)
 			host := strings.TrimPrefix(srv.URL, "http://")
-			_, _, _, err := fetch(t, &Source{}, request(sourcev1.OCIRepositorySpec{URL: "oci://" + host + "/app", Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"}}))
-			checkFailure(t, err, tc.reason, tc.handling, tc.message)
+			_, _, _, err := sourcetest.Fetch(t, &Source{}, request(sourcev1.OCIRepositorySpec{URL: "oci://" + host + "/app", Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"}}))
+			sourcetest.CheckFailure(t, err, tc.reason, tc.handling, tc.message)
 		})
 	}
 }
@@ -552,8 +484,8 @@ func TestCopy(t *testing.T) {
 		t.Errorf("artifact name %s, metadata %v", content.ArtifactName, content.Metadata)
 	}
 
-	_, _, _, err = fetch(t, &Source{MaxFileSize: 2 << 10}, request(copySpec("big")))
-	checkFailure(t, err, sourcev1.OCILayerOperationFailedReason, failure.Final, "failed to copy layer from artifact: file too large")
+	_, _, _, err = sourcetest.Fetch(t, &Source{MaxFileSize: 2 << 10}, request(copySpec("big")))
+	sourcetest.CheckFailure(t, err, sourcev1.OCILayerOperationFailedReason, failure.Final, "failed to copy layer from artifact: file too large")
 }
 
 // randomText is n bytes that do not compress.

@@ -3,8 +3,6 @@ package packager
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"io"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -13,7 +11,6 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/pkg/storage"
 )
 
 // stagedBlob is the input of content staged as it is (events.StagedBlob:
@@ -28,24 +25,15 @@ type stagedBlob struct {
 
 func (s *stagedBlob) write(ctx context.Context, key string) (*meta.Artifact, error) {
 	p, f := s.p, s.job
-	info, err := p.store.Stat(ctx, f.Staging)
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
-	}
+	obj, err := p.openStaged(ctx, f.Staging)
 	if err != nil {
-		return nil, archiveFailure(failure.Transient, "open staged content: %w", err)
+		return nil, err
 	}
+	defer obj.Close()
+	info := obj.Info()
 	if limit := p.opts.MaxFileSize; limit > 0 && info.Size > limit {
 		return nil, archiveFailure(failure.Final, "%w: '%s' is %d bytes, over the limit of %d", archive.ErrTooLarge, f.ArtifactName, info.Size, limit)
 	}
-	obj, err := p.store.Open(ctx, f.Staging)
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
-	}
-	if err != nil {
-		return nil, archiveFailure(failure.Transient, "open staged content: %w", err)
-	}
-	defer obj.Close()
 	digester := p.opts.Algorithm().Digester()
 	var readErr error
 	in := archive.OnReadError(obj, func(err error) { readErr = cmp.Or(readErr, err) })

@@ -32,12 +32,9 @@ func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, erro
 	if err := checkIncludes(f.Job.Object, f.Includes); err != nil {
 		return nil, err
 	}
-	obj, err := p.store.Open(ctx, f.Staging)
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
-	}
+	obj, err := p.openStaged(ctx, f.Staging)
 	if err != nil {
-		return nil, archiveFailure(failure.Transient, "open staged content: %w", err)
+		return nil, err
 	}
 	defer obj.Close()
 
@@ -81,6 +78,20 @@ func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, erro
 		Size:           &size,
 		LastUpdateTime: metav1.NewTime(p.now()),
 	}, nil
+}
+
+// openStaged opens a job's staged content: an error wrapping
+// errStagingGone when it is not there, a transient failure when storage
+// fails.
+func (p *Packager) openStaged(ctx context.Context, key string) (storage.Object, error) {
+	obj, err := p.store.Open(ctx, key)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
+	}
+	if err != nil {
+		return nil, archiveFailure(failure.Transient, "open staged content: %w", err)
+	}
+	return obj, nil
 }
 
 // errStopped ends a side of a streaming write that another side's failure,
