@@ -3,6 +3,9 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"fmt"
 	"net/http"
 	"strings"
@@ -393,3 +396,53 @@ var (
 	platformLinuxAMD64 = gcrv1.Platform{OS: "linux", Architecture: "amd64"}
 	platformLinuxARM64 = gcrv1.Platform{OS: "linux", Architecture: "arm64"}
 )
+
+// TestOCIRepositoryVerify checks spec.verify with cosign public keys: a
+// signed artifact is stored with SourceVerified=True; an unsigned one is
+// not stored, SourceVerified=False and Ready=False say why, with a Warning
+// Event.
+func TestOCIRepositoryVerify(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	reg := registry.New(t, registry.Options{})
+	signed := reg.Push(t, "app", "signed", registry.FluxArtifact(t, map[string]string{"app.yaml": "signed\n"}, "", ""))
+	reg.Push(t, "app", "unsigned", registry.FluxArtifact(t, map[string]string{"app.yaml": "unsigned\n"}, "", ""))
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Sign(t, "app", signed, key)
+	createSecret(t, "oci-cosign-keys", map[string]string{"cosign.pub": string(registry.PublicKeyPEM(t, key))})
+	verify := func(tag string) func(*sourcev1.OCIRepository) {
+		return func(o *sourcev1.OCIRepository) {
+			o.Spec.Reference = &sourcev1.OCIRepositoryRef{Tag: tag}
+			o.Spec.Verify = &sourcev1.OCIRepositoryVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "oci-cosign-keys"}}
+		}
+	}
+
+	t.Run("signed", func(t *testing.T) {
+		t.Parallel()
+		createOCIRepository(t, "oci-signed", reg.URL("app"), verify("signed"))
+		rev := "signed@" + signed.String()
+		obj := waitOCIArtifact(t, "oci-signed", rev)
+		checkOCIContent(t, obj, map[string]string{"app.yaml": "signed\n"})
+		c := conditionOf(t, obj, sourcev1.SourceVerifiedCondition)
+		if c.Status != metav1.ConditionTrue || c.Reason != meta.SucceededReason || c.Message != "verified signature of revision "+rev {
+			t.Errorf("SourceVerified=%s %s %q", c.Status, c.Reason, c.Message)
+		}
+	})
+	t.Run("unsigned", func(t *testing.T) {
+		t.Parallel()
+		createOCIRepository(t, "oci-unsigned", reg.URL("app"), verify("unsigned"))
+		obj := waitOCICondition(t, "oci-unsigned", sourcev1.SourceVerifiedCondition, metav1.ConditionFalse, sourcev1.VerificationError)
+		want := "failed to verify the signature using provider 'cosign': no matching signatures were found for '" + reg.Host + "/app:unsigned'"
+		if c := conditionOf(t, obj, sourcev1.SourceVerifiedCondition); c.Message != want {
+			t.Errorf("SourceVerified message %q\nwant %q", c.Message, want)
+		}
+		obj = waitOCICondition(t, "oci-unsigned", meta.ReadyCondition, metav1.ConditionFalse, sourcev1.VerificationError)
+		waitKindEvent(t, ociKind, "oci-unsigned", corev1.EventTypeWarning, sourcev1.VerificationError, nil)
+		if obj.Status.Artifact != nil {
+			t.Errorf("an unverified artifact was stored: %+v", obj.Status.Artifact)
+		}
+	})
+}

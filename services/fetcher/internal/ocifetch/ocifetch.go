@@ -111,6 +111,11 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if ls := spec.LayerSelector; ls != nil {
 		r.mediaType, r.operation = ls.MediaType, ls.Operation
 	}
+	if v := spec.Verify; v != nil {
+		if r.verifyCfg, err = s.verification(ctx, req.Job.Object.Namespace, v); err != nil {
+			return nil, err
+		}
+	}
 	if r.operation == "" {
 		r.operation = sourcev1.OCILayerExtract
 	}
@@ -130,10 +135,6 @@ func checkSpec(spec *sourcev1.OCIRepositorySpec) error {
 		// say so rather than pull anonymously and fail obscurely.
 		return source.StalledError(source.UnsupportedProviderReason,
 			"OCI provider '%s' is not supported yet: use provider 'generic' with a secretRef or serviceAccountName", spec.Provider)
-	}
-	if v := spec.Verify; v != nil {
-		return source.StalledError(sourcev1.VerificationError,
-			"verification is not supported yet: remove spec.verify (provider '%s') or use Flux's source-controller for this source", v.Provider)
 	}
 	if ls := spec.LayerSelector; ls != nil {
 		switch ls.Operation {
@@ -186,6 +187,8 @@ type resolved struct {
 	// checked is true once the registry answered for the manifest with
 	// this source's credentials.
 	checked bool
+	// verifyCfg is spec.verify, nil when unset.
+	verifyCfg *verifyConfig
 }
 
 // Revision is Flux's revision: "<tag>@sha256:<hex>", or the digest alone
@@ -213,8 +216,12 @@ func (r *resolved) options(ctx context.Context) []remote.Option {
 // and how it is reached, the layer selector, the ignore rules and the
 // extraction bound. A manifest that a source may read is readable with
 // all its blobs (one pull permission), so content is shared between
-// sources whatever their credentials; ProveAccess checks them.
+// sources whatever their credentials; ProveAccess checks them. A source
+// with spec.verify never shares: it verifies what it fetched itself.
 func (r *resolved) ContentIdentity() ([]string, bool) {
+	if r.verifyCfg != nil {
+		return nil, false
+	}
 	ignore := "-"
 	if r.ignore != nil {
 		ignore = "+" + *r.ignore
@@ -245,8 +252,18 @@ func (s *Source) maxExtractSize() int64 {
 
 // Download pulls the manifest by the resolved digest (for an image index,
 // the linux/amd64 manifest), selects the layer and extracts it into dir,
-// or, for layer operation copy, writes it into dir as it is.
+// or, for layer operation copy, writes it into dir as it is. With
+// spec.verify, a signature of the digest is verified first.
 func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, error) {
+	var verification *events.Verification
+	if r.verifyCfg != nil {
+		// As Flux: the signature is checked before anything is pulled.
+		v, err := r.verify(ctx)
+		if err != nil {
+			return nil, err
+		}
+		verification = v
+	}
 	ref := r.repo.Digest(r.digest.String())
 	img, err := r.image(ctx, ref)
 	if err != nil {
@@ -267,6 +284,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		ArtifactName: r.digest.String() + ".tar.gz",
 		EventMessage: newArtifactMessage(revision, r.url, manifest.Annotations),
 		Metadata:     manifest.Annotations,
+		Verification: verification,
 	}
 	if r.operation == sourcev1.OCILayerCopy {
 		if content.Blob, err = r.copyLayer(layer, dir); err != nil {

@@ -3,9 +3,12 @@ package ocifetch
 import (
 	"archive/tar"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -365,8 +368,10 @@ func TestBadInput(t *testing.T) {
 			reason: sourcev1.OCIPullFailedReason, handling: failure.Transient, message: "connection refused"},
 		{name: "cloud provider", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Provider: sourcev1.AmazonOCIProvider},
 			reason: source.UnsupportedProviderReason, handling: failure.Stalling, message: "OCI provider 'aws' is not supported yet"},
-		{name: "verify", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Verify: &sourcev1.OCIRepositoryVerification{Provider: "cosign"}},
-			reason: sourcev1.VerificationError, handling: failure.Stalling, message: "verification is not supported yet"},
+		{name: "keyless verification", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Verify: &sourcev1.OCIRepositoryVerification{Provider: "cosign"}},
+			reason: sourcev1.VerificationError, handling: failure.Stalling, message: "keyless verification (no spec.verify.secretRef) is not supported yet"},
+		{name: "notation", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Verify: &sourcev1.OCIRepositoryVerification{Provider: "notation"}},
+			reason: sourcev1.VerificationError, handling: failure.Stalling, message: "verification with provider 'notation' is not supported yet"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -494,4 +499,63 @@ func randomText(t *testing.T, n int) string {
 	_, err := rand.Read(b)
 	must(t, err)
 	return hex.EncodeToString(b)
+}
+
+func TestVerify(t *testing.T) {
+	reg := registry.New(t, registry.Options{})
+	signed := reg.Push(t, "app", "signed", registry.FluxArtifact(t, map[string]string{"a": "signed"}, "", ""))
+	reg.Push(t, "app", "unsigned", registry.FluxArtifact(t, map[string]string{"a": "unsigned"}, "", ""))
+	other := reg.Push(t, "app", "other-key", registry.FluxArtifact(t, map[string]string{"a": "other"}, "", ""))
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(t, err)
+	otherKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(t, err)
+	reg.Sign(t, "app", signed, key)
+	reg.Sign(t, "app", other, otherKey)
+	src := &Source{Secrets: kube(t,
+		secret("cosign", map[string][]byte{"cosign.pub": registry.PublicKeyPEM(t, key), "README": []byte("not a key")}),
+		secret("no-keys", map[string][]byte{"README": []byte("x")}),
+		secret("bad-key", map[string][]byte{"cosign.pub": []byte("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")}),
+	)}
+	spec := func(tag, secretName string) sourcev1.OCIRepositorySpec {
+		return sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Reference: &sourcev1.OCIRepositoryRef{Tag: tag},
+			Verify: &sourcev1.OCIRepositoryVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: secretName}}}
+	}
+	rev, content, got, err := sourcetest.Fetch(t, src, request(spec("signed", "cosign")))
+	must(t, err)
+	v := content.Verification
+	if v == nil || !v.Verified || v.Reason != meta.SucceededReason || v.Message != "verified signature of revision "+rev || got["a"] != "signed" {
+		t.Errorf("verification %+v, files %v", v, got)
+	}
+	res, err := src.Resolve(context.Background(), request(spec("signed", "cosign")))
+	must(t, err)
+	if _, ok := res.(source.Shareable).ContentIdentity(); ok {
+		t.Error("a verified source shares content")
+	}
+
+	cases := []struct {
+		name, tag, secret string
+		handling          failure.Handling
+		message           string
+	}{
+		{name: "unsigned", tag: "unsigned", secret: "cosign", handling: failure.Final,
+			message: "failed to verify the signature using provider 'cosign': no matching signatures were found for '" + reg.Host + "/app:unsigned'"},
+		{name: "signed with another key", tag: "other-key", secret: "cosign", handling: failure.Final, message: "no matching signatures were found"},
+		{name: "no keys", tag: "signed", secret: "no-keys", handling: failure.Stalling, message: "no public keys ('*.pub') found in secret 'default/no-keys'"},
+		{name: "bad key", tag: "signed", secret: "bad-key", handling: failure.Stalling, message: "key 'cosign.pub'"},
+		{name: "missing secret", tag: "signed", secret: "absent", handling: failure.Transient, message: "failed to get secret 'default/absent'"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, _, err := sourcetest.Fetch(t, src, request(spec(tc.tag, tc.secret)))
+			sourcetest.CheckFailure(t, err, sourcev1.VerificationError, tc.handling, tc.message)
+			var unverified *source.Unverified
+			if !errors.As(err, &unverified) || unverified.Verification.Verified || unverified.Verification.Reason != sourcev1.VerificationError {
+				t.Errorf("failure %v carries no failed verification", err)
+			}
+			if f := failure.As(err); f.Condition != "" {
+				t.Errorf("failure sets condition %s, want only SourceVerified=False", f.Condition)
+			}
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 
+	"github.com/fluxcd/pkg/runtime/conditions"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -19,8 +20,12 @@ func OCIRepository() Kind {
 		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
 			r := o.(*sourcev1.OCIRepository)
 			req.OCIRepository = r.Spec.DeepCopy()
-			return r.Status.Artifact != nil && ociContentConfigChanged(r), nil
+			// An artifact not verified as spec.verify asks is fetched and
+			// verified again, as Flux verifies again after a failure.
+			unverified := r.Spec.Verify != nil && !conditions.IsTrue(r, sourcev1.SourceVerifiedCondition)
+			return r.Status.Artifact != nil && (ociContentConfigChanged(r) || unverified), nil
 		},
+		Record: ociRecord,
 		Observe: func(o Object) {
 			r := o.(*sourcev1.OCIRepository)
 			r.Status.ObservedIgnore = r.Spec.Ignore
@@ -36,13 +41,14 @@ func OCIRepository() Kind {
 			st := &o.(*sourcev1.OCIRepository).Status
 			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
 		},
-		// Flux's order (ociRepositoryReadyCondition). SourceVerified is
-		// never written: spec.verify stalls the source (not supported yet).
+		// Flux's order (ociRepositoryReadyCondition), but, as for a
+		// GitRepository, a failed verification is named before the
+		// outdated artifact it causes.
 		Conditions: []string{
 			sourcev1.StorageOperationFailedCondition,
 			sourcev1.FetchFailedCondition,
-			sourcev1.ArtifactOutdatedCondition,
 			sourcev1.SourceVerifiedCondition,
+			sourcev1.ArtifactOutdatedCondition,
 		},
 	}
 }
@@ -54,4 +60,24 @@ func OCIRepository() Kind {
 func ociContentConfigChanged(r *sourcev1.OCIRepository) bool {
 	return !reflect.DeepEqual(r.Spec.Ignore, r.Status.ObservedIgnore) ||
 		!reflect.DeepEqual(r.Spec.LayerSelector, r.Status.ObservedLayerSelector)
+}
+
+// ociRecord writes SourceVerified from an outcome.
+//
+// SourceVerified (normal polarity) is True with Flux's message once the
+// signature of the fetched revision verified, False with reason
+// VerificationError when it did not, and absent when spec.verify is unset.
+func ociRecord(o Object, _ string, out *events.Outcome) {
+	r := o.(*sourcev1.OCIRepository)
+	if r.Spec.Verify == nil {
+		conditions.Delete(r, sourcev1.SourceVerifiedCondition)
+		return
+	}
+	switch v := out.Verification; {
+	case v == nil:
+	case v.Verified:
+		conditions.MarkTrue(r, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	default:
+		conditions.MarkFalse(r, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	}
 }

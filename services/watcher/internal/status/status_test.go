@@ -480,3 +480,43 @@ func TestApplyOCIRepository(t *testing.T) {
 		t.Error("a changed ignore rule does not force a rebuild")
 	}
 }
+
+func TestApplyOCIVerification(t *testing.T) {
+	kind := source.OCIRepository()
+	r := &sourcev1.OCIRepository{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default", UID: "u", Generation: 1}}
+	r.Status.ObservedGeneration = -1
+	r.Spec.Verify = &sourcev1.OCIRepositoryVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "cosign"}}
+	rev := "v1@sha256:" + strings.Repeat("ab", 32)
+	o := &events.Outcome{Job: job(1, ""), Revision: rev, Artifact: artifact(rev, "sha256:d", time.Now()),
+		Verification: &events.Verification{Mode: "cosign", Verified: true, Reason: meta.SucceededReason, Message: "verified signature of revision " + rev}}
+	o.Job.Object.Kind = sourcev1.OCIRepositoryKind
+	Apply(kind, r, events.TypeArtifactStored, o)
+	Summarize(kind, r)
+	if c := conditions.Get(r, sourcev1.SourceVerifiedCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != "verified signature of revision "+rev {
+		t.Errorf("SourceVerified = %+v", c)
+	}
+	if force, _ := kind.Request(context.Background(), nil, r, &events.FetchRequested{}); force {
+		t.Error("a verified artifact is rebuilt")
+	}
+
+	failed := &events.Outcome{Job: job(2, ""), Revision: "v2@sha256:" + strings.Repeat("cd", 32),
+		Failure:      &events.Failure{Reason: sourcev1.VerificationError, Message: "no matching signatures were found"},
+		Verification: &events.Verification{Mode: "cosign", Reason: sourcev1.VerificationError, Message: "no matching signatures were found"}}
+	failed.Job.Object.Kind = sourcev1.OCIRepositoryKind
+	Apply(kind, r, events.TypeArtifactFailed, failed)
+	Summarize(kind, r)
+	if c := conditions.Get(r, sourcev1.SourceVerifiedCondition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != sourcev1.VerificationError {
+		t.Errorf("SourceVerified = %+v, want False VerificationError", c)
+	}
+	if c := conditions.Get(r, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != sourcev1.VerificationError {
+		t.Errorf("Ready = %+v, want False VerificationError", c)
+	}
+	if force, _ := kind.Request(context.Background(), nil, r, &events.FetchRequested{}); !force {
+		t.Error("an artifact whose verification failed is not fetched again")
+	}
+	r.Spec.Verify = nil
+	Apply(kind, r, events.TypeArtifactUnchanged, &events.Outcome{Job: job(2, ""), Revision: rev, Artifact: r.Status.Artifact})
+	if c := conditions.Get(r, sourcev1.SourceVerifiedCondition); c != nil {
+		t.Errorf("SourceVerified %+v stays after spec.verify is removed", c)
+	}
+}
