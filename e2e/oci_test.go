@@ -177,6 +177,22 @@ func TestOCIRepositoryRefs(t *testing.T) {
 		})
 	}
 
+	// Two sources of the same content: the second reuses the first's
+	// artifact (the content cache) after proving its own access, and the
+	// layer is downloaded once.
+	t.Run("oci-shared", func(t *testing.T) {
+		d := reg.Push(t, "shared", "v1", registry.FluxArtifact(t, map[string]string{"shared.yaml": "x\n"}, "", ""))
+		rev := "v1@" + d.String()
+		for _, name := range []string{"oci-shared-a", "oci-shared-b"} {
+			createOCIRepository(t, name, reg.URL("shared"), func(o *sourcev1.OCIRepository) { o.Spec.Reference = &sourcev1.OCIRepositoryRef{Tag: "v1"} })
+			obj := waitOCIArtifact(t, name, rev)
+			checkOCIContent(t, obj, map[string]string{"shared.yaml": "x\n"})
+		}
+		if n := reg.CountRequests(http.MethodGet, "/v2/shared/blobs/"); n != 1 {
+			t.Errorf("%d blob downloads for two sources of the same content, want 1 (the layer, once)", n)
+		}
+	})
+
 	// Layer operation copy stores the layer as it is: the artifact's
 	// bytes and digest are the layer's, its metadata the annotations.
 	t.Run("oci-copy", func(t *testing.T) {
