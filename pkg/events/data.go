@@ -94,6 +94,11 @@ type Verification struct {
 	Message string `json:"message"`
 }
 
+// DeletionJobID is the ID of the job that removes every artifact of the
+// deleted object with the given UID: one per object, so a finalizer that
+// runs twice makes one job.
+func DeletionJobID(uid string) string { return uid + "/delete" }
+
 // DeleteRequested is the data of TypeDeleteRequested: remove every artifact
 // of a source that was deleted.
 type DeleteRequested struct {
@@ -106,20 +111,20 @@ type Fetched struct {
 	// Revision is the upstream revision in Flux's format, e.g.
 	// "main@sha1:<commit>" or "sha256:<hex>".
 	Revision string `json:"revision"`
-	// Staging is the storage key of the staged content, in the form
-	// StagedAs names.
+	// Staging is the storage key of the staged content: an uncompressed tar
+	// stream in canonical entry order (see package archive), already
+	// filtered by the source's ignore rules.
 	Staging string `json:"staging"`
-	// StagedAs is the form of the staged content: StagedTar (empty, an
-	// uncompressed tar stream in canonical entry order, see package
-	// archive, already filtered by the source's ignore rules) or
-	// StagedBlob (a file stored as it is).
-	StagedAs string `json:"stagedAs,omitempty"`
 	// ArtifactName is the file name the artifact is stored under in the
 	// source's directory, e.g. "<commit>.tar.gz".
 	ArtifactName string `json:"artifactName"`
 	// Metadata is the artifact's metadata (Flux's artifact.metadata: an
 	// OCI artifact's manifest annotations), if any.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	// Format says what is staged: FormatTree (the default, an
+	// uncompressed tar of a tree the packager canonicalises) or
+	// FormatFile (the artifact's bytes, stored as they are).
+	Format StagedFormat `json:"format,omitempty"`
 	// EventMessage is the message of the NewArtifact Kubernetes Event, in
 	// Flux's words (e.g. "stored artifact for commit 'Add README'").
 	EventMessage string `json:"eventMessage,omitempty"`
@@ -142,14 +147,18 @@ type Fetched struct {
 	Reuse *Reuse `json:"reuse,omitempty"`
 }
 
-// The forms of staged content (Fetched.StagedAs).
+// StagedFormat is what a Fetched job's staged content is.
+type StagedFormat string
+
 const (
-	// StagedTar is an uncompressed tar the packager canonicalises and
-	// compresses into the artifact.
-	StagedTar = ""
-	// StagedBlob is a file the packager stores as the artifact as it is
-	// (an OCIRepository layer with layer operation copy).
-	StagedBlob = "blob"
+	// FormatTree is an uncompressed tar of a tree, in canonical order: the
+	// packager merges the includes into it and writes the canonical
+	// tar.gz (a Git checkout, a Bucket's objects, an extracted OCI layer).
+	FormatTree StagedFormat = ""
+	// FormatFile is the artifact itself, stored unchanged with its
+	// digest (a Helm chart .tgz, a Helm repository index, an OCI layer
+	// copied as is). It takes no includes.
+	FormatFile StagedFormat = "file"
 )
 
 // Reuse names a cached artifact with the content a Fetched job needs,

@@ -92,7 +92,7 @@ func (h *Handler) Report(ctx context.Context, msg *events.Message, f *failure.Er
 	if !ok {
 		return fmt.Errorf("report: %T is not a fetch request", msg.Data)
 	}
-	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data()}
+	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data(), Notices: f.Notices}
 	var unverified *source.Unverified
 	if errors.As(f, &unverified) {
 		out.Verification = unverified.Verification
@@ -116,7 +116,19 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 
 	res, err := src.Resolve(work, req)
 	if err != nil {
-		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
+		f := source.AsError(err, sourcev1.GitOperationFailedReason)
+		// The stored artifact is checked whether or not the upstream
+		// answers: a corrupt or missing one is reported now, not once
+		// the upstream is back.
+		if prev := req.Previous; prev != nil && f.Handling != failure.Waiting {
+			if notice, verr := h.verify(ctx, prev); verr == nil && notice != nil {
+				if notice.Reason == ArtifactMissingReason {
+					notice.Message = fmt.Sprintf("artifact '%s' is missing from storage: it is rebuilt once the source can be fetched", prev.Path)
+				}
+				f.Notices = append(f.Notices, *notice)
+			}
+		}
+		return "", f
 	}
 	revision := res.Revision()
 	// A failure from here on happened with a new upstream revision known.
@@ -189,8 +201,8 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		Verification: content.Verification,
 		Includes:     req.Includes,
 	}
-	if content.Blob != "" {
-		out.StagedAs = events.StagedBlob
+	if content.File != "" {
+		out.Format = events.FormatFile
 	}
 	if share != nil {
 		// The content downloaded may be of a newer revision than resolved.
@@ -307,12 +319,12 @@ func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Noti
 	}
 }
 
-// stage streams the tar of content, or its blob, into storage at key and
+// stage streams the tar of content, or its file, into storage at key and
 // returns its size. An archiving failure is a *failure.Error; a storage
 // failure is not.
 func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
-	if content.Blob != "" {
-		return h.stageBlob(ctx, key, content.Blob)
+	if content.File != "" {
+		return h.stageFile(ctx, key, content.File)
 	}
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
@@ -346,18 +358,17 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 	return info.Size, nil
 }
 
-// stageBlob copies the file blob into storage at key as it is.
-func (h *Handler) stageBlob(ctx context.Context, key, blob string) (int64, error) {
-	f, err := os.Open(blob)
+// stageFile stores the file that is the artifact itself at key, as it is.
+// A file that cannot be read is a *failure.Error; a storage failure is not.
+func (h *Handler) stageFile(ctx context.Context, key, file string) (int64, error) {
+	f, err := os.Open(file)
 	if err != nil {
-		return 0, stageFailure(failure.Transient, "copy", err)
+		return 0, failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
+			"unable to stage artifact: %w", err)
 	}
 	defer f.Close()
 	info, err := h.Storage.Put(ctx, key, f)
 	if err != nil {
-		if ctx.Err() != nil {
-			return 0, stageFailure(failure.Transient, "copy", ctx.Err())
-		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
 	return info.Size, nil

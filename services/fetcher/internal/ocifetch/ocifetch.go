@@ -287,7 +287,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		Verification: verification,
 	}
 	if r.operation == sourcev1.OCILayerCopy {
-		if content.Blob, err = r.copyLayer(layer, dir); err != nil {
+		if content.File, err = r.copyLayer(layer, dir); err != nil {
 			return nil, err
 		}
 		return content, nil

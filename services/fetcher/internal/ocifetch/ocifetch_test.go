@@ -480,10 +480,10 @@ func TestCopy(t *testing.T) {
 	dir := t.TempDir()
 	content, err := res.Download(ctx, dir)
 	must(t, err)
-	got, err := os.ReadFile(content.Blob)
+	got, err := os.ReadFile(content.File)
 	must(t, err)
-	if string(got) != string(layer) || filepath.Dir(content.Blob) != dir {
-		t.Errorf("blob %s holds %d bytes, want the layer's %d under %s", content.Blob, len(got), len(layer), dir)
+	if string(got) != string(layer) || filepath.Dir(content.File) != dir {
+		t.Errorf("blob %s holds %d bytes, want the layer's %d under %s", content.File, len(got), len(layer), dir)
 	}
 	if content.ArtifactName != d.String()+".tar.gz" || content.Metadata[registry.RevisionAnnotation] != "v1@sha1:1234" {
 		t.Errorf("artifact name %s, metadata %v", content.ArtifactName, content.Metadata)

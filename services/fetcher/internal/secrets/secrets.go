@@ -6,9 +6,13 @@ package secrets
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -138,4 +142,25 @@ func (u Unavailable) Get(context.Context, string, string) (map[string][]byte, er
 // ImagePullSecrets always fails.
 func (u Unavailable) ImagePullSecrets(context.Context, string, string) ([]string, error) {
 	return nil, fmt.Errorf("%w: %w", ErrNoCluster, u.Err)
+}
+
+// Fingerprint digests the data of the Secrets something is built from (nil
+// for a Secret not named), so that two fetches with the same fingerprint
+// authenticate and connect the same way, and a rotated key changes it. It
+// is a one-way digest and never leaves the process.
+func Fingerprint(secrets ...map[string][]byte) string {
+	h := sha256.New()
+	for _, data := range secrets {
+		if data == nil {
+			h.Write([]byte("-\n"))
+			continue
+		}
+		keys := slices.Sorted(maps.Keys(data))
+		fmt.Fprintf(h, "%d\n", len(keys))
+		for _, k := range keys {
+			fmt.Fprintf(h, "%d:%s%d:", len(k), k, len(data[k]))
+			h.Write(data[k])
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

@@ -54,10 +54,10 @@ type Shareable interface {
 type Content struct {
 	// Root is the directory to archive.
 	Root string
-	// Blob, when set, is a file under Root stored as the artifact as it is
-	// (an OCI layer with layer operation copy), instead of an archive of
-	// Root.
-	Blob string
+	// File, when set, is a file that is the artifact itself (a Helm chart,
+	// a Helm repository index, an OCI layer copied as is): it is staged
+	// and stored unchanged, and Root and Exclude are not used.
+	File string
 	// Exclude leaves paths out of the archive (see archive.TarOptions).
 	Exclude func(rel string, isDir bool) bool
 	// Revision of the downloaded content, which may be newer than the

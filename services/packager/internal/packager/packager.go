@@ -146,8 +146,8 @@ type packaging struct {
 }
 
 // plan checks a Fetched job and chooses its input: the cached artifact it
-// reuses, the staged tar the fetcher wrote, or the staged blob it stores
-// as it is. An invalid job is a Final
+// reuses, the staged tar the fetcher wrote, or the staged file that is the
+// artifact itself. An invalid job is a Final
 // failure.
 func (p *Packager) plan(f *events.Fetched) (*packaging, error) {
 	dir, err := sourceDir(f.Job.Object)
@@ -162,19 +162,16 @@ func (p *Packager) plan(f *events.Fetched) (*packaging, error) {
 		return nil, archiveFailure(failure.Final, "%w", err)
 	}
 	j := &packaging{Fetched: f, dir: dir, key: key, cacheKey: f.ContentKey}
-	if f.Reuse == nil {
-		switch f.StagedAs {
-		case events.StagedTar:
-			j.in = &stagedTar{p: p, job: f}
-		case events.StagedBlob:
-			if len(f.Includes) > 0 {
-				return nil, archiveFailure(failure.Final, "content stored as it is cannot include other artifacts")
-			}
-			j.in = &stagedBlob{p: p, job: f}
-		default:
-			return nil, archiveFailure(failure.Final, "unknown form of staged content %q", f.StagedAs)
-		}
+	switch {
+	case f.Reuse != nil:
+	case f.Format == events.FormatFile:
+		j.in = &stagedFile{p: p, job: f}
 		return j, nil
+	case f.Format == events.FormatTree:
+		j.in = &stagedTar{p: p, job: f}
+		return j, nil
+	default:
+		return nil, archiveFailure(failure.Final, "unknown staged format %q", f.Format)
 	}
 	cacheKey, ok := contentcache.KeyOfArtifact(f.Reuse.Key)
 	if !ok {
