@@ -270,7 +270,9 @@ func checkFetcherRBAC(t *testing.T, m *Manifests) {
 	if !ok {
 		t.Fatal("no ClusterRole headwater-fetcher")
 	}
-	for _, r := range []string{"secrets", "configmaps"} {
+	// ServiceAccounts: an OCIRepository's spec.serviceAccountName names
+	// one whose image pull secrets the fetcher reads.
+	for _, r := range []string{"secrets", "configmaps", "serviceaccounts"} {
 		if !Allows(role.Rules, "", r, "get") {
 			t.Errorf("fetcher cannot get %s", r)
 		}
@@ -282,8 +284,8 @@ func checkFetcherRBAC(t *testing.T, m *Manifests) {
 	}
 	for _, rule := range role.Rules {
 		for _, r := range rule.Resources {
-			if r != "secrets" && r != "configmaps" {
-				t.Errorf("fetcher may access %s; it needs secrets and configmaps only", r)
+			if r != "secrets" && r != "configmaps" && r != "serviceaccounts" {
+				t.Errorf("fetcher may access %s; it needs secrets, configmaps and serviceaccounts only", r)
 			}
 		}
 	}
