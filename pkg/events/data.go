@@ -65,6 +65,20 @@ type FetchRequested struct {
 	Includes []Include `json:"includes,omitempty"`
 }
 
+// Spec returns the spec the request carries for its kind (a
+// *sourcev1.GitRepositorySpec, ...), or nil when it carries none.
+func (r *FetchRequested) Spec() any {
+	switch {
+	case r.GitRepository != nil:
+		return r.GitRepository
+	case r.Bucket != nil:
+		return r.Bucket
+	case r.OCIRepository != nil:
+		return r.OCIRepository
+	}
+	return nil
+}
+
 // Include is one artifact of another source to copy into an artifact.
 type Include struct {
 	// Name of the included GitRepository (same namespace).

@@ -94,8 +94,10 @@ func run(ctx context.Context, o options) error {
 	defer storage.Close(store)
 	secretReader, err := o.secrets.NewReader()
 	if err != nil {
-		log.Info("no kubernetes cluster: sources that name a secret will fail", "error", err.Error())
+		log.Info("no kubernetes cluster: sources that name a secret will fail, and jobs are not checked against their objects",
+			"error", err.Error())
 	}
+	checker, _ := o.secrets.NewProvenance() // nil without a cluster, as logged above
 
 	conn, err := bus.Connect(ctx, o.bus, service, log)
 	if err != nil {
@@ -122,6 +124,7 @@ func run(ctx context.Context, o options) error {
 		MaxFileSize:  o.maxFileSize,
 		Metrics:      fetch.NewMetrics(reg),
 		ContentCache: o.contentCache,
+		Provenance:   checker,
 	}
 	worker := &bus.Worker{
 		Service:     service,

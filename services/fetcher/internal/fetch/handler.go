@@ -24,6 +24,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -63,6 +64,10 @@ type Handler struct {
 	// and asks the packager to record new artifacts for reuse (see package
 	// contentcache).
 	ContentCache bool
+	// Provenance, when set, checks each job against the live object it
+	// names before anything is read or fetched for it: a stale job is
+	// dropped, a forged one rejected. Nil without a cluster.
+	Provenance *provenance.Checker
 }
 
 // Handle is a bus.Handler for the fetch stream. A failed fetch is a
@@ -73,6 +78,11 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 	if !ok {
 		return fmt.Errorf("%w: unexpected event type %s on the fetch stream", events.ErrMalformed, msg.Event.Type())
 	}
+	if h.Provenance != nil {
+		if err := h.Provenance.Check(ctx, req); err != nil {
+			return h.refuse(ctx, err)
+		}
+	}
 	start := time.Now()
 	result, err := h.fetch(ctx, req)
 	switch {
@@ -82,6 +92,21 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 		h.observe(req.Job.Object.Kind, ResultFailed, start)
 	}
 	return err
+}
+
+// refuse settles a job the live object does not back: a stale one is
+// acknowledged and dropped (the object's own job supersedes it), a forged
+// one is terminated as malformed, and an API failure is retried.
+func (h *Handler) refuse(ctx context.Context, err error) error {
+	log := logr.FromContextOrDiscard(ctx)
+	switch {
+	case errors.Is(err, provenance.ErrStale):
+		log.V(1).Info("dropping a stale job", "reason", err.Error())
+		return nil
+	case errors.Is(err, provenance.ErrForged):
+		return fmt.Errorf("%w: refusing the job: %w", events.ErrMalformed, err)
+	}
+	return fmt.Errorf("check the job against its object: %w", err)
 }
 
 // Report is the worker's bus.Reporter: it publishes a failed fetch as the

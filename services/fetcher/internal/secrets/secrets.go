@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 )
 
 // Reader reads the data of a Secret.
@@ -77,6 +79,21 @@ func (o *Options) NewReader() (Reader, error) {
 		return Unavailable{Err: err}, err
 	}
 	return r, nil
+}
+
+// NewProvenance returns the checker of jobs against the sources they name
+// (package provenance), reading the configured cluster; an error when no
+// cluster is configured.
+func (o *Options) NewProvenance() (*provenance.Checker, error) {
+	cfg, err := o.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return provenance.New(c), nil
 }
 
 // Kube reads Secrets through a controller-runtime client.
