@@ -270,11 +270,12 @@ func checkFetcherRBAC(t *testing.T, m *Manifests) {
 	if !ok {
 		t.Fatal("no ClusterRole headwater-fetcher")
 	}
-	// Secrets and ConfigMaps sources name, and the sources themselves (a
+	// Secrets and ConfigMaps sources name, the ServiceAccounts whose image
+	// pull secrets an OCIRepository uses, and the sources themselves (a
 	// job is checked against the live object): get, one at a time, and
 	// nothing else.
 	sources := []string{"gitrepositories", "buckets", "helmrepositories", "helmcharts", "ocirepositories"}
-	allowed := map[string]string{"secrets": "", "configmaps": ""}
+	allowed := map[string]string{"secrets": "", "configmaps": "", "serviceaccounts": ""}
 	for _, r := range sources {
 		allowed[r] = "source.toolkit.fluxcd.io"
 	}
@@ -291,7 +292,7 @@ func checkFetcherRBAC(t *testing.T, m *Manifests) {
 	for _, rule := range role.Rules {
 		for _, r := range rule.Resources {
 			if _, ok := allowed[r]; !ok {
-				t.Errorf("fetcher may access %s; it needs the sources, their Secrets and ConfigMaps only", r)
+				t.Errorf("fetcher may access %s; it needs the sources, their Secrets, ConfigMaps and ServiceAccounts only", r)
 			}
 		}
 	}

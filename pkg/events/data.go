@@ -48,6 +48,8 @@ type FetchRequested struct {
 	GitRepository *sourcev1.GitRepositorySpec `json:"gitRepository,omitempty"`
 	// Bucket is the spec of a Bucket.
 	Bucket *sourcev1.BucketSpec `json:"bucket,omitempty"`
+	// OCIRepository is the spec of an OCIRepository.
+	OCIRepository *sourcev1.OCIRepositorySpec `json:"ociRepository,omitempty"`
 	// Previous is the artifact recorded in the object's status, if any. The
 	// fetcher answers FetchUnchanged when the upstream revision equals its
 	// revision and the stored file is intact.
@@ -71,6 +73,8 @@ func (r *FetchRequested) Spec() any {
 		return r.GitRepository
 	case r.Bucket != nil:
 		return r.Bucket
+	case r.OCIRepository != nil:
+		return r.OCIRepository
 	}
 	return nil
 }
@@ -128,6 +132,9 @@ type Fetched struct {
 	// ArtifactName is the file name the artifact is stored under in the
 	// source's directory, e.g. "<commit>.tar.gz".
 	ArtifactName string `json:"artifactName"`
+	// Metadata is the artifact's metadata (Flux's artifact.metadata: an
+	// OCI artifact's manifest annotations), if any.
+	Metadata map[string]string `json:"metadata,omitempty"`
 	// Format says what is staged: FormatTree (the default, an
 	// uncompressed tar of a tree the packager canonicalises) or
 	// FormatFile (the artifact's bytes, stored as they are).

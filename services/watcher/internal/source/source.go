@@ -100,7 +100,7 @@ func (k Kind) ReadyMessage(revision string) string { return fmt.Sprintf(k.ReadyF
 
 // Kinds lists every kind the watcher reconciles.
 func Kinds() []Kind {
-	return []Kind{GitRepository(), Bucket()}
+	return []Kind{GitRepository(), Bucket(), OCIRepository()}
 }
 
 // ByName returns the kind with the given name.
