@@ -64,6 +64,14 @@ func BenchmarkSources(b *testing.B) {
 		report(b, m)
 	})
 	rows = append(rows, Row{Scenario: "c. one 48 MiB Helm index", Flux: FluxHelmIndex, Status: "not implemented (no HelmRepository yet)"})
+	b.Run("many-oci", func(b *testing.B) {
+		m, err := ManyOCI(b.Context(), o, b)
+		rows = append(rows, row("e. 1000 OCIRepositories over 10 artifacts (Flux: its own benchmark, 16 cores, not side by side)", FluxManyOCI, m, err))
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, m)
+	})
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)
