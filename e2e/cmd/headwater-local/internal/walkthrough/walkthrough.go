@@ -199,7 +199,8 @@ func printNextSteps(env *harness.Env, p *Printer, obj *sourcev1.GitRepository, w
 		"",
 		"  curl -sS " + obj.Status.Artifact.URL + " | tar -tzvf -",
 		"",
-		"Subscribe to the CloudEvents (subject " + harness.PublicEvents + ") at " + env.NATSURL + ".",
+		"Subscribe to the CloudEvents (subject " + harness.PublicEvents + ") at " + env.NATSURL +
+			" with the subscriber's key " + env.NATSIdentities.SeedFiles[events.SubscriberIdentity] + " (the bus admits only known identities).",
 		"",
 		"Push a commit and ask for a reconcile:",
 		"",
