@@ -3,7 +3,6 @@ package bucketfetch
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -23,12 +23,6 @@ import (
 const (
 	keyAccessKey = "accesskey"
 	keySecretKey = "secretkey"
-	keyCA        = "ca.crt"
-	keyCert      = "tls.crt"
-	keyKey       = "tls.key"
-	keyCAFile    = "caFile"   // deprecated spelling, still read by Flux
-	keyCertFile  = "certFile" // deprecated spelling, still read by Flux
-	keyKeyFile   = "keyFile"  // deprecated spelling, still read by Flux
 	keyAddress   = "address"
 	keyUsername  = "username"
 	keyPassword  = "password"
@@ -102,7 +96,7 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 			return nil, source.Failed(sourcev1.AuthenticationFailedReason,
 				"failed to get TLS config: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
 		}
-		if tlsConfig, err = tlsConfigFrom(data, namespace+"/"+ref.Name); err != nil {
+		if tlsConfig, err = secrets.TLSConfig(data, namespace+"/"+ref.Name); err != nil {
 			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get TLS config: %w", err)
 		}
 	}
@@ -198,39 +192,6 @@ func awsCredentials(ctx context.Context, transport http.RoundTripper) (*credenti
 	return creds, nil
 }
 
-// tlsConfigFrom builds a TLS configuration from a certSecretRef's data with
-// Flux's rules: ca.crt added to the system roots, tls.crt and tls.key as
-// the client certificate; the deprecated caFile, certFile and keyFile are
-// read when the standard keys are absent.
-func tlsConfigFrom(data map[string][]byte, ref string) (*tls.Config, error) {
-	ca, cert, key := first(data, keyCA, keyCAFile), first(data, keyCert, keyCertFile), first(data, keyKey, keyKeyFile)
-	switch {
-	case len(ca) == 0 && len(cert) == 0 && len(key) == 0:
-		return nil, fmt.Errorf("secret '%s' must contain either '%s' or both '%s' and '%s'", ref, keyCA, keyCert, keyKey)
-	case (len(cert) == 0) != (len(key) == 0):
-		return nil, fmt.Errorf("secret '%s' must contain both '%s' and '%s'", ref, keyCert, keyKey)
-	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12}
-	if len(cert) > 0 {
-		pair, err := tls.X509KeyPair(cert, key)
-		if err != nil {
-			return nil, fmt.Errorf("failed to parse TLS certificate and key: %w", err)
-		}
-		c.Certificates = []tls.Certificate{pair}
-	}
-	if len(ca) > 0 {
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			return nil, fmt.Errorf("cannot retrieve system certificate pool: %w", err)
-		}
-		if !pool.AppendCertsFromPEM(ca) {
-			return nil, errors.New("failed to parse CA certificate")
-		}
-		c.RootCAs = pool
-	}
-	return c, nil
-}
-
 // proxyURL builds the proxy URL of a proxySecretRef's data with Flux's
 // rules: address (http, https or socks5), with username and password.
 func proxyURL(data map[string][]byte, ref string) (*url.URL, error) {
@@ -259,14 +220,4 @@ func proxyURL(data map[string][]byte, ref string) (*url.URL, error) {
 		u.User = url.User(string(username))
 	}
 	return u, nil
-}
-
-// first returns the value of the first of keys that data has.
-func first(data map[string][]byte, keys ...string) []byte {
-	for _, k := range keys {
-		if v, ok := data[k]; ok {
-			return v
-		}
-	}
-	return nil
 }

@@ -2,16 +2,12 @@ package gitfetch
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -20,6 +16,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -102,28 +99,8 @@ func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u
 		return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to configure authentication options: %w", err)
 	}
 	c.proxy = proxy
-	c.fingerprint = fingerprint(data, proxyData)
+	c.fingerprint = secrets.Fingerprint(data, proxyData)
 	return c, nil
-}
-
-// fingerprint digests the data of the Secrets credentials are built from
-// (nil for none), so that two fetches with the same fingerprint and URL
-// authenticate and connect the same way.
-func fingerprint(secrets ...map[string][]byte) string {
-	h := sha256.New()
-	for _, data := range secrets {
-		if data == nil {
-			h.Write([]byte("-\n"))
-			continue
-		}
-		keys := slices.Sorted(maps.Keys(data))
-		fmt.Fprintf(h, "%d\n", len(keys))
-		for _, k := range keys {
-			fmt.Fprintf(h, "%d:%s%d:", len(k), k, len(data[k]))
-			h.Write(data[k])
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // secret reads the data of the Secret namespace/name, with Flux's words
