@@ -1,20 +1,16 @@
 package gitserver
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/headwater-gitops/headwater/testsupport/testca"
 )
 
 // TLSServer serves like Server, over HTTPS: its certificate, for 127.0.0.1,
@@ -27,7 +23,7 @@ type TLSServer struct {
 	// the server's authority (see ClientCert): mutual TLS.
 	RequireClientCert bool
 
-	ca *authority
+	ca *testca.Authority
 }
 
 // Start serves Root over HTTPS on addr ("127.0.0.1:0" picks a free port)
@@ -40,18 +36,9 @@ func (s *TLSServer) Start(addr string) error {
 	if err != nil {
 		return err
 	}
-	leaf, err := s.ca.issue(x509.ExtKeyUsageServerAuth, "gitserver", func(t *x509.Certificate) {
-		t.DNSNames = []string{"localhost"}
-		t.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
-	})
+	cfg, err := s.ca.ServerConfig("gitserver", s.RequireClientCert)
 	if err != nil {
 		return err
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{leaf.pair}, MinVersion: tls.VersionTLS12}
-	if s.RequireClientCert {
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
-		cfg.ClientCAs = x509.NewCertPool()
-		cfg.ClientCAs.AddCert(s.ca.cert)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -76,7 +63,7 @@ func (s *TLSServer) CACert() ([]byte, error) {
 	if err := s.ensureCA(); err != nil {
 		return nil, err
 	}
-	return s.ca.certPEM, nil
+	return s.ca.CertPEM, nil
 }
 
 // ClientCert issues a client certificate for commonName from the server's
@@ -86,104 +73,21 @@ func (s *TLSServer) ClientCert(commonName string) (certPEM, keyPEM []byte, err e
 	if err := s.ensureCA(); err != nil {
 		return nil, nil, err
 	}
-	c, err := s.ca.issue(x509.ExtKeyUsageClientAuth, commonName, nil)
+	c, err := s.ca.Issue(x509.ExtKeyUsageClientAuth, commonName, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	return c.certPEM, c.keyPEM, nil
+	return c.CertPEM, c.KeyPEM, nil
 }
 
 func (s *TLSServer) ensureCA() error {
 	if s.ca != nil {
 		return nil
 	}
-	ca, err := newAuthority()
+	ca, err := testca.New("gitserver test CA")
 	if err != nil {
 		return err
 	}
 	s.ca = ca
 	return nil
-}
-
-// authority is a certificate authority made for one server.
-type authority struct {
-	cert    *x509.Certificate
-	key     *ecdsa.PrivateKey
-	certPEM []byte
-}
-
-// issued is a certificate with its key.
-type issued struct {
-	pair            tls.Certificate
-	certPEM, keyPEM []byte
-}
-
-func newAuthority() (*authority, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("git server: generate CA key: %w", err)
-	}
-	tmpl, err := template("gitserver test CA")
-	if err != nil {
-		return nil, err
-	}
-	tmpl.IsCA = true
-	tmpl.BasicConstraintsValid = true
-	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, fmt.Errorf("git server: create CA certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("git server: parse CA certificate: %w", err)
-	}
-	return &authority{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
-}
-
-// issue creates a certificate for usage, adjusted by edit when not nil.
-func (a *authority) issue(usage x509.ExtKeyUsage, commonName string, edit func(*x509.Certificate)) (*issued, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("git server: generate key: %w", err)
-	}
-	tmpl, err := template(commonName)
-	if err != nil {
-		return nil, err
-	}
-	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{usage}
-	if edit != nil {
-		edit(tmpl)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
-	if err != nil {
-		return nil, fmt.Errorf("git server: create certificate: %w", err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, fmt.Errorf("git server: marshal key: %w", err)
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("git server: key pair: %w", err)
-	}
-	return &issued{pair: pair, certPEM: certPEM, keyPEM: keyPEM}, nil
-}
-
-// template is a certificate valid from an hour ago for a day.
-func template(commonName string) (*x509.Certificate, error) {
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		return nil, fmt.Errorf("git server: serial number: %w", err)
-	}
-	now := time.Now()
-	return &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: commonName, Organization: []string{"Headwater tests"}},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
-	}, nil
 }

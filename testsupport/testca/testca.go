@@ -1,0 +1,126 @@
+// Package testca is a certificate authority for test servers: it issues
+// server certificates for the loopback addresses and client certificates,
+// from a root no system trusts, so a client must be given its CA
+// certificate (a Secret's ca.crt) to connect.
+package testca
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"time"
+)
+
+// Authority is a certificate authority made for one server.
+type Authority struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	// CertPEM is the authority's certificate in PEM, as a client's ca.crt.
+	CertPEM []byte
+}
+
+// Issued is a certificate with its key.
+type Issued struct {
+	// Pair is the certificate and key for a tls.Config.
+	Pair tls.Certificate
+	// CertPEM and KeyPEM are them in PEM, as a Secret's tls.crt and tls.key.
+	CertPEM, KeyPEM []byte
+}
+
+// New makes an authority named commonName.
+func New(commonName string) (*Authority, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("test CA: generate key: %w", err)
+	}
+	tmpl, err := template(commonName)
+	if err != nil {
+		return nil, err
+	}
+	tmpl.IsCA = true
+	tmpl.BasicConstraintsValid = true
+	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("test CA: create certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("test CA: parse certificate: %w", err)
+	}
+	return &Authority{cert: cert, key: key, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+}
+
+// Issue creates a certificate for usage, adjusted by edit when not nil.
+func (a *Authority) Issue(usage x509.ExtKeyUsage, commonName string, edit func(*x509.Certificate)) (*Issued, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("test CA: generate key: %w", err)
+	}
+	tmpl, err := template(commonName)
+	if err != nil {
+		return nil, err
+	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{usage}
+	if edit != nil {
+		edit(tmpl)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
+	if err != nil {
+		return nil, fmt.Errorf("test CA: create certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("test CA: marshal key: %w", err)
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("test CA: key pair: %w", err)
+	}
+	return &Issued{Pair: pair, CertPEM: certPEM, KeyPEM: keyPEM}, nil
+}
+
+// ServerConfig returns a TLS configuration serving a certificate for
+// 127.0.0.1, ::1 and localhost; with clientCerts, it requires a client
+// certificate issued by the authority (mutual TLS).
+func (a *Authority) ServerConfig(name string, clientCerts bool) (*tls.Config, error) {
+	leaf, err := a.Issue(x509.ExtKeyUsageServerAuth, name, func(t *x509.Certificate) {
+		t.DNSNames = []string{"localhost"}
+		t.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	})
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{leaf.Pair}, MinVersion: tls.VersionTLS12}
+	if clientCerts {
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		cfg.ClientCAs = x509.NewCertPool()
+		cfg.ClientCAs.AddCert(a.cert)
+	}
+	return cfg, nil
+}
+
+// template is a certificate valid from an hour ago for a day.
+func template(commonName string) (*x509.Certificate, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return nil, fmt.Errorf("test CA: serial number: %w", err)
+	}
+	now := time.Now()
+	return &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: commonName, Organization: []string{"Headwater tests"}},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+	}, nil
+}
