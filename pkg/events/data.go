@@ -48,6 +48,9 @@ type FetchRequested struct {
 	GitRepository *sourcev1.GitRepositorySpec `json:"gitRepository,omitempty"`
 	// Bucket is the spec of a Bucket.
 	Bucket *sourcev1.BucketSpec `json:"bucket,omitempty"`
+	// HelmRepository is the spec of a HelmRepository (type default; an OCI
+	// HelmRepository has no artifact and makes no job).
+	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
 	// Previous is the artifact recorded in the object's status, if any. The
 	// fetcher answers FetchUnchanged when the upstream revision equals its
 	// revision and the stored file is intact.

@@ -1,5 +1,5 @@
 // Command fetcher takes fetch jobs off NATS JetStream, fetches the sources
-// they name (GitRepository and Bucket), stages their content in the shared
+// they name (GitRepository, Bucket and HelmRepository), stages their content in the shared
 // storage and publishes the result: Fetched for the packager, or
 // FetchUnchanged / FetchFailed for the artifact-server. Any number of
 // replicas share the work.
@@ -23,6 +23,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/fetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -46,6 +47,8 @@ type options struct {
 	refCacheTTL time.Duration
 	// contentCache reuses the artifacts of identical content.
 	contentCache bool
+	// helmIndexMaxSize bounds a Helm repository index.
+	helmIndexMaxSize int64
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -61,6 +64,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"How long a Git remote's reference listing answers other fetches of the same remote with the same credentials; 0 disables sharing.")
 	fs.BoolVar(&o.contentCache, "content-cache", true,
 		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again.")
+	fs.Int64Var(&o.helmIndexMaxSize, "helm-index-max-size", helmfetch.DefaultMaxIndexSize, "Largest Helm repository index fetched, in bytes.")
 }
 
 func main() {
@@ -84,6 +88,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.bucketConcurrency < 1 {
 		return errors.New("--bucket-concurrency must be at least 1")
+	}
+	if o.helmIndexMaxSize < 1 {
+		return errors.New("--helm-index-max-size must be positive")
 	}
 	if o.refCacheTTL < 0 {
 		return errors.New("--ref-cache-ttl must not be negative")
@@ -119,6 +126,8 @@ func run(ctx context.Context, o options) error {
 				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg)},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
 				MaxFileSize: o.maxFileSize},
+			helmfetch.Kind: helmfetch.NewSource(secretReader, o.helmIndexMaxSize,
+				helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg),
 		},
 		Storage:      store,
 		Publisher:    conn.NewPublisher(service),
@@ -138,7 +147,7 @@ func run(ctx context.Context, o options) error {
 	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
 		return err
 	}
-	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind},
+	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, helmfetch.Kind},
 		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache)
 	return worker.Run(ctx)
 }

@@ -21,8 +21,10 @@ type Source interface {
 	// revision to staging the content.
 	Timeout(req *events.FetchRequested) time.Duration
 	// Resolve checks req, reads the credentials it names and asks the
-	// upstream for its current revision without downloading any content.
-	// Errors are *Error values.
+	// upstream for its current revision without downloading any content
+	// (but where the revision is the content's digest, as a Helm index's,
+	// which is downloaded only when it changed). A Resolved that is an
+	// io.Closer is closed when the job ends. Errors are *Error values.
 	Resolve(ctx context.Context, req *events.FetchRequested) (Resolved, error)
 }
 
