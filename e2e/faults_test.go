@@ -10,6 +10,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // The tests in this file disturb shared services, so they do not run in
@@ -23,7 +24,11 @@ func TestMalformedFetchJob(t *testing.T) {
 	fetcher := env.Service(harness.Fetcher)
 	pid := fetcher.Pid()
 
-	nc, err := nats.Connect(env.NATSURL)
+	auth, err := env.NATSOption(natsserver.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(env.NATSURL, auth)
 	if err != nil {
 		t.Fatal(err)
 	}

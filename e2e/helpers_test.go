@@ -22,6 +22,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -542,4 +543,14 @@ func sampleFiles(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// subscriberAuth authenticates a test's event subscription as the
+// read-only subscriber identity, as a user's subscriber would.
+func subscriberAuth(e *harness.Env) nats.Option {
+	opt, err := e.NATSOption(events.SubscriberIdentity)
+	if err != nil {
+		panic(fmt.Sprintf("subscriber key: %v", err))
+	}
+	return opt
 }

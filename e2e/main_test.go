@@ -68,7 +68,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	code := func() int {
-		stop, err := harness.SubscribeEvents(env.NATSURL, recorder.record)
+		stop, err := harness.SubscribeEvents(env.NATSURL, subscriberAuth(env), recorder.record)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
 			return 1

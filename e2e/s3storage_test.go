@@ -86,7 +86,7 @@ func startPrivateEnv(t *testing.T, label string, configure func(*harness.Config)
 		}
 	})
 	s := &privateEnv{Env: e, recorder: &eventRecorder{}}
-	stop, err := harness.SubscribeEvents(e.NATSURL, s.recorder.record)
+	stop, err := harness.SubscribeEvents(e.NATSURL, subscriberAuth(e), s.recorder.record)
 	if err != nil {
 		t.Fatal(err)
 	}

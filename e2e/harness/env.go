@@ -13,6 +13,7 @@ import (
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -22,6 +23,12 @@ import (
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
+
+// NATSOption authenticates a NATS client as identity (an events identity or
+// natsserver.Admin).
+func (e *Env) NATSOption(identity string) (nats.Option, error) {
+	return nats.NkeyOptionFromSeed(e.NATSIdentities.SeedFiles[identity])
+}
 
 // Env is Headwater running on real parts. Start brings it up; Stop takes
 // down, in reverse order, everything Start started.
@@ -38,6 +45,9 @@ type Env struct {
 	Kubeconfig string
 	// NATSURL is the embedded NATS server's client URL.
 	NATSURL string
+	// NATSIdentities are the keys of the bus identities: the server admits
+	// only them, each with its permissions, as deployed.
+	NATSIdentities *natsserver.Identities
 	// StoragePath is the directory storage shared by the services.
 	StoragePath string
 	// ArtifactAddr is the artifact-server's advertised host:port, the
@@ -80,8 +90,15 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 		return nil, err
 	}
 
-	c.progress("starting NATS JetStream (embedded)")
-	e.nats, err = natsserver.Start(natsserver.Options{StoreDir: filepath.Join(c.Dir, "nats")})
+	c.progress("starting NATS JetStream (embedded, a throwaway key per service)")
+	keys := filepath.Join(c.Dir, "nats-keys")
+	if err := os.MkdirAll(keys, 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	if e.NATSIdentities, err = natsserver.NewIdentities(keys); err != nil {
+		return nil, err
+	}
+	e.nats, err = natsserver.Start(natsserver.Options{StoreDir: filepath.Join(c.Dir, "nats"), Users: e.NATSIdentities.Users})
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +211,11 @@ func (e *Env) defineServices() error {
 
 	env := serviceEnv(e.Kubeconfig)
 	common := func(name string) []string {
-		return []string{"-nats-url", e.NATSURL, "-telemetry-addr", telemetry[name], "-log-format", "text"}
+		args := []string{"-nats-url", e.NATSURL, "-telemetry-addr", telemetry[name], "-log-format", "text"}
+		if e.NATSIdentities != nil {
+			args = append(args, "-nats-nkey", e.NATSIdentities.SeedFiles[name])
+		}
+		return args
 	}
 	args := map[string][]string{
 		ArtifactServer: append(common(ArtifactServer),

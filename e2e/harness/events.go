@@ -16,10 +16,11 @@ const PublicEvents = events.EventSubjectPrefix + ".>"
 type EventHandler func(subject string, m *events.Message, err error)
 
 // SubscribeEvents subscribes to every public CloudEvent on the NATS server at
-// url, as any user's subscriber would, and calls fn for each, one at a
-// time, in order. Call the returned function to unsubscribe.
-func SubscribeEvents(url string, fn EventHandler) (stop func(), err error) {
-	nc, err := nats.Connect(url, nats.Name("headwater-harness-events"))
+// url, as any user's subscriber would (auth: its credentials, e.g. the
+// subscriber identity's), and calls fn for each, one at a time, in order.
+// Call the returned function to unsubscribe.
+func SubscribeEvents(url string, auth nats.Option, fn EventHandler) (stop func(), err error) {
+	nc, err := nats.Connect(url, nats.Name("headwater-harness-events"), auth)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe to events: %w", err)
 	}

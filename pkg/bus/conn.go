@@ -21,28 +21,74 @@ import (
 type Options struct {
 	// URL is the NATS server URL, or a comma-separated list of them.
 	URL string
-	// CredsFile is an optional NATS credentials (.creds) file.
+	// CredsFile is an optional NATS credentials (.creds, JWT) file.
 	CredsFile string
+	// NKeyFile is an optional file holding the NKey seed of the service's
+	// NATS user (see events.Permissions for what each user may do).
+	NKeyFile string
+	// CAFile, when set, is the CA that signs the server's TLS
+	// certificate; the connection then requires TLS.
+	CAFile string
+	// CertFile and KeyFile are an optional client certificate for TLS.
+	CertFile, KeyFile string
 }
 
 // BindFlags registers the options on fs (environment: HEADWATER_NATS_URL,
-// HEADWATER_NATS_CREDS, see package flagenv).
+// HEADWATER_NATS_CREDS, HEADWATER_NATS_NKEY, ..., see package flagenv).
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.URL, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated.")
-	fs.StringVar(&o.CredsFile, "nats-creds", "", "Optional NATS credentials file.")
+	fs.StringVar(&o.CredsFile, "nats-creds", "", "NATS credentials (.creds) file of the service's user.")
+	fs.StringVar(&o.NKeyFile, "nats-nkey", "", "File holding the NKey seed of the service's NATS user.")
+	fs.StringVar(&o.CAFile, "nats-ca", "", "CA certificate of the NATS server's TLS certificate; requires TLS when set.")
+	fs.StringVar(&o.CertFile, "nats-cert", "", "Client certificate for TLS to NATS.")
+	fs.StringVar(&o.KeyFile, "nats-key", "", "Private key of the client certificate for TLS to NATS.")
+}
+
+// natsOptions returns the authentication and TLS options of o.
+func (o *Options) natsOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	if o.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(o.CredsFile))
+	}
+	if o.NKeyFile != "" {
+		opt, err := nats.NkeyOptionFromSeed(o.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats nkey: %w", err)
+		}
+		opts = append(opts, opt)
+	}
+	if o.CAFile != "" {
+		opts = append(opts, nats.RootCAs(o.CAFile))
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, errors.New("nats: a client certificate needs both --nats-cert and --nats-key")
+	}
+	if o.CertFile != "" {
+		opts = append(opts, nats.ClientCert(o.CertFile, o.KeyFile))
+	}
+	return opts, nil
 }
 
 // Conn is a connection to NATS with its JetStream context.
 type Conn struct {
 	NC *nats.Conn
 	JS jetstream.JetStream
+	// identity is the bus identity the connection acts as.
+	identity string
 }
 
 // Connect dials NATS and keeps reconnecting for as long as the connection is
-// in use; name identifies the service in the server's monitoring.
-func Connect(ctx context.Context, o Options, name string, log logr.Logger) (*Conn, error) {
+// in use; identity names the service in the server's monitoring and is the
+// bus identity it acts as (events.Identities): its replies come on its own
+// inbox (events.InboxPrefix), and it updates only the stream it owns.
+func Connect(ctx context.Context, o Options, identity string, log logr.Logger) (*Conn, error) {
+	auth, err := o.natsOptions()
+	if err != nil {
+		return nil, err
+	}
 	opts := []nats.Option{
-		nats.Name("headwater-" + name),
+		nats.Name("headwater-" + identity),
+		nats.CustomInboxPrefix(events.InboxPrefix(identity)),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -52,11 +98,8 @@ func Connect(ctx context.Context, o Options, name string, log logr.Logger) (*Con
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrlRedacted()) }),
 	}
-	if o.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(o.CredsFile))
-	}
+	opts = append(opts, auth...)
 	var nc *nats.Conn
-	var err error
 	// The server may still be starting (a pod restart, a compose up): retry
 	// the first connection until ctx ends.
 	for {
@@ -78,7 +121,7 @@ func Connect(ctx context.Context, o Options, name string, log logr.Logger) (*Con
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Conn{NC: nc, JS: js}, nil
+	return &Conn{NC: nc, JS: js, identity: identity}, nil
 }
 
 // Close drains the connection so published messages are flushed.
@@ -96,11 +139,20 @@ func (c *Conn) Healthy() error {
 	return nil
 }
 
-// EnsureStreams creates or updates every stream of events.Streams. Every
-// service calls it at start-up, so no start order is needed.
+// EnsureStreams creates every stream of events.Streams that does not exist
+// and updates the one the connection's identity owns (events.StreamOwner).
+// Every service calls it at start-up, so no start order is needed, while
+// only a stream's consumer may change its configuration.
 func (c *Conn) EnsureStreams(ctx context.Context) error {
 	for _, cfg := range events.Streams() {
-		if _, err := c.JS.CreateOrUpdateStream(ctx, cfg); err != nil {
+		var err error
+		if events.StreamOwner(cfg.Name) == c.identity {
+			_, err = c.JS.CreateOrUpdateStream(ctx, cfg)
+		} else if _, err = c.JS.CreateStream(ctx, cfg); errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// It exists; its owner keeps its configuration current.
+			err = nil
+		}
+		if err != nil {
 			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
 		}
 	}

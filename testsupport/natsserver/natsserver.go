@@ -19,6 +19,9 @@ type Options struct {
 	Port int
 	// StoreDir is where JetStream keeps its streams.
 	StoreDir string
+	// Users, when set, are the only clients the server accepts, each with
+	// its permissions (see NewIdentities); without, anyone may connect.
+	Users []User
 }
 
 // Start starts a NATS server with JetStream in this process: the embedded
@@ -34,7 +37,7 @@ func Start(o Options) (*server.Server, error) {
 	if o.StoreDir == "" {
 		return nil, errors.New("embedded nats: StoreDir is required")
 	}
-	ns, err := server.NewServer(&server.Options{
+	opts := &server.Options{
 		ServerName: "headwater-embedded",
 		Host:       o.Host,
 		Port:       o.Port,
@@ -42,7 +45,11 @@ func Start(o Options) (*server.Server, error) {
 		StoreDir:   o.StoreDir,
 		NoSigs:     true,
 		NoLog:      true,
-	})
+	}
+	if len(o.Users) > 0 {
+		opts.Nkeys = nkeyUsers(o.Users)
+	}
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}

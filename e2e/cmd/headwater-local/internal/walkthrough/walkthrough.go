@@ -88,7 +88,11 @@ func Run(ctx context.Context, env *harness.Env, p *Printer) (stopEvents func(), 
 	url := env.Git.RepoURL(Name)
 	p.Step(fmt.Sprintf("sample repository %s at commit %s (work tree %s)", url, commit, repo.Dir))
 
-	stopEvents, err = harness.SubscribeEvents(env.NATSURL, func(subject string, m *events.Message, err error) {
+	subscriberAuth, err := env.NATSOption(events.SubscriberIdentity)
+	if err != nil {
+		return nil, err
+	}
+	stopEvents, err = harness.SubscribeEvents(env.NATSURL, subscriberAuth, func(subject string, m *events.Message, err error) {
 		p.Detail(describeEvent(subject, m, err))
 	})
 	if err != nil {

@@ -1,0 +1,194 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
+)
+
+// secureBus starts a real NATS server that knows only Headwater's
+// identities, with the permissions events.Permissions gives them.
+func secureBus(t *testing.T) (url string, ids *natsserver.Identities) {
+	t.Helper()
+	ids, err := natsserver.NewIdentities(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Users: ids.Users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns.ClientURL(), ids
+}
+
+// connectAs connects with identity's key; it fails the test when refused.
+func connectAs(t *testing.T, url string, ids *natsserver.Identities, identity string) *bus.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.Options{URL: url, NKeyFile: ids.SeedFiles[identity]}, identity, logr.Discard())
+	if err != nil {
+		t.Fatalf("connect as %s: %v", identity, err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// TestServicesWorkWithinTheirPermissions checks that each service can do
+// what it does at start-up and at work with only its own permissions: join
+// its stream (creating every stream, updating its own), publish its jobs
+// or results, and pull, heartbeat and acknowledge its messages.
+func TestServicesWorkWithinTheirPermissions(t *testing.T) {
+	url, ids := secureBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	flow := []struct {
+		identity, stream, consumer string
+		// publishes is what the service publishes once it has its job.
+		publishSubject, publishType string
+	}{
+		{events.WatcherIdentity, events.EventStream, events.WatcherConsumer, events.FetchSubject("GitRepository"), events.TypeFetchRequested},
+		{events.FetcherIdentity, events.FetchStream, events.FetcherConsumer, events.PackageSubject("GitRepository"), events.TypeFetched},
+		{events.PackagerIdentity, events.PackageStream, events.PackagerConsumer, events.PublishSubject("GitRepository"), events.TypePackaged},
+		{events.ArtifactServerIdentity, events.PublishStream, events.ArtifactServerConsumer,
+			events.EventSubject("GitRepository", "default", "podinfo"), events.TypeArtifactStored},
+	}
+	conns := map[string]*bus.Conn{}
+	for _, f := range flow {
+		c := connectAs(t, url, ids, f.identity)
+		if _, err := c.JoinStream(ctx, f.stream, f.consumer, events.ConsumerOptions{DeliverNew: f.stream == events.EventStream}); err != nil {
+			t.Fatalf("%s joins %s: %v", f.identity, f.stream, err)
+		}
+		conns[f.identity] = c
+	}
+	// Each publishes on its own subject, and the next service in line
+	// pulls it, heartbeats and acknowledges it.
+	next := map[string]string{events.WatcherIdentity: events.FetcherIdentity, events.FetcherIdentity: events.PackagerIdentity,
+		events.PackagerIdentity: events.ArtifactServerIdentity, events.ArtifactServerIdentity: events.WatcherIdentity}
+	for _, f := range flow {
+		job := events.Job{ID: "job-" + f.identity, Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "podinfo"}}
+		if err := conns[f.identity].NewPublisher(f.identity).Publish(ctx, f.publishSubject, f.publishType, job, &events.Outcome{Job: job}); err != nil {
+			t.Fatalf("%s publishes %s: %v", f.identity, f.publishType, err)
+		}
+		var consumerOf struct{ stream, consumer string }
+		for _, g := range flow {
+			if g.identity == next[f.identity] {
+				consumerOf.stream, consumerOf.consumer = g.stream, g.consumer
+			}
+		}
+		cons, err := conns[next[f.identity]].JS.Consumer(ctx, consumerOf.stream, consumerOf.consumer)
+		if err != nil {
+			t.Fatalf("%s looks up its consumer: %v", next[f.identity], err)
+		}
+		msg, err := cons.Next(jetstreamWait())
+		if err != nil {
+			t.Fatalf("%s pulls from %s: %v", next[f.identity], consumerOf.stream, err)
+		}
+		if err := msg.InProgress(); err != nil {
+			t.Errorf("%s heartbeats: %v", next[f.identity], err)
+		}
+		if err := msg.DoubleAck(ctx); err != nil {
+			t.Errorf("%s acknowledges: %v", next[f.identity], err)
+		}
+	}
+}
+
+// TestBusRefusesWhatAnIdentityMayNotDo checks the server's side: a client
+// without a key is refused, and each identity's publishes outside its
+// subjects, subscriptions to others' replies and consumer takeovers are
+// refused with a permissions violation.
+func TestBusRefusesWhatAnIdentityMayNotDo(t *testing.T) {
+	url, ids := secureBus(t)
+	if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("a client without credentials was let in")
+	} else if !errors.Is(err, nats.ErrAuthorization) {
+		t.Errorf("anonymous client: %v, want an authorization violation", err)
+	}
+
+	refused := []struct {
+		identity string
+		publish  string // a subject it must not publish on
+	}{
+		{events.FetcherIdentity, events.FetchSubject("GitRepository")},           // forge a fetch job
+		{events.FetcherIdentity, events.EventSubject("GitRepository", "a", "b")}, // forge a public event
+		{events.PackagerIdentity, events.PackageSubject("GitRepository")},
+		{events.ArtifactServerIdentity, events.FetchSubject("GitRepository")},
+		{events.WatcherIdentity, events.PublishSubject("GitRepository")}, // forge a result
+		{events.SubscriberIdentity, events.EventSubject("GitRepository", "a", "b")},
+		{events.SubscriberIdentity, events.FetchSubject("GitRepository")},
+		// Take over another service's consumer or rewrite a stream it
+		// does not own.
+		{events.FetcherIdentity, "$JS.API.CONSUMER.CREATE." + events.EventStream + "." + events.WatcherConsumer},
+		{events.FetcherIdentity, "$JS.API.STREAM.UPDATE." + events.EventStream},
+		{events.FetcherIdentity, "$JS.API.STREAM.DELETE." + events.FetchStream},
+		{events.WatcherIdentity, "$JS.API.STREAM.PURGE." + events.EventStream},
+	}
+	for _, tc := range refused {
+		t.Run(tc.identity+" publishes on "+tc.publish, func(t *testing.T) {
+			violations := make(chan error, 4)
+			nc, err := nats.Connect(url, mustNKey(t, ids.SeedFiles[tc.identity]), nats.MaxReconnects(0),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			defer nc.Close()
+			if err := nc.Publish(tc.publish, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			select {
+			case err := <-violations:
+				if !errors.Is(err, nats.ErrPermissionViolation) {
+					t.Errorf("error %v, want a permissions violation", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("the publish was not refused")
+			}
+		})
+	}
+
+	t.Run("no one reads another's replies", func(t *testing.T) {
+		violations := make(chan error, 4)
+		nc, err := nats.Connect(url, mustNKey(t, ids.SeedFiles[events.FetcherIdentity]), nats.MaxReconnects(0),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		if _, err := nc.SubscribeSync(events.InboxPrefix(events.WatcherIdentity) + ".>"); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		select {
+		case err := <-violations:
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Errorf("error %v, want a permissions violation", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("the subscription to the watcher's inbox was not refused")
+		}
+	})
+}
+
+func mustNKey(t *testing.T, seedFile string) nats.Option {
+	t.Helper()
+	opt, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opt
+}
+
+// jetstreamWait bounds a test's wait for the next message.
+func jetstreamWait() jetstream.FetchOpt { return jetstream.FetchMaxWait(10 * time.Second) }

@@ -1,0 +1,85 @@
+package natsserver
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// User is a NATS user that authenticates with an NKey and may publish and
+// subscribe to the given subjects only.
+type User struct {
+	// NKey is the user's public key.
+	NKey string
+	// Publish and Subscribe are the subjects it may use.
+	Publish, Subscribe []string
+}
+
+// Admin is the identity of an operator (and of tests that poke the bus
+// directly): it may publish and subscribe to everything.
+const Admin = "admin"
+
+// Identities is a throwaway set of bus identities: for every identity of
+// events.Identities, an NKey seed file and the user NATS knows it as, with
+// the permissions events.Permissions gives it; and an Admin.
+type Identities struct {
+	// SeedFiles maps an identity to the file holding its NKey seed (the
+	// services' -nats-nkey).
+	SeedFiles map[string]string
+	// Users are the server's side of the same identities.
+	Users []User
+}
+
+// NewIdentities makes a fresh NKey for every bus identity and writes its
+// seed into dir (mode 0600): what `make run`, the e2e harness and tests of
+// the permissions use, so the secure path is the one tested.
+func NewIdentities(dir string) (*Identities, error) {
+	ids := &Identities{SeedFiles: map[string]string{}}
+	for _, id := range append(events.Identities(), Admin) {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return nil, fmt.Errorf("nkey for %s: %w", id, err)
+		}
+		seed, err := kp.Seed()
+		if err != nil {
+			return nil, err
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, err
+		}
+		file := filepath.Join(dir, id+".nk")
+		if err := os.WriteFile(file, seed, 0o600); err != nil {
+			return nil, fmt.Errorf("write seed of %s: %w", id, err)
+		}
+		perm, _ := events.Permissions(id)
+		if id == Admin {
+			perm = events.Permission{Publish: []string{">"}, Subscribe: []string{">"}}
+		}
+		ids.SeedFiles[id] = file
+		ids.Users = append(ids.Users, User{NKey: pub, Publish: perm.Publish, Subscribe: perm.Subscribe})
+	}
+	return ids, nil
+}
+
+// nkeyUsers converts users to the server's form. A user with no subject
+// to publish on may publish nothing at all.
+func nkeyUsers(users []User) []*server.NkeyUser {
+	out := make([]*server.NkeyUser, 0, len(users))
+	for _, u := range users {
+		p := &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: u.Publish},
+			Subscribe: &server.SubjectPermission{Allow: u.Subscribe},
+		}
+		if len(u.Publish) == 0 {
+			p.Publish = &server.SubjectPermission{Deny: []string{">"}}
+		}
+		out = append(out, &server.NkeyUser{Nkey: u.NKey, Permissions: p})
+	}
+	return out
+}
