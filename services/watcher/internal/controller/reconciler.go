@@ -18,6 +18,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -87,6 +88,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	if !obj.GetDeletionTimestamp().IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, obj)
+	}
+	if r.Kind.Static != nil && r.Kind.Static(obj) {
+		return ctrl.Result{}, r.makeStatic(ctx, obj)
 	}
 	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
 		base := obj.DeepCopyObject().(client.Object)
@@ -172,6 +176,30 @@ func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.
 		return ctrl.Result{RequeueAfter: f.RetryAfter}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.RequeueDependency}, nil
+}
+
+// makeStatic turns an object of a kind Flux leaves alone (a HelmRepository
+// of type oci) into what Flux makes of it: its artifacts deleted, no
+// finalizer, an empty status. A suspended object is left as it is.
+func (r *Reconciler) makeStatic(ctx context.Context, obj source.Object) error {
+	if r.Kind.Suspended(obj) {
+		return nil
+	}
+	if controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
+		// finalize deletes the artifacts and removes the finalizer.
+		if err := r.finalize(ctx, obj); err != nil {
+			return err
+		}
+	}
+	if obj.GetArtifact() == nil && len(obj.GetConditions()) == 0 && *r.Kind.Status(obj).ObservedGeneration == 0 {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"status":null}`)),
+		client.FieldOwner(status.FieldOwner)); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("reset status: %w", err))
+	}
+	log.FromContext(ctx).Info("static object: artifacts deleted, status reset")
+	return nil
 }
 
 // finalize asks the packagers to remove the object's artifacts, then removes

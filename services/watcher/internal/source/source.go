@@ -43,6 +43,10 @@ type Kind struct {
 	New func() Object
 	// Suspended reports spec.suspend.
 	Suspended func(Object) bool
+	// Static, when set, reports an object Flux leaves alone: no artifact,
+	// no finalizer, an empty status (a HelmRepository of type oci). Its
+	// artifacts, if it had any, are deleted. Nil for kinds always fetched.
+	Static func(Object) bool
 	// Request copies the spec into a fetch request, resolving references
 	// to other objects with r, and reports whether the content-affecting
 	// part of the spec differs from what the stored artifact was built with
@@ -98,7 +102,7 @@ func (k Kind) ReadyMessage(revision string) string { return fmt.Sprintf(k.ReadyF
 
 // Kinds lists every kind the watcher reconciles.
 func Kinds() []Kind {
-	return []Kind{GitRepository(), Bucket()}
+	return []Kind{GitRepository(), Bucket(), HelmRepository()}
 }
 
 // ByName returns the kind with the given name.

@@ -1,0 +1,56 @@
+package source
+
+import (
+	"context"
+	"path"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// HelmIndexLatestName is the stable name of a HelmRepository's latest
+// index in its artifact directory (Flux's index.yaml symlink), which
+// status.url points at.
+const HelmIndexLatestName = "index.yaml"
+
+// HelmRepository adapts sourcev1.HelmRepository. A HelmRepository of type
+// oci is static, as in Flux: it has no artifact, no finalizer and no
+// status (its HelmCharts pull from the registry themselves).
+func HelmRepository() Kind {
+	return Kind{
+		Name:      sourcev1.HelmRepositoryKind,
+		New:       func() Object { return &sourcev1.HelmRepository{} },
+		Suspended: func(o Object) bool { return o.(*sourcev1.HelmRepository).Spec.Suspend },
+		Static: func(o Object) bool {
+			return o.(*sourcev1.HelmRepository).Spec.Type == sourcev1.HelmRepositoryTypeOCI
+		},
+		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
+			req.HelmRepository = o.(*sourcev1.HelmRepository).Spec.DeepCopy()
+			// The artifact is the index as served: nothing in the spec
+			// changes it but what the server sends.
+			return false, nil
+		},
+		Observe: func(o Object) {
+			h := o.(*sourcev1.HelmRepository)
+			if a := h.Status.Artifact; a != nil && a.URL != "" {
+				// Flux's status.url: the stable URL of the latest index.
+				dir, _ := path.Split(a.URL)
+				h.Status.URL = dir + HelmIndexLatestName
+			}
+		},
+		ReadyFormat:    "stored artifact: revision '%s'",
+		UpToDateReason: sourcev1.ArtifactUpToDateReason,
+		Status: func(o Object) Status {
+			st := &o.(*sourcev1.HelmRepository).Status
+			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
+		},
+		// Flux's order (helmRepositoryReadyCondition).
+		Conditions: []string{
+			sourcev1.StorageOperationFailedCondition,
+			sourcev1.FetchFailedCondition,
+			sourcev1.ArtifactOutdatedCondition,
+		},
+	}
+}

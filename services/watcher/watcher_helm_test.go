@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/fluxcd/pkg/runtime/conditions"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// testHelmRepository follows a HelmRepository: its fetch job, its status
+// from a stored index (status.url the latest index), and, turned into
+// type oci, what Flux makes of it: artifacts deleted, no finalizer, no
+// status.
+func testHelmRepository(t *testing.T, e *env) {
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: "default", Name: "charts"}
+	repo := &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
+		Spec:       sourcev1.HelmRepositorySpec{URL: "https://charts.example.com", Interval: metav1.Duration{Duration: 5 * time.Minute}},
+	}
+	if err := e.k8s.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	m := next(t, e.fetchJobs)
+	req, ok := m.Data.(*events.FetchRequested)
+	if !ok || req.HelmRepository == nil || req.HelmRepository.URL != repo.Spec.URL || req.Job.Object.Kind != sourcev1.HelmRepositoryKind {
+		t.Fatalf("fetch request = %+v", m.Data)
+	}
+
+	rev := "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	size := int64(444)
+	path := "helmrepository/default/charts/index-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.yaml"
+	publishOutcome(t, e, events.TypeArtifactStored, &events.Outcome{Job: req.Job, Revision: rev,
+		EventMessage: "stored fetched index of size 444B from 'https://charts.example.com'",
+		Artifact: &meta.Artifact{Path: path, URL: "http://a/" + path, Revision: rev, Digest: rev, Size: &size, LastUpdateTime: metav1.Now()}})
+	var got sourcev1.HelmRepository
+	eventually(t, "Ready=True", func() bool {
+		_ = e.k8s.Get(ctx, key, &got)
+		return conditions.IsReady(&got)
+	})
+	if c := conditions.Get(&got, meta.ReadyCondition); c.Message != "stored artifact: revision '"+rev+"'" {
+		t.Errorf("Ready = %+v", c)
+	}
+	if got.Status.URL != "http://a/helmrepository/default/charts/index.yaml" {
+		t.Errorf("status.url = %q, want the latest index", got.Status.URL)
+	}
+	waitEvent(t, e, key.Name, corev1.EventTypeNormal, "NewArtifact", "stored fetched index of size 444B from 'https://charts.example.com'")
+
+	// Type oci: static, as in Flux.
+	patch := client.MergeFrom(got.DeepCopy())
+	got.Spec.Type = sourcev1.HelmRepositoryTypeOCI
+	got.Spec.URL = "oci://ghcr.io/charts"
+	if err := e.k8s.Patch(ctx, &got, patch); err != nil {
+		t.Fatal(err)
+	}
+	m = next(t, e.packageJobs)
+	if m.Event.Type() != events.TypeDeleteRequested || m.Event.Subject() != "helmrepository/default/charts" {
+		t.Fatalf("got %s for %s, want the deletion of the index artifacts", m.Event.Type(), m.Event.Subject())
+	}
+	eventually(t, "an empty status and no finalizer", func() bool {
+		_ = e.k8s.Get(ctx, key, &got)
+		return len(got.Finalizers) == 0 && got.Status.Artifact == nil && len(got.Status.Conditions) == 0 && got.Status.URL == ""
+	})
+	if err := e.k8s.Delete(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+}
