@@ -51,6 +51,11 @@ type FetchRequested struct {
 	// HelmRepository is the spec of a HelmRepository (type default; an OCI
 	// HelmRepository has no artifact and makes no job).
 	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
+	// HelmChart is the spec of a HelmChart; ChartSource is its source.
+	HelmChart *sourcev1.HelmChartSpec `json:"helmChart,omitempty"`
+	// ChartSource is the source a HelmChart's chart comes from, resolved
+	// by the watcher; set with HelmChart.
+	ChartSource *ChartSource `json:"chartSource,omitempty"`
 	// Previous is the artifact recorded in the object's status, if any. The
 	// fetcher answers FetchUnchanged when the upstream revision equals its
 	// revision and the stored file is intact.
@@ -79,6 +84,20 @@ type Include struct {
 	// ToPath is where the copy goes in this artifact; never empty (Flux
 	// defaults it to the included source's name).
 	ToPath string `json:"toPath"`
+}
+
+// ChartSource is the object a HelmChart's spec.sourceRef names, as the
+// watcher found it.
+type ChartSource struct {
+	// Kind and Name of the source (same namespace as the HelmChart).
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	// Artifact is the source's artifact: a HelmRepository's index, a
+	// GitRepository's or Bucket's tarball.
+	Artifact meta.Artifact `json:"artifact"`
+	// HelmRepository is the spec of a HelmRepository source: where charts
+	// are downloaded from and the Secrets to download them with.
+	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
 }
 
 // Verification is the result of checking a source's signatures (a
@@ -114,6 +133,14 @@ type Fetched struct {
 	// ArtifactName is the file name the artifact is stored under in the
 	// source's directory, e.g. "<commit>.tar.gz".
 	ArtifactName string `json:"artifactName"`
+	// AsIs says the staged content is one file that is the artifact byte
+	// for byte (a Helm index, a chart archive), not a tar to archive.
+	AsIs bool `json:"asIs,omitempty"`
+	// LatestName is the name of the stable pointer to the latest artifact
+	// in the source's directory, when it is not "latest.tar.gz": Flux's
+	// "index.yaml" for a HelmRepository, "<chart>-latest.tgz" for a
+	// HelmChart.
+	LatestName string `json:"latestName,omitempty"`
 	// EventMessage is the message of the NewArtifact Kubernetes Event, in
 	// Flux's words (e.g. "stored artifact for commit 'Add README'").
 	EventMessage string `json:"eventMessage,omitempty"`

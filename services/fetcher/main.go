@@ -1,5 +1,5 @@
 // Command fetcher takes fetch jobs off NATS JetStream, fetches the sources
-// they name (GitRepository, Bucket and HelmRepository), stages their content in the shared
+// they name (GitRepository, Bucket, HelmRepository and HelmChart), stages their content in the shared
 // storage and publishes the result: Fetched for the packager, or
 // FetchUnchanged / FetchFailed for the artifact-server. Any number of
 // replicas share the work.
@@ -23,6 +23,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/fetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmchartfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -49,6 +50,9 @@ type options struct {
 	contentCache bool
 	// helmIndexMaxSize bounds a Helm repository index.
 	helmIndexMaxSize int64
+	// helmChartMaxSize bounds a chart archive, helmChartFileMaxSize a file
+	// in it.
+	helmChartMaxSize, helmChartFileMaxSize int64
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -65,6 +69,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.contentCache, "content-cache", true,
 		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again.")
 	fs.Int64Var(&o.helmIndexMaxSize, "helm-index-max-size", helmfetch.DefaultMaxIndexSize, "Largest Helm repository index fetched, in bytes.")
+	fs.Int64Var(&o.helmChartMaxSize, "helm-chart-max-size", helmchartfetch.DefaultMaxChartSize, "Largest Helm chart archive fetched, in bytes.")
+	fs.Int64Var(&o.helmChartFileMaxSize, "helm-chart-file-max-size", helmchartfetch.DefaultMaxChartFileSize,
+		"Largest file in a Helm chart, decompressed, in bytes.")
 }
 
 func main() {
@@ -89,9 +96,10 @@ func run(ctx context.Context, o options) error {
 	if o.bucketConcurrency < 1 {
 		return errors.New("--bucket-concurrency must be at least 1")
 	}
-	if o.helmIndexMaxSize < 1 {
-		return errors.New("--helm-index-max-size must be positive")
+	if o.helmIndexMaxSize < 1 || o.helmChartMaxSize < 1 || o.helmChartFileMaxSize < 1 {
+		return errors.New("--helm-index-max-size, --helm-chart-max-size and --helm-chart-file-max-size must be positive")
 	}
+	helmchartfetch.SetMaxChartFileSize(o.helmChartFileMaxSize)
 	if o.refCacheTTL < 0 {
 		return errors.New("--ref-cache-ttl must not be negative")
 	}
@@ -128,6 +136,7 @@ func run(ctx context.Context, o options) error {
 				MaxFileSize: o.maxFileSize},
 			helmfetch.Kind: helmfetch.NewSource(secretReader, o.helmIndexMaxSize,
 				helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg),
+			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize},
 		},
 		Storage:      store,
 		Publisher:    conn.NewPublisher(service),
@@ -147,7 +156,7 @@ func run(ctx context.Context, o options) error {
 	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
 		return err
 	}
-	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, helmfetch.Kind},
+	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, helmfetch.Kind, helmchartfetch.Kind},
 		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache)
 	return worker.Run(ctx)
 }

@@ -27,6 +27,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/repo"
+	"sigs.k8s.io/yaml"
 
 	"github.com/headwater-gitops/headwater/testsupport/testca"
 )
@@ -124,6 +125,14 @@ func Package(dir string, c Chart) (string, error) {
 		Values: c.Values,
 		Templates: []*chart.File{{Name: "templates/configmap.yaml",
 			Data: []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}\ndata:\n  message: {{ .Values.message | default \"hello\" | quote }}\n")}},
+	}
+	if c.Values != nil {
+		// chartutil.Save writes values.yaml from the raw file.
+		b, err := yaml.Marshal(c.Values)
+		if err != nil {
+			return "", err
+		}
+		ch.Raw = append(ch.Raw, &chart.File{Name: chartutil.ValuesfileName, Data: b})
 	}
 	for name, data := range c.Files {
 		ch.Files = append(ch.Files, &chart.File{Name: name, Data: []byte(data)})

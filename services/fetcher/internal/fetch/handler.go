@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -179,7 +180,11 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 	}
 
 	key := storage.StagingKey(req.Job.ID)
-	size, err := h.stage(work, key, content)
+	stage := h.stage
+	if content.File != "" {
+		stage = h.stageFile
+	}
+	size, err := stage(work, key, content)
 	if err != nil {
 		return "", err
 	}
@@ -191,6 +196,8 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		Revision:     content.Revision,
 		Staging:      key,
 		ArtifactName: content.ArtifactName,
+		AsIs:         content.File != "",
+		LatestName:   content.LatestName,
 		EventMessage: content.EventMessage,
 		Notices:      notices,
 		Verification: content.Verification,
@@ -341,6 +348,31 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 			// The spec's timeout ran out while staging.
 			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 				Err: fmt.Errorf("unable to archive artifact to storage: %w", ctx.Err())}
+		}
+		return 0, fmt.Errorf("stage %s: %w", key, err)
+	}
+	return info.Size, nil
+}
+
+// stageFile copies content's one file into storage at key as it is and
+// returns its size. A file over -max-file-size fails finally.
+func (h *Handler) stageFile(ctx context.Context, key string, content *source.Content) (int64, error) {
+	f, err := os.Open(filepath.Join(content.Root, content.File))
+	if err != nil {
+		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+			Err: fmt.Errorf("unable to stage artifact: %w", err)}
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && h.MaxFileSize > 0 && fi.Size() > h.MaxFileSize {
+		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+			Handling: failure.Final, Err: fmt.Errorf("unable to archive artifact to storage: file '%s' is larger than the maximum of %d bytes",
+				content.File, h.MaxFileSize)}
+	}
+	info, err := h.Storage.Put(ctx, key, f)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+				Err: fmt.Errorf("unable to stage artifact: %w", ctx.Err())}
 		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
