@@ -157,6 +157,7 @@ func TestWatcher(t *testing.T) {
 	t.Run("include", func(t *testing.T) { testInclude(t, e) })
 	t.Run("status patch conflict", func(t *testing.T) { testStatusPatchConflict(t, e) })
 	t.Run("helm repository", func(t *testing.T) { testHelmRepository(t, e) })
+	t.Run("helm chart", func(t *testing.T) { testHelmChart(t, e) })
 	t.Run("build info", testBuildInfo)
 }
 

@@ -128,6 +128,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			status.MarkProgressing(o, st)
 		}
 		conditions.Delete(o, sourcev1.IncludeUnavailableCondition)
+		if r.Kind.Progress != nil {
+			r.Kind.Progress(o, fetch)
+		}
 		return true
 	})
 	if err != nil {
@@ -243,6 +246,9 @@ func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events
 	}
 	for _, inc := range fetch.Includes {
 		fmt.Fprintf(h, "include=%s:%s\n", inc.Name, inc.Artifact.Digest)
+	}
+	if cs := fetch.ChartSource; cs != nil {
+		fmt.Fprintf(h, "source=%s/%s:%s\n", cs.Kind, cs.Name, cs.Artifact.Digest)
 	}
 	return events.Job{
 		ID:             fmt.Sprintf("%s/%d/%s/%d/%x", obj.GetUID(), obj.GetGeneration(), token, now.Unix(), h.Sum(nil)[:6]),
