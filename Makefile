@@ -95,11 +95,12 @@ controller-gen:
 generate: manifests ## Generate everything generated (CRDs).
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs (from the Flux API module) and the RBAC (from markers) into deploy/.
+manifests: controller-gen ## Generate the CRDs (from the Flux API module), the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
 	@rm -rf $(CRD_DIR) && mkdir -p $(CRD_DIR)
 	cd pkg && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/source-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
 	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
 	cd services/fetcher && $(CONTROLLER_GEN) rbac:roleName=headwater-fetcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/fetcher
+	cd e2e && go run ./cmd/headwater-nats config > $(CURDIR)/deploy/base/nats/auth.conf
 
 ##@ Test
 

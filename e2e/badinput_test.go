@@ -95,6 +95,30 @@ func TestBadInput(t *testing.T) {
 		}
 	})
 
+	// Credentials in the URL never reach the bus: the source stalls and
+	// says where they belong, without repeating them.
+	t.Run("credentials-in-url", func(t *testing.T) {
+		t.Parallel()
+		const name = "credentials-in-url"
+		newRepo(t, name, map[string]string{"README.md": "# " + name + "\n"})
+		url := strings.Replace(env.Git.RepoURL(name), "://", "://user:s3cr3t-token@", 1)
+		createSource(t, name, url, branch)
+		obj := waitCondition(t, name, meta.StalledCondition, metav1.ConditionTrue, sourcev1.URLInvalidReason)
+		for _, typ := range []string{meta.StalledCondition, meta.ReadyCondition, sourcev1.FetchFailedCondition} {
+			c := condition(t, obj, typ)
+			if !strings.Contains(c.Message, "spec.secretRef") || strings.Contains(c.Message, "s3cr3t") {
+				t.Errorf("%s message %q: want it to name spec.secretRef and not the credentials", typ, c.Message)
+			}
+		}
+		if obj.Status.ObservedGeneration != obj.Generation || obj.Status.Artifact != nil {
+			t.Errorf("observedGeneration %d (generation %d), artifact %+v: want the generation observed, no artifact",
+				obj.Status.ObservedGeneration, obj.Generation, obj.Status.Artifact)
+		}
+		waitKubeEvent(t, name, "Warning", sourcev1.URLInvalidReason, func(msg string) bool {
+			return strings.Contains(msg, "spec.secretRef")
+		})
+	})
+
 	t.Cleanup(func() { requireServicesRunning(t) })
 }
 

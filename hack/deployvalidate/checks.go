@@ -378,3 +378,58 @@ func firstInt(vs ...*int64) *int64 {
 	}
 	return nil
 }
+
+// CheckNetworkPolicies checks that every NetworkPolicy selects at least one
+// workload's pods, that the ports it admits are ports of those pods, and
+// that every pod selector of its peers (in the namespace) selects some
+// workload: a policy that selects nothing, or admits by a label no pod has,
+// silently blocks or opens traffic.
+func CheckNetworkPolicies(m *Manifests) []string {
+	var problems []string
+	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	workloads := m.Workloads()
+	selected := func(sel metav1.LabelSelector) []Workload {
+		s, err := metav1.LabelSelectorAsSelector(&sel)
+		if err != nil {
+			return nil
+		}
+		var out []Workload
+		for _, w := range workloads {
+			if s.Matches(labels.Set(w.Template.Labels)) {
+				out = append(out, w)
+			}
+		}
+		return out
+	}
+	for _, np := range m.NetworkPolicies {
+		targets := selected(np.Spec.PodSelector)
+		if len(targets) == 0 {
+			report("NetworkPolicy %s selects no workload's pods", np.Name)
+			continue
+		}
+		for _, rule := range np.Spec.Ingress {
+			for _, peer := range rule.From {
+				if peer.PodSelector != nil && peer.NamespaceSelector == nil && len(selected(*peer.PodSelector)) == 0 {
+					report("NetworkPolicy %s admits pods by %v, which no workload's pods have", np.Name, peer.PodSelector.MatchLabels)
+				}
+			}
+			for _, p := range rule.Ports {
+				if p.Port == nil {
+					continue
+				}
+				for _, w := range targets {
+					found := false
+					for _, c := range w.Template.Spec.Containers {
+						if _, err := ContainerPort(c, *p.Port); err == nil {
+							found = true
+						}
+					}
+					if !found {
+						report("NetworkPolicy %s: port %s is no port of %s/%s", np.Name, p.Port.String(), w.Kind, w.Name)
+					}
+				}
+			}
+		}
+	}
+	return problems
+}

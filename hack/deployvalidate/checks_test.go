@@ -146,6 +146,21 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"selector does not match the template", func(m *Manifests) {
 			deployment(m, "watcher").Spec.Template.Labels = map[string]string{"app": "watcher"}
 		}, "does not match the pod template's labels"},
+		{"network policy for no pods", func(m *Manifests) {
+			m.NetworkPolicies[0].Spec.PodSelector.MatchLabels = map[string]string{"app.kubernetes.io/name": "gone"}
+		}, "selects no workload's pods"},
+		{"network policy admits a label no pod has", func(m *Manifests) {
+			for _, w := range m.Workloads() {
+				delete(w.Template.Labels, "app.kubernetes.io/part-of")
+			}
+		}, "which no workload's pods have"},
+		{"network policy admits a port the pods do not have", func(m *Manifests) {
+			p := intstr.FromString("nope")
+			m.NetworkPolicies[0].Spec.Ingress[0].Ports[0].Port = &p
+		}, "port nope is no port of"},
+		{"a Secret no one creates", func(m *Manifests) {
+			deployment(m, "fetcher").Spec.Template.Spec.Volumes[0].Secret = &corev1.SecretVolumeSource{SecretName: "typo"}
+		}, "Secret typo does not exist"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -155,7 +170,8 @@ func TestChecksCatchMistakes(t *testing.T) {
 			for _, w := range m.Workloads() {
 				problems = append(problems, CheckWorkload(w, flags)...)
 			}
-			problems = append(problems, CheckReferences(m, namespace, nil)...)
+			problems = append(problems, CheckReferences(m, namespace, natsSecrets)...)
+			problems = append(problems, CheckNetworkPolicies(m)...)
 			for _, p := range problems {
 				if strings.Contains(p, tt.want) {
 					return

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 )
 
 func TestCompose(t *testing.T) {
@@ -29,14 +31,48 @@ func TestCompose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(nats.Command, func(a string) bool { return a == "--jetstream" || a == "-js" || a == "-jetstream" }) {
-		t.Errorf("nats: JetStream is not enabled in %v", nats.Command)
+	// NATS runs the deployed configuration (deploy/base/nats), mounted:
+	// parse it as the server does, with users' keys in its environment.
+	config, _ := ArgValue(nats.Command, "config")
+	dir := t.TempDir()
+	for _, v := range nats.Volumes {
+		if v.Type == types.VolumeTypeBind && filepath.Dir(v.Target) == filepath.Dir(config) {
+			data, err := os.ReadFile(v.Source)
+			if err != nil {
+				t.Fatalf("nats: mounted %s: %v", v.Source, err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, filepath.Base(v.Target)), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	storeDir, _ := ArgValue(nats.Command, "store_dir")
-	if storeDir == "" || !slices.ContainsFunc(nats.Volumes, func(v types.ServiceVolumeConfig) bool {
-		return v.Type == types.VolumeTypeVolume && v.Target == storeDir
+	for _, id := range []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "SUBSCRIBER"} {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		t.Setenv(id+"_NKEY", pub)
+	}
+	for k, v := range nats.Environment {
+		if v != nil {
+			t.Setenv(k, *v)
+		}
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, filepath.Base(config)))
+	if err != nil {
+		t.Fatalf("nats: the server rejects the mounted configuration %s: %v", config, err)
+	}
+	if !opts.JetStream {
+		t.Errorf("nats: JetStream is not enabled")
+	}
+	if !slices.ContainsFunc(nats.Volumes, func(v types.ServiceVolumeConfig) bool {
+		return v.Type == types.VolumeTypeVolume && v.Target == opts.StoreDir
 	}) {
-		t.Errorf("nats: the JetStream store %q is not on a volume", storeDir)
+		t.Errorf("nats: the JetStream store %q is not on a volume", opts.StoreDir)
+	}
+	if len(opts.Nkeys) != 5 || opts.NoAuthUser != "" {
+		t.Errorf("nats: %d NKey users (no-auth user %q), want Headwater's five identities only", len(opts.Nkeys), opts.NoAuthUser)
 	}
 	if nats.HealthCheck == nil || len(nats.HealthCheck.Test) == 0 {
 		t.Errorf("nats: no healthcheck")
@@ -51,6 +87,12 @@ func TestCompose(t *testing.T) {
 		}
 		for _, problem := range CheckComposeService(s, name, flags[name]) {
 			t.Error(problem)
+		}
+		// Its own bus identity, from the keys directory.
+		if key := s.Environment["HEADWATER_NATS_NKEY"]; key == nil || !slices.ContainsFunc(s.Volumes, func(v types.ServiceVolumeConfig) bool {
+			return v.Target == *key && filepath.Base(v.Source) == name+".nk"
+		}) {
+			t.Errorf("%s: does not connect to NATS with its own key (%s.nk)", name, name)
 		}
 		if s.Build == nil {
 			t.Errorf("%s: not built", name)

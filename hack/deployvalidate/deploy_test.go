@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -23,6 +24,12 @@ const namespace = "headwater-system"
 
 // s3Secret is the Secret the S3 overlay reads; the user creates it.
 const s3Secret = "headwater-s3"
+
+// natsSecrets are the Secrets `headwater-nats keys` creates at install
+// (e2e/cmd/headwater-nats): the users' public keys for the NATS server, and
+// each service's own key.
+var natsSecrets = []string{"headwater-nats-users", "headwater-nats-watcher", "headwater-nats-fetcher",
+	"headwater-nats-packager", "headwater-nats-artifact-server"}
 
 // storageServices are the services that read or write the artifact storage.
 var storageServices = []string{"fetcher", "packager", "artifact-server"}
@@ -45,7 +52,10 @@ func build(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
 			t.Error(p)
 		}
 	}
-	for _, p := range CheckReferences(m, namespace, []string{s3Secret}) {
+	for _, p := range CheckReferences(m, namespace, append([]string{s3Secret}, natsSecrets...)) {
+		t.Error(p)
+	}
+	for _, p := range CheckNetworkPolicies(m) {
 		t.Error(p)
 	}
 	return m, flags
@@ -372,18 +382,47 @@ func checkNATS(t *testing.T, m *Manifests) {
 	if !ok {
 		t.Fatalf("nats: no ConfigMap %s", pod.Volumes[vi].ConfigMap.Name)
 	}
-	text, ok := cm.Data[strings.TrimPrefix(config, mount.MountPath+"/")]
+	_, ok = cm.Data[strings.TrimPrefix(config, mount.MountPath+"/")]
 	if !ok {
 		t.Fatalf("nats: ConfigMap %s has no key for %s", cm.Name, config)
 	}
-	file := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
+	// Every file of the ConfigMap, as mounted (nats.conf includes
+	// auth.conf), and the users' keys in the environment, as the Secret
+	// headwater-nats-users provides them.
+	dir := t.TempDir()
+	for name, data := range cm.Data {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file := filepath.Join(dir, filepath.Base(config))
+	if !slices.ContainsFunc(c.EnvFrom, func(e corev1.EnvFromSource) bool {
+		return e.SecretRef != nil && e.SecretRef.Name == "headwater-nats-users"
+	}) {
+		t.Errorf("nats: the users' keys (Secret headwater-nats-users) are not in its environment")
+	}
+	identities := []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "SUBSCRIBER"}
+	for _, id := range identities {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		t.Setenv(id+"_NKEY", pub)
 	}
 	t.Setenv("POD_NAME", "nats-0")
 	opts, err := server.ProcessConfigFile(file)
 	if err != nil {
 		t.Fatalf("nats-server rejects the configuration: %v", err)
+	}
+	if len(opts.Nkeys) != len(identities) || len(opts.Users) != 0 || opts.NoAuthUser != "" {
+		t.Errorf("nats: %d NKey users, %d other users, no-auth user %q; want exactly Headwater's %d identities",
+			len(opts.Nkeys), len(opts.Users), opts.NoAuthUser, len(identities))
+	}
+	for _, u := range opts.Nkeys {
+		if u.Permissions == nil || u.Permissions.Publish == nil {
+			t.Errorf("nats: user %s may publish anything", u.Nkey)
+		}
 	}
 	if !opts.JetStream {
 		t.Errorf("nats: JetStream is off")

@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,6 +46,7 @@ type Manifests struct {
 	Roles               []rbacv1.Role
 	RoleBindings        []rbacv1.RoleBinding
 	PDBs                []policyv1.PodDisruptionBudget
+	NetworkPolicies     []networkingv1.NetworkPolicy
 	CRDs                []CRD
 	// Count is the number of resources rendered.
 	Count int
@@ -106,6 +108,8 @@ func (m *Manifests) Add(doc []byte) error {
 		err = decodeInto(doc, &m.RoleBindings)
 	case "policy/v1/PodDisruptionBudget":
 		err = decodeInto(doc, &m.PDBs)
+	case "networking.k8s.io/v1/NetworkPolicy":
+		err = decodeInto(doc, &m.NetworkPolicies)
 	case "apiextensions.k8s.io/v1/CustomResourceDefinition":
 		var crd CRD
 		if err = yaml.Unmarshal(doc, &crd); err == nil {
@@ -236,6 +240,8 @@ func (m *Manifests) Names(kind string) []string {
 		each(m.RoleBindings, func(o rbacv1.RoleBinding) { add(o.ObjectMeta) })
 	case "PodDisruptionBudget":
 		each(m.PDBs, func(o policyv1.PodDisruptionBudget) { add(o.ObjectMeta) })
+	case "NetworkPolicy":
+		each(m.NetworkPolicies, func(o networkingv1.NetworkPolicy) { add(o.ObjectMeta) })
 	case "CustomResourceDefinition":
 		each(m.CRDs, func(o CRD) { add(o.ObjectMeta) })
 	}
@@ -256,6 +262,7 @@ func (m *Manifests) namespaced() map[string]string {
 	each(m.Roles, func(o rbacv1.Role) { add("Role", o.ObjectMeta) })
 	each(m.RoleBindings, func(o rbacv1.RoleBinding) { add("RoleBinding", o.ObjectMeta) })
 	each(m.PDBs, func(o policyv1.PodDisruptionBudget) { add("PodDisruptionBudget", o.ObjectMeta) })
+	each(m.NetworkPolicies, func(o networkingv1.NetworkPolicy) { add("NetworkPolicy", o.ObjectMeta) })
 	return out
 }
 

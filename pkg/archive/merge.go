@@ -135,10 +135,11 @@ func Merge(dst io.Writer, layers []Layer) (Stats, error) {
 			if err := tw.WriteHeader(header(head.name, tar.TypeReg, fileMode(fs.FileMode(head.mode)), head.size)); err != nil {
 				return st, err
 			}
-			body := &readErrRecorder{r: tied[0].tr}
+			var readErr error
+			body := OnReadError(tied[0].tr, func(err error) { readErr = cmp.Or(readErr, err) })
 			n, err := io.Copy(tw, body)
-			if body.err != nil {
-				return st, &LayerError{Layer: tied[0].layer, Err: fmt.Errorf("read %s: %w", head.name, body.err)}
+			if readErr != nil {
+				return st, &LayerError{Layer: tied[0].layer, Err: fmt.Errorf("read %s: %w", head.name, readErr)}
 			}
 			if err != nil {
 				return st, err
@@ -335,17 +336,23 @@ func canonicalCompare(a, b string) int {
 	return cmp.Compare(len(a), len(b))
 }
 
-// readErrRecorder remembers the first error of its reader other than EOF,
-// to tell a layer's read errors from the output's write errors.
-type readErrRecorder struct {
-	r   io.Reader
-	err error
+// OnReadError returns a reader of r that hands each error r returns, other
+// than io.EOF, to f before passing it on. It tells the errors of one reader
+// from those of what reads it (a tar reader, a decompressor, a merge) by
+// when they happen, however the reader's errors are wrapped on their way up.
+func OnReadError(r io.Reader, f func(error)) io.Reader {
+	return &readErrNotifier{r: r, f: f}
 }
 
-func (r *readErrRecorder) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if err != nil && err != io.EOF && r.err == nil {
-		r.err = err
+type readErrNotifier struct {
+	r io.Reader
+	f func(error)
+}
+
+func (n *readErrNotifier) Read(p []byte) (int, error) {
+	k, err := n.r.Read(p)
+	if err != nil && err != io.EOF {
+		n.f(err)
 	}
-	return n, err
+	return k, err
 }

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 )
@@ -528,5 +529,23 @@ func TestCanonicalOrderMatchesWalk(t *testing.T) {
 	want := names(readTar(t, bytes.NewReader(staged)))
 	if !slices.Equal(got, want) {
 		t.Errorf("order %q, want %q", got, want)
+	}
+}
+
+func TestOnReadError(t *testing.T) {
+	broken := errors.New("connection reset")
+	var got []error
+	r := archive.OnReadError(io.MultiReader(strings.NewReader("abc"), iotest.ErrReader(broken)), func(err error) { got = append(got, err) })
+	b, err := io.ReadAll(r)
+	if string(b) != "abc" || !errors.Is(err, broken) {
+		t.Fatalf("ReadAll = %q, %v; want abc and the reader's error", b, err)
+	}
+	if len(got) != 1 || got[0] != broken {
+		t.Errorf("handed %v, want the reader's error once", got)
+	}
+
+	got = nil
+	if _, err := io.ReadAll(archive.OnReadError(strings.NewReader("abc"), func(err error) { got = append(got, err) })); err != nil || got != nil {
+		t.Errorf("a reader that ends with EOF handed %v (ReadAll: %v)", got, err)
 	}
 }

@@ -7,13 +7,14 @@
 //	.cache/<key>.json    the index: what the artifact is (Index)
 //	.cache/<key>.tar.gz  the cache's own copy of the artifact
 //
-// Before downloading, the fetcher looks its key up (Lookup); on a hit the
-// packager copies the cached artifact to the source's directory and nothing
-// is fetched. The copy is a hard link on a directory storage and a
-// server-side copy on S3: no bytes move through a service. The cache's copy
-// belongs to no source, so no source's retention deletes it; the packager's
-// janitor removes entries unused for a while, and using an entry refreshes
-// its index. See docs/design.md.
+// Before downloading, the fetcher looks its key up (Lookup, which only
+// reads); on a hit the packager copies the cached artifact to the source's
+// directory and nothing is fetched. The copy is a hard link on a directory
+// storage and a server-side copy on S3: no bytes move through a service.
+// The cache's copy belongs to no source, so no source's retention deletes
+// it; the packager's janitor removes entries unused for a while, and the
+// packager refreshes the index of an entry it copies (Refresh). The
+// packager is the cache's one writer. See docs/design.md.
 package contentcache
 
 import (
@@ -41,9 +42,10 @@ const Dir = ".cache"
 // entries made the old way are never reused.
 const FormatVersion = "headwater-content-v1"
 
-// RefreshAfter is the age after which a used index is written again, so
-// that the janitor, which removes entries unused for longer than its TTL
-// (much longer than this), leaves entries in use alone.
+// RefreshAfter is the age after which the index of an entry in use is
+// written again (Refresh), so that the janitor, which removes entries
+// unused for longer than its TTL (much longer than this), leaves entries
+// in use alone.
 const RefreshAfter = time.Minute
 
 // maxIndexSize bounds the index read into memory.
@@ -108,10 +110,9 @@ func Key(kind string, identity []string, revision string, includes []events.Incl
 
 // Lookup returns the index of key when the cache holds an artifact for it
 // made from revision, nil when it does not. It checks that the cached
-// artifact is stored with the recorded size, and writes an index older
-// than RefreshAfter again, so that the janitor keeps it. Errors are the
-// storage's, or a cancelled ctx; a malformed index is a miss.
-func Lookup(ctx context.Context, store storage.Storage, key, revision string, now time.Time) (*Index, error) {
+// artifact is stored with the recorded size, and writes nothing. Errors are
+// the storage's, or a cancelled ctx; a malformed index is a miss.
+func Lookup(ctx context.Context, store storage.Storage, key, revision string) (*Index, error) {
 	obj, err := store.Open(ctx, IndexKey(key))
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, nil
@@ -119,7 +120,6 @@ func Lookup(ctx context.Context, store storage.Storage, key, revision string, no
 	if err != nil {
 		return nil, fmt.Errorf("content cache: %w", err)
 	}
-	modTime := obj.Info().ModTime
 	body, err := io.ReadAll(io.LimitReader(obj, maxIndexSize+1))
 	_ = obj.Close()
 	if err != nil {
@@ -140,11 +140,6 @@ func Lookup(ctx context.Context, store storage.Storage, key, revision string, no
 	}
 	if info.Size != idx.Size {
 		return nil, nil
-	}
-	if now.Sub(modTime) >= RefreshAfter {
-		if _, err := store.Put(ctx, IndexKey(key), strings.NewReader(string(body))); err != nil {
-			return nil, fmt.Errorf("content cache: refresh %s: %w", IndexKey(key), err)
-		}
 	}
 	return &idx, nil
 }
@@ -187,6 +182,37 @@ func keyOf(key, suffix string) (string, bool) {
 // that finds the index before the copy exists sees a miss, never a wrong
 // artifact: a key's artifact is the same bytes whoever makes it.
 func Record(ctx context.Context, store storage.Storage, from string, idx Index) error {
+	if err := writeIndex(ctx, store, &idx); err != nil {
+		return err
+	}
+	info, err := store.Copy(ctx, from, idx.Artifact)
+	if err != nil {
+		return fmt.Errorf("content cache: %w", err)
+	}
+	if info.Size != idx.Size {
+		return fmt.Errorf("content cache: copied %d bytes of %s, want %d", info.Size, from, idx.Size)
+	}
+	return nil
+}
+
+// Refresh keeps the entry of idx.Key, whose artifact a source has just
+// copied, from the janitor: it writes the index idx again when the stored
+// one is older than RefreshAfter at now, or when the janitor removed it
+// since the fetcher looked it up (the cached artifact outlives its index
+// while a pending job names it). A recent index is left alone.
+func Refresh(ctx context.Context, store storage.Storage, idx Index, now time.Time) error {
+	info, err := store.Stat(ctx, IndexKey(idx.Key))
+	switch {
+	case err == nil && now.Sub(info.ModTime) < RefreshAfter:
+		return nil
+	case err != nil && !errors.Is(err, storage.ErrNotFound):
+		return fmt.Errorf("content cache: %w", err)
+	}
+	return writeIndex(ctx, store, &idx)
+}
+
+// writeIndex writes idx, naming its artifact, as the index of idx.Key.
+func writeIndex(ctx context.Context, store storage.Storage, idx *Index) error {
 	if !ValidKey(idx.Key) {
 		return fmt.Errorf("content cache: invalid key %q", idx.Key)
 	}
@@ -197,13 +223,6 @@ func Record(ctx context.Context, store storage.Storage, from string, idx Index) 
 	}
 	if _, err := store.Put(ctx, IndexKey(idx.Key), bytes.NewReader(body)); err != nil {
 		return fmt.Errorf("content cache: write index: %w", err)
-	}
-	info, err := store.Copy(ctx, from, idx.Artifact)
-	if err != nil {
-		return fmt.Errorf("content cache: %w", err)
-	}
-	if info.Size != idx.Size {
-		return fmt.Errorf("content cache: copied %d bytes of %s, want %d", info.Size, from, idx.Size)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package contentcache
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -159,7 +161,7 @@ func TestLookup(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(t, f)
 			}
-			idx, err := Lookup(ctx, f.store, f.key, tc.revision, time.Now())
+			idx, err := Lookup(ctx, f.store, f.key, tc.revision)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -176,30 +178,99 @@ func TestLookup(t *testing.T) {
 	}
 }
 
-func TestLookupRefreshesOldIndex(t *testing.T) {
+// TestLookupWritesNothing: the fetcher looks entries up; only the packager
+// writes the cache, old indexes included (Refresh).
+func TestLookupWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	old := time.Now().Add(-2 * RefreshAfter)
+	if err := os.Chtimes(filepath.Join(f.store.Path(), filepath.FromSlash(IndexKey(f.key))), old, old); err != nil {
+		t.Fatal(err)
+	}
+	store := &readOnly{Storage: f.store}
+	for _, revision := range []string{f.index.Revision, "main@sha1:abd"} {
+		if _, err := Lookup(ctx, store, f.key, revision); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if store.writes != nil {
+		t.Errorf("Lookup wrote %q", store.writes)
+	}
+	if st, err := f.store.Stat(ctx, IndexKey(f.key)); err != nil || !st.ModTime.Equal(old) {
+		t.Errorf("index after Lookup: %+v, %v; want it untouched", st, err)
+	}
+}
+
+func TestRefresh(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
 	path := filepath.Join(f.store.Path(), filepath.FromSlash(IndexKey(f.key)))
+	old := time.Now().Add(-2 * RefreshAfter)
 	if err := os.Chtimes(path, old, old); err != nil {
 		t.Fatal(err)
 	}
+	modTime := func() time.Time {
+		t.Helper()
+		st, err := f.store.Stat(ctx, IndexKey(f.key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.ModTime
+	}
+	idx := f.index
+	idx.Artifact = ""
+
 	// A recent index is left alone.
-	if _, err := Lookup(ctx, f.store, f.key, f.index.Revision, old.Add(RefreshAfter/2)); err != nil {
+	if err := Refresh(ctx, f.store, idx, old.Add(RefreshAfter/2)); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := f.store.Stat(ctx, IndexKey(f.key)); err != nil || !st.ModTime.Equal(old) {
-		t.Fatalf("index of age %s rewritten: %+v, %v", RefreshAfter/2, st, err)
+	if got := modTime(); !got.Equal(old) {
+		t.Fatalf("index of age %s rewritten at %s", RefreshAfter/2, got)
 	}
-	// An old one is written again, unchanged.
-	if idx, err := Lookup(ctx, f.store, f.key, f.index.Revision, time.Now()); err != nil || idx == nil {
-		t.Fatalf("Lookup = %+v, %v", idx, err)
+	// An old one is written again, the same.
+	if err := Refresh(ctx, f.store, idx, time.Now()); err != nil {
+		t.Fatal(err)
 	}
-	st, err := f.store.Stat(ctx, IndexKey(f.key))
-	if err != nil || time.Since(st.ModTime) > time.Minute {
-		t.Fatalf("index not refreshed: %+v, %v", st, err)
+	if got := modTime(); time.Since(got) > time.Minute {
+		t.Fatalf("index not refreshed: written %s", got)
 	}
-	if idx, err := Lookup(ctx, f.store, f.key, f.index.Revision, time.Now()); err != nil || idx == nil || *idx != f.index {
-		t.Fatalf("after the refresh Lookup = %+v, %v", idx, err)
+	if got, err := Lookup(ctx, f.store, f.key, f.index.Revision); err != nil || got == nil || *got != f.index {
+		t.Fatalf("after the refresh Lookup = %+v, %v; want %+v", got, err, f.index)
 	}
+	// One the janitor removed is written again.
+	if err := f.store.Delete(ctx, IndexKey(f.key)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Refresh(ctx, f.store, idx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Lookup(ctx, f.store, f.key, f.index.Revision); err != nil || got == nil || *got != f.index {
+		t.Fatalf("after the index was removed and refreshed Lookup = %+v, %v; want %+v", got, err, f.index)
+	}
+}
+
+// readOnly is a storage that records the writes asked of it and makes none.
+type readOnly struct {
+	storage.Storage
+	writes []string
+}
+
+func (s *readOnly) Put(_ context.Context, key string, _ io.Reader) (storage.Info, error) {
+	s.writes = append(s.writes, "put "+key)
+	return storage.Info{}, errors.New("read-only")
+}
+
+func (s *readOnly) Delete(_ context.Context, key string) error {
+	s.writes = append(s.writes, "delete "+key)
+	return errors.New("read-only")
+}
+
+func (s *readOnly) SetLatest(_ context.Context, key, _ string) error {
+	s.writes = append(s.writes, "set latest "+key)
+	return errors.New("read-only")
+}
+
+func (s *readOnly) Copy(_ context.Context, _, dst string) (storage.Info, error) {
+	s.writes = append(s.writes, "copy to "+dst)
+	return storage.Info{}, errors.New("read-only")
 }

@@ -133,9 +133,10 @@ type Fetched struct {
 	// ArtifactName is the file name the artifact is stored under in the
 	// source's directory, e.g. "<commit>.tar.gz".
 	ArtifactName string `json:"artifactName"`
-	// AsIs says the staged content is one file that is the artifact byte
-	// for byte (a Helm index, a chart archive), not a tar to archive.
-	AsIs bool `json:"asIs,omitempty"`
+	// Format says what is staged: FormatTree (the default, an
+	// uncompressed tar of a tree the packager canonicalises) or
+	// FormatFile (the artifact's bytes, stored as they are).
+	Format StagedFormat `json:"format,omitempty"`
 	// LatestName is the name of the stable pointer to the latest artifact
 	// in the source's directory, when it is not "latest.tar.gz": Flux's
 	// "index.yaml" for a HelmRepository, "<chart>-latest.tgz" for a
@@ -162,6 +163,20 @@ type Fetched struct {
 	// copy of the cached one it names, and nothing is staged at Staging.
 	Reuse *Reuse `json:"reuse,omitempty"`
 }
+
+// StagedFormat is what a Fetched job's staged content is.
+type StagedFormat string
+
+const (
+	// FormatTree is an uncompressed tar of a tree, in canonical order: the
+	// packager merges the includes into it and writes the canonical
+	// tar.gz (a Git checkout, a Bucket's objects, an extracted OCI layer).
+	FormatTree StagedFormat = ""
+	// FormatFile is the artifact itself, stored unchanged with its
+	// digest (a Helm chart .tgz, a Helm repository index, an OCI layer
+	// copied as is). It takes no includes.
+	FormatFile StagedFormat = "file"
+)
 
 // Reuse names a cached artifact with the content a Fetched job needs,
 // found by the job's ContentKey.

@@ -20,17 +20,12 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
-	"github.com/headwater-gitops/headwater/services/packager/internal/cachejanitor"
+	"github.com/headwater-gitops/headwater/services/packager/internal/housekeeping"
 	"github.com/headwater-gitops/headwater/services/packager/internal/packager"
-	"github.com/headwater-gitops/headwater/services/packager/internal/staging"
 )
 
 // service names the packager on the bus, in logs and in metrics.
 const service = "packager"
-
-// stagingScanLimit bounds the package-stream messages the staging janitor
-// reads per sweep.
-const stagingScanLimit = 10000
 
 // options are the packager's flags; every flag can also be set from
 // HEADWATER_<FLAG> (see package flagenv).
@@ -40,6 +35,7 @@ type options struct {
 	telemetry   telemetry.Options
 	packager    packager.Options
 	concurrency int
+	maxAttempts int
 	stagingTTL  time.Duration
 }
 
@@ -49,6 +45,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.telemetry.BindFlags(fs, ":9102")
 	o.packager.BindFlags(fs)
 	fs.IntVar(&o.concurrency, "concurrency", 2, "Jobs packaged at once by this replica.")
+	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.DurationVar(&o.stagingTTL, "staging-ttl", time.Hour,
 		"Age after which staged content no pending job refers to is removed; 0 disables the janitor.")
 }
@@ -72,6 +69,9 @@ func run(ctx context.Context, o options) error {
 	if o.concurrency < 1 {
 		return errors.New("--concurrency must be at least 1")
 	}
+	if o.maxAttempts < 1 {
+		return errors.New("--max-attempts must be at least 1")
+	}
 	log := logr.FromContextOrDiscard(ctx)
 	store, err := o.storage.OpenContext(ctx)
 	if err != nil {
@@ -83,7 +83,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer conn.Close()
-	consumer, err := conn.JoinStream(ctx, events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{})
+	consumer, err := conn.JoinStream(ctx, events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
 	if err != nil {
 		return err
 	}
@@ -97,23 +97,16 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	jobs := staging.StreamJobs(stream, stagingScanLimit)
-	janitor := &staging.Janitor{
-		Store: store,
-		TTL:   o.stagingTTL,
-		Jobs:  jobs,
-		Log:   log.WithName("staging"),
-	}
-	cacheJanitor := &cachejanitor.Janitor{
-		Store: store,
-		TTL:   o.packager.ContentCacheTTL,
-		Jobs:  jobs,
-		Log:   log.WithName("content-cache"),
+	janitor := &housekeeping.Janitor{
+		Store:      store,
+		StagingTTL: o.stagingTTL,
+		CacheTTL:   o.packager.ContentCacheTTL,
+		Pending:    housekeeping.StreamPending(stream, housekeeping.DefaultScanLimit),
+		Log:        log.WithName("housekeeping"),
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { janitor.Run(ctx) })
-	wg.Go(func() { cacheJanitor.Run(ctx) })
 
 	p := packager.New(store, conn.NewPublisher(service), o.packager, packager.NewMetrics(reg))
 	worker := &bus.Worker{
@@ -121,6 +114,7 @@ func run(ctx context.Context, o options) error {
 		Consumer:    consumer,
 		Concurrency: o.concurrency,
 		Handler:     p.Handle,
+		Report:      p.Report,
 		Metrics:     telemetry.NewJobMetrics(reg, service),
 		Log:         log,
 	}

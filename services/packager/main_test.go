@@ -34,7 +34,7 @@ func TestFlagDefaults(t *testing.T) {
 	if err := command.ParseArgs(fs, []string{"-concurrency=3"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if o.telemetry.Addr != ":9102" || o.concurrency != 3 || o.stagingTTL != time.Hour ||
+	if o.telemetry.Addr != ":9102" || o.concurrency != 3 || o.maxAttempts != events.DefaultMaxDeliver || o.stagingTTL != time.Hour ||
 		o.packager.DigestAlgo != "sha256" || o.packager.RetentionRecords != 5 ||
 		o.packager.RetentionTTL != time.Minute || o.packager.MaxFileSize != 0 || o.packager.ContentCacheTTL != time.Hour {
 		t.Errorf("options = %+v", o)
@@ -45,6 +45,7 @@ func TestRunRejectsBadOptions(t *testing.T) {
 	for _, args := range [][]string{
 		{"-artifact-digest-algo=md5"},
 		{"-concurrency=0"},
+		{"-max-attempts=0"},
 		{"-artifact-retention-records=-1"},
 		{"-content-cache-ttl=1m"},
 	} {

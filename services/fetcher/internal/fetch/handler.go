@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -180,11 +179,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 	}
 
 	key := storage.StagingKey(req.Job.ID)
-	stage := h.stage
-	if content.File != "" {
-		stage = h.stageFile
-	}
-	size, err := stage(work, key, content)
+	size, err := h.stage(work, key, content)
 	if err != nil {
 		return "", err
 	}
@@ -196,12 +191,14 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		Revision:     content.Revision,
 		Staging:      key,
 		ArtifactName: content.ArtifactName,
-		AsIs:         content.File != "",
 		LatestName:   content.LatestName,
 		EventMessage: content.EventMessage,
 		Notices:      notices,
 		Verification: content.Verification,
 		Includes:     req.Includes,
+	}
+	if content.File != "" {
+		out.Format = events.FormatFile
 	}
 	if share != nil {
 		// The content downloaded may be of a newer revision than resolved.
@@ -254,7 +251,7 @@ func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, r
 	identity, _ := share.ContentIdentity()
 	revision := res.Revision()
 	key := contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
-	idx, err := contentcache.Lookup(work, h.Storage, key, revision, time.Now())
+	idx, err := contentcache.Lookup(work, h.Storage, key, revision)
 	if err != nil {
 		if work.Err() == nil {
 			log.Error(err, "content cache lookup failed: fetching", "key", key)
@@ -320,6 +317,9 @@ func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Noti
 // stage streams the tar of content into storage at key and returns its
 // size. An archiving failure is a *failure.Error; a storage failure is not.
 func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
+	if content.File != "" {
+		return h.stageFile(ctx, key, content.File)
+	}
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
@@ -354,26 +354,17 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 	return info.Size, nil
 }
 
-// stageFile copies content's one file into storage at key as it is and
-// returns its size. A file over -max-file-size fails finally.
-func (h *Handler) stageFile(ctx context.Context, key string, content *source.Content) (int64, error) {
-	f, err := os.Open(filepath.Join(content.Root, content.File))
+// stageFile stores the file that is the artifact itself at key, as it is.
+// A file that cannot be read is a *failure.Error; a storage failure is not.
+func (h *Handler) stageFile(ctx context.Context, key, file string) (int64, error) {
+	f, err := os.Open(file)
 	if err != nil {
-		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-			Err: fmt.Errorf("unable to stage artifact: %w", err)}
+		return 0, failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
+			"unable to stage artifact: %w", err)
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && h.MaxFileSize > 0 && fi.Size() > h.MaxFileSize {
-		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-			Handling: failure.Final, Err: fmt.Errorf("unable to archive artifact to storage: file '%s' is larger than the maximum of %d bytes",
-				content.File, h.MaxFileSize)}
-	}
 	info, err := h.Storage.Put(ctx, key, f)
 	if err != nil {
-		if ctx.Err() != nil {
-			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-				Err: fmt.Errorf("unable to stage artifact: %w", ctx.Err())}
-		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
 	return info.Size, nil

@@ -358,6 +358,10 @@ func TestFetchedCarriesContentKey(t *testing.T) {
 	must(t, err)
 	_, err = e.store.Put(e.ctx, idx.Artifact, strings.NewReader("tarball"))
 	must(t, err)
+	// An index due for a refresh: the packager, the cache's one writer,
+	// refreshes it; the fetcher only reads it.
+	old := time.Now().Add(-2 * contentcache.RefreshAfter).Truncate(time.Second)
+	must(t, os.Chtimes(filepath.Join(e.store.Path(), filepath.FromSlash(contentcache.IndexKey(f.ContentKey))), old, old))
 	clones := e.uploads.Load()
 
 	job := e.request(t, "job-2", func(r *events.FetchRequested) { r.Job.Object.Name = "other" })
@@ -373,5 +377,8 @@ func TestFetchedCarriesContentKey(t *testing.T) {
 	}
 	if n := e.uploads.Load(); n != clones {
 		t.Errorf("a reusing job cloned: %d clones, want %d", n, clones)
+	}
+	if st, err := e.store.Stat(e.ctx, contentcache.IndexKey(f.ContentKey)); err != nil || !st.ModTime.Equal(old) {
+		t.Errorf("index after the fetcher reused it: %+v, %v; want it untouched", st, err)
 	}
 }

@@ -3,6 +3,7 @@ package fetch
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,5 +64,35 @@ func TestStageFileTooLarge(t *testing.T) {
 				t.Errorf("message %q names the temporary directory", f.Message)
 			}
 		})
+	}
+}
+
+// TestStageFileAsIs checks that content that is the artifact itself is
+// staged byte for byte, and that a file that cannot be read fails the
+// fetch with StorageOperationFailed.
+func TestStageFileAsIs(t *testing.T) {
+	store, err := storage.NewDir(t.TempDir())
+	must(t, err)
+	h := &Handler{Storage: store}
+	file := filepath.Join(t.TempDir(), "index.yaml")
+	body := "apiVersion: v1\nentries: {}\n"
+	must(t, os.WriteFile(file, []byte(body), 0o644))
+	key := storage.StagingKey("job-file")
+	size, err := h.stage(context.Background(), key, &source.Content{File: file, Root: "/does/not/matter"})
+	if err != nil || size != int64(len(body)) {
+		t.Fatalf("stage = %d, %v; want %d bytes staged", size, err, len(body))
+	}
+	obj, err := store.Open(context.Background(), key)
+	must(t, err)
+	defer obj.Close()
+	got, err := io.ReadAll(obj)
+	must(t, err)
+	if string(got) != body {
+		t.Errorf("staged %q, want the file unchanged %q", got, body)
+	}
+
+	_, err = h.stage(context.Background(), storage.StagingKey("job-gone"), &source.Content{File: filepath.Join(t.TempDir(), "gone")})
+	if f := failure.As(err); f == nil || f.Condition != sourcev1.StorageOperationFailedCondition {
+		t.Errorf("staging a missing file: %v, want a StorageOperationFailed failure", err)
 	}
 }

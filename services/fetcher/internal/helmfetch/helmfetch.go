@@ -209,7 +209,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		Root:         dir,
 		Revision:     r.revision,
 		ArtifactName: "index-" + hexDigest + ".yaml",
-		File:         IndexFile,
+		File:         dst,
 		LatestName:   LatestName,
 		EventMessage: fmt.Sprintf("stored fetched index of size %s from '%s'", HumanSize(r.size), r.specURL),
 	}, nil

@@ -56,6 +56,10 @@ type Shareable interface {
 type Content struct {
 	// Root is the directory to archive.
 	Root string
+	// File, when set, is a file that is the artifact itself (a Helm chart,
+	// a Helm repository index, an OCI layer copied as is): it is staged
+	// and stored unchanged, and Root and Exclude are not used.
+	File string
 	// Exclude leaves paths out of the archive (see archive.TarOptions).
 	Exclude func(rel string, isDir bool) bool
 	// Revision of the downloaded content, which may be newer than the
@@ -63,10 +67,6 @@ type Content struct {
 	Revision string
 	// ArtifactName is the file name the artifact is stored under.
 	ArtifactName string
-	// File, when set, names the one file in Root that is the artifact as
-	// it is (a Helm index, a chart archive): it is staged byte for byte,
-	// not archived.
-	File string
 	// LatestName is the stable name of the latest artifact, when not
 	// "latest.tar.gz" (see events.Fetched).
 	LatestName string

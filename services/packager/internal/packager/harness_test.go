@@ -47,9 +47,9 @@ type harnessOptions struct {
 	opts Options
 	// wrap, when set, wraps the storage the worker sees.
 	wrap func(storage.Storage) storage.Storage
-	// attemptOffset is added to every delivery's attempt count, to reach
-	// the last attempt without waiting for the backoffs before it.
-	attemptOffset uint64
+	// maxAttempts is the consumer's MaxDeliver, as the -max-attempts
+	// flag sets it; events.DefaultMaxDeliver when 0.
+	maxAttempts int
 }
 
 func defaultOptions() Options {
@@ -75,7 +75,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	cons, err := conn.EnsureConsumer(ctx, events.PackageStream,
-		events.Consumer(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{}))
+		events.Consumer(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{MaxDeliver: ho.maxAttempts}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,19 +97,12 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	}
 	reg := prometheus.NewRegistry()
 	p := New(workerStore, conn.NewPublisher("packager"), ho.opts, NewMetrics(reg))
-	handler := p.Handle
-	if ho.attemptOffset > 0 {
-		handler = func(ctx context.Context, m *events.Message, d bus.Delivery) error {
-			d.Attempt += ho.attemptOffset
-			d.Last = d.Attempt >= events.DefaultMaxDeliver
-			return p.Handle(ctx, m, d)
-		}
-	}
 	w := &bus.Worker{
 		Service:     "packager",
 		Consumer:    cons,
 		Concurrency: 2,
-		Handler:     handler,
+		Handler:     p.Handle,
+		Report:      p.Report,
 		Metrics:     telemetry.NewJobMetrics(reg, "packager"),
 		Log:         log,
 	}

@@ -117,103 +117,57 @@ func includedArtifacts(incs []events.Include) []*meta.Artifact {
 	return out
 }
 
-// merger merges the staged content with the included artifacts in the
-// background, for Canonicalize to read.
-type merger struct {
-	incs []events.Include
-	objs []storage.Object
-	// reads record the storage errors of the included artifacts, which
-	// are worth a retry, unlike what their content does wrong.
-	reads []*recordingReader
-	pr    *io.PipeReader
-	done  chan error
-}
-
-// errMergeStopped ends the merge when its reader stops reading.
-var errMergeStopped = errors.New("merge stopped")
-
 // openIncludes opens the artifact of every include. A missing artifact is
-// an *failure.Error; another error is storage's.
-func (p *Packager) openIncludes(ctx context.Context, incs []events.Include) (*merger, error) {
-	m := &merger{incs: incs}
+// the include's failure; another error is a transient storage failure.
+func (p *Packager) openIncludes(ctx context.Context, incs []events.Include) ([]storage.Object, error) {
+	var objs []storage.Object
 	for _, in := range incs {
 		obj, err := p.store.Open(ctx, in.Artifact.Path)
 		if errors.Is(err, storage.ErrNotFound) {
-			m.close()
+			closeAll(objs)
 			return nil, unavailableInclude(in, "artifact '%s' is missing from storage", in.Artifact.Path)
 		}
 		if err != nil {
-			m.close()
-			return nil, fmt.Errorf("open artifact of include '%s': %w", in.Name, err)
+			closeAll(objs)
+			return nil, archiveFailure(failure.Transient, "open artifact of include '%s': %w", in.Name, err)
 		}
-		m.objs = append(m.objs, obj)
+		objs = append(objs, obj)
 	}
-	return m, nil
+	return objs, nil
 }
 
-// start merges staged with the included artifacts and returns the merged
-// tar stream.
-func (m *merger) start(staged io.Reader) io.Reader {
-	pr, pw := io.Pipe()
-	m.pr = pr
-	m.done = make(chan error, 1)
-	go func() {
-		err := m.merge(staged, pw)
-		pw.CloseWithError(err) // nil: the reader sees EOF
-		m.done <- err
-	}()
-	return pr
-}
-
-func (m *merger) merge(staged io.Reader, w io.Writer) error {
+// mergeIncludes writes to w the staged tar merged with the included
+// artifacts objs, as a side of g: a storage error reading an included
+// artifact is reported to g as it happens; what the merge finds wrong is
+// an include's failure, or the content's about the staged tar.
+func mergeIncludes(w io.Writer, staged io.Reader, incs []events.Include, objs []storage.Object, g *streamGroup) error {
 	layers := []archive.Layer{{Tar: staged}}
-	for i, in := range m.incs {
-		rec := &recordingReader{r: m.objs[i]}
-		m.reads = append(m.reads, rec)
+	for i, in := range incs {
+		r := archive.OnReadError(objs[i], g.storageFailure(fmt.Sprintf("read artifact of include '%s'", in.Name)))
 		// Checked by checkIncludes.
 		want, _ := digest.Parse(in.Artifact.Digest)
-		zr, err := gzip.NewReader(&verifyingReader{r: rec, verifier: want.Verifier(), key: in.Artifact.Path, want: want.String()})
+		zr, err := gzip.NewReader(&verifyingReader{r: r, verifier: want.Verifier(), key: in.Artifact.Path, want: want.String()})
 		if err != nil {
-			return &archive.LayerError{Layer: i + 1, Err: fmt.Errorf("gzip: %w", err)}
+			return mergeFailure(incs, &archive.LayerError{Layer: i + 1, Err: fmt.Errorf("gzip: %w", err)})
 		}
 		layers = append(layers, archive.Layer{Tar: zr, From: in.FromPath, To: in.ToPath})
 	}
 	_, err := archive.Merge(w, layers)
-	return err
+	return mergeFailure(incs, err)
 }
 
-// wait stops the merge if it still runs and returns its error, nil when
-// it was stopped because its reader stopped.
-func (m *merger) wait() error {
-	m.pr.CloseWithError(errMergeStopped)
-	err := <-m.done
-	if errors.Is(err, errMergeStopped) {
-		return nil
-	}
-	return err
-}
-
-// storageErr returns the first storage error reading an included artifact.
-func (m *merger) storageErr() error {
-	for i, r := range m.reads {
-		if r.err != nil {
-			return fmt.Errorf("read artifact of include '%s': %w", m.incs[i].Name, r.err)
-		}
-	}
-	return nil
-}
-
-// failure turns a merge error into the job's failure: one about the staged
-// content is a *contentError, one about an include an *failure.Error.
-func (m *merger) failure(err error) error {
+// mergeFailure turns a merge error into the job's failure: one about the
+// staged content (layer 0) is the content's, one about an include the
+// include's. Other errors are writing the output, stopped by another side.
+func mergeFailure(incs []events.Include, err error) error {
 	var le *archive.LayerError
 	if !errors.As(err, &le) {
 		return err
 	}
-	if le.Layer == 0 || le.Layer > len(m.incs) {
-		return &contentError{err: le.Err}
+	if le.Layer == 0 || le.Layer > len(incs) {
+		return archiveFailure(failure.Final, "%w", le.Err)
 	}
-	in := m.incs[le.Layer-1]
+	in := incs[le.Layer-1]
 	var mismatch *storage.DigestMismatchError
 	switch {
 	case errors.As(le.Err, &mismatch):
@@ -224,12 +178,6 @@ func (m *merger) failure(err error) error {
 		return copyFailure(in, le.Err)
 	}
 	return unavailableInclude(in, "artifact '%s' cannot be read: %s", in.Artifact.Path, le.Err.Error())
-}
-
-func (m *merger) close() {
-	for _, o := range m.objs {
-		_ = o.Close()
-	}
 }
 
 // verifyingReader checks the digest of what it reads: at the end of its

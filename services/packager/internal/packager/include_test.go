@@ -311,12 +311,21 @@ func TestIncludeReadErrorsAreRetried(t *testing.T) {
 	lib := h.lib("job-lib", "lib1.tar.gz", libTree)
 	flaky.failures.Store(1)
 
-	incs := []events.Include{{Name: "lib", Artifact: lib, ToPath: "lib"}}
-	out := h.packagedWith("job-app", "app.tar.gz", appTree, incs)
+	// The broken read is a transient failure: reported, then retried.
+	f := fetched("job-app", "app", "app.tar.gz")
+	f.Includes = []events.Include{{Name: "lib", Artifact: lib, ToPath: "lib"}}
+	h.stage(f, stagingTar(t, writeFiles(t, appTree)))
+	h.send(events.TypeFetched, f.Job, f)
+	failed := h.nextOutcome(events.TypePackageFailed, "job-app").Failure
+	if failed == nil || failed.Stalled || failed.Reason != sourcev1.ArchiveOperationFailedReason ||
+		!strings.Contains(failed.Message, "read artifact of include 'lib': connection reset by peer") {
+		t.Errorf("failure = %+v, want the include's read error", failed)
+	}
+	out := h.nextOutcome(events.TypePackaged, "job-app")
 	if want := canonicalDigest(t, replace(appTree, "lib", prefixed(libTree, "", "lib"))); out.Artifact.Digest != want {
 		t.Errorf("digest %s, want %s", out.Artifact.Digest, want)
 	}
-	if n := h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "error"}); n != 1 {
+	if n := h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "retry"}); n != 1 {
 		t.Errorf("%v failed attempts, want 1 (the broken read, retried)", n)
 	}
 }

@@ -30,8 +30,9 @@ type Options struct {
 	ContentCacheTTL time.Duration
 }
 
-// MinContentCacheTTL is the shortest ContentCacheTTL: fetchers refresh the
-// entries they use every minute, and an entry in use must outlive that.
+// MinContentCacheTTL is the shortest ContentCacheTTL: the packager
+// refreshes the index of an entry it copies once a minute
+// (contentcache.RefreshAfter), and an entry in use must outlive that.
 const MinContentCacheTTL = 5 * time.Minute
 
 // BindFlags registers the options on fs.

@@ -1,15 +1,27 @@
-// Package packager turns staged content into artifacts: it handles the
+// Package packager turns fetched content into artifacts: it handles the
 // Fetched and DeleteRequested jobs of the package stream.
 //
-// A Fetched job is done in an order that makes it idempotent: write the
-// artifact (atomically), point latest at it, publish Packaged, and only then
-// delete the staged content and collect garbage. A redelivered job whose
-// staged content is gone therefore finds its artifact stored and publishes
-// Packaged again (deduplicated on the bus by its message ID).
+// Every Fetched job goes through one pipeline, whatever its content:
 //
-// A Fetched job with includes (a GitRepository's spec.include) merges the
-// included artifacts into the staged content as it is canonicalised; see
-// include.go.
+//	content in  -> the job's input writes the artifact to storage, with
+//	               its digest (input: staged content canonicalised, a
+//	               cached artifact copied, ...)
+//	latest      -> the source's latest pointer moves to it
+//	record      -> the content cache learns of it
+//	announce    -> Packaged is published
+//	clean up    -> the staged content goes, retention collects old artifacts
+//
+// Only the content-in stage differs between kinds of content (see input);
+// a new kind (a Helm chart stored as it is, an OCI layer) is a new input
+// that plan chooses. Each stage returns a *failure.Error in Flux's words,
+// or the platform's error (the bus): the bus worker decides on retries and
+// Report publishes the failure.
+//
+// The order makes a job idempotent: the artifact is written (atomically),
+// pointed at and announced, and only then is the staged content deleted. A
+// redelivered job whose staged content is gone therefore finds its
+// artifact stored and announces it again (deduplicated on the bus by its
+// message ID).
 package packager
 
 import (
@@ -24,10 +36,8 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
-	"github.com/opencontainers/go-digest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -42,7 +52,7 @@ type Publisher interface {
 }
 
 // Packager handles the jobs of the package stream. Its Handle method is a
-// bus.Handler.
+// bus.Handler, its Report method the matching bus.Reporter.
 type Packager struct {
 	store   storage.Storage
 	pub     Publisher
@@ -58,306 +68,166 @@ func New(store storage.Storage, pub Publisher, opts Options, metrics *Metrics) *
 	return &Packager{store: store, pub: pub, opts: opts, metrics: metrics, now: time.Now}
 }
 
-// Handle handles one job. See bus.Handler for what its error means.
-func (p *Packager) Handle(ctx context.Context, m *events.Message, d bus.Delivery) error {
+// Handle handles one job. A failed Fetched job is a *failure.Error, which
+// the worker reports (Report) and settles; any other error is the
+// platform's (the bus, or the storage while deleting a source).
+func (p *Packager) Handle(ctx context.Context, m *events.Message, _ bus.Delivery) error {
 	switch data := m.Data.(type) {
 	case *events.Fetched:
-		return p.packageFetched(ctx, data, d)
+		return p.packageFetched(ctx, data)
 	case *events.DeleteRequested:
-		return p.deleteSource(ctx, data, d)
+		return p.deleteSource(ctx, data)
 	}
 	return fmt.Errorf("%w: the packager does not handle %q", events.ErrMalformed, m.Event.Type())
 }
 
-// contentError says the staged content itself cannot be archived (an unsafe
-// path, a file over the limit, a corrupt tar): retrying cannot help.
-type contentError struct{ err error }
+// Report is the worker's bus.Reporter: it publishes a failed Fetched job
+// as its PackageFailed outcome. A failure that will not be retried ends
+// the job, so its staged content goes once the outcome is published, as
+// after a success.
+func (p *Packager) Report(ctx context.Context, msg *events.Message, f *failure.Error) error {
+	job, ok := msg.Data.(*events.Fetched)
+	if !ok {
+		return fmt.Errorf("report: %T is not a Fetched job", msg.Data)
+	}
+	out := events.Outcome{
+		Job:          job.Job,
+		Revision:     job.Revision,
+		Notices:      job.Notices,
+		Failure:      f.Data(),
+		Verification: job.Verification,
+	}
+	if err := p.pub.Publish(ctx, events.PublishSubject(job.Job.Object.Kind), events.TypePackageFailed, job.Job, out); err != nil {
+		return err
+	}
+	// A job whose staging key is invalid names nothing of its own.
+	if (f.Handling == failure.Final || f.Handling == failure.Stalling) && checkStagingKey(job.Staging) == nil {
+		p.deleteStaging(ctx, job.Staging)
+	}
+	return nil
+}
 
-func (e *contentError) Error() string { return e.err.Error() }
-func (e *contentError) Unwrap() error { return e.err }
+// archiveFailure is a failed step of the pipeline in Flux's words
+// (GitRepositoryReconciler.reconcileArtifact): StorageOperationFailed,
+// reason ArchiveOperationFailed. Storage that fails is Transient; content
+// that cannot become an artifact, or a job that names what is not there,
+// is Final.
+func archiveFailure(h failure.Handling, format string, args ...any) *failure.Error {
+	return failure.New(h, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
+		"unable to archive artifact to storage: "+format, args...)
+}
 
-// packageFetched stores the artifact of a Fetched job and publishes the
-// outcome.
-func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched, d bus.Delivery) error {
-	log := logr.FromContextOrDiscard(ctx)
+// input is the content-in stage of the pipeline: it writes a job's
+// artifact to storage at key and describes it, with its digest in the
+// packager's algorithm computed from the bytes written. Its errors are
+// *failure.Error, or wrap errStagingGone when the staged content it reads
+// is gone.
+type input interface {
+	write(ctx context.Context, key string) (*meta.Artifact, error)
+}
+
+// errStagingGone is wrapped by an input's error when the staged content
+// it reads does not exist: the pipeline then recovers the artifact an
+// earlier attempt stored.
+var errStagingGone = errors.New("staged content not found")
+
+// packaging is a Fetched job on its way through the pipeline.
+type packaging struct {
+	*events.Fetched
+	// dir is the source's storage directory, key its artifact's key.
+	dir, key string
+	// in writes the artifact.
+	in input
+	// cacheKey is the content cache entry the artifact is recorded under
+	// (new content) or was copied from (reused content); "" for none.
+	cacheKey string
+	// reused is true when in copies a cached artifact.
+	reused bool
+}
+
+// plan checks a Fetched job and chooses its input: the cached artifact it
+// reuses, the staged tar the fetcher wrote, or the staged file that is the
+// artifact itself. An invalid job is a Final
+// failure.
+func (p *Packager) plan(f *events.Fetched) (*packaging, error) {
 	dir, err := sourceDir(f.Job.Object)
 	if err != nil {
-		return p.fail(ctx, f, err)
+		return nil, archiveFailure(failure.Final, "%w", err)
 	}
 	key, err := artifactKey(dir, f.ArtifactName)
 	if err != nil {
-		return p.fail(ctx, f, err)
+		return nil, archiveFailure(failure.Final, "%w", err)
 	}
 	if err := checkStagingKey(f.Staging); err != nil {
-		return p.fail(ctx, f, err)
+		return nil, archiveFailure(failure.Final, "%w", err)
 	}
-	if f.Reuse != nil {
-		return p.packageReused(ctx, f, d, dir, key)
+	j := &packaging{Fetched: f, dir: dir, key: key, cacheKey: f.ContentKey}
+	switch {
+	case f.Reuse != nil:
+	case f.Format == events.FormatFile:
+		j.in = &stagedFile{p: p, job: f}
+		return j, nil
+	case f.Format == events.FormatTree:
+		j.in = &stagedTar{p: p, job: f}
+		return j, nil
+	default:
+		return nil, archiveFailure(failure.Final, "unknown staged format %q", f.Format)
 	}
+	cacheKey, ok := contentcache.KeyOfArtifact(f.Reuse.Key)
+	if !ok {
+		return nil, archiveFailure(failure.Final, "invalid cached artifact key %q", f.Reuse.Key)
+	}
+	j.in = &cachedArtifact{p: p, reuse: f.Reuse, cacheKey: cacheKey}
+	j.cacheKey, j.reused = cacheKey, true
+	return j, nil
+}
 
-	artifact, err := p.write(ctx, f, key)
-	var content *contentError
-	var ferr *failure.Error
+// packageFetched takes a Fetched job through the pipeline.
+func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched) error {
+	j, err := p.plan(f)
+	if err != nil {
+		return err
+	}
+	artifact, err := j.in.write(ctx, j.key)
 	switch {
 	case errors.Is(err, errStagingGone):
-		// Redelivered after the staged content was deleted: the artifact
-		// was stored, pointed at and announced before that, so announce it
-		// again (the bus drops the duplicate). The latest pointer is left
-		// alone: a newer job may have moved it on since.
-		artifact, err = p.recover(ctx, key)
-		if errors.Is(err, storage.ErrNotFound) {
-			return p.fail(ctx, f, fmt.Errorf("staged content %s is gone and artifact %s is not stored", f.Staging, key))
-		}
-		if err != nil {
-			return p.retryOrFail(ctx, f, d, err)
-		}
-		log.Info("staged content gone, artifact already stored", "artifact", key)
-	case errors.As(err, &content), errors.As(err, &ferr):
-		if err := p.publishFailure(ctx, f, err); err != nil {
+		// The latest pointer is left alone: a newer job may have moved
+		// it on since the artifact was stored.
+		if artifact, err = p.stored(ctx, j); err != nil {
 			return err
 		}
-		p.deleteStaging(ctx, f.Staging)
-		return &failure.Error{Handling: failure.Final, Err: fmt.Errorf("package failed: %w", err)}
 	case err != nil:
-		return p.retryOrFail(ctx, f, d, err)
+		return err
 	default:
-		if err := p.store.SetLatest(ctx, path.Join(dir, storage.LatestName), key); err != nil {
-			return p.retryOrFail(ctx, f, d, fmt.Errorf("update latest pointer: %w", err))
+		if err := p.store.SetLatest(ctx, path.Join(j.dir, storage.LatestName), j.key); err != nil {
+			return archiveFailure(failure.Transient, "update latest pointer: %w", err)
 		}
-		if p.metrics != nil {
-			p.metrics.ArtifactBytes.Observe(float64(*artifact.Size))
-		}
-	}
-	artifact.Revision = f.Revision
-	out := events.Outcome{
-		Job:               f.Job,
-		Revision:          f.Revision,
-		Artifact:          artifact,
-		EventMessage:      f.EventMessage,
-		Notices:           f.Notices,
-		IncludedArtifacts: includedArtifacts(f.Includes),
-		Verification:      f.Verification,
+		p.observe(j, artifact)
 	}
 	// Recorded before it is announced, so that whoever learns of the
 	// artifact can reuse it.
-	p.record(ctx, f, key, artifact)
-	if err := p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackaged, f.Job, out); err != nil {
-		return err
-	}
-	log.Info("artifact stored", "artifact", key, "digest", artifact.Digest, "size", *artifact.Size, "revision", f.Revision)
-	p.deleteStaging(ctx, f.Staging)
-	p.collect(ctx, dir, key)
-	return nil
+	p.record(ctx, j, artifact)
+	return p.announce(ctx, j, artifact)
 }
 
-// packageReused stores the artifact of a Fetched job that reuses a cached
-// artifact: it copies the cached artifact to key (no bytes move through the
-// packager on a directory or S3 storage), checks the copy's size and
-// digest against the record, and then goes on as for fetched content. A
-// cached artifact that vanished (the janitor removed it after the fetcher
-// looked) fails the job without stalling, so the next reconcile fetches;
-// one that does not match its record is removed from the cache likewise.
-func (p *Packager) packageReused(ctx context.Context, f *events.Fetched, d bus.Delivery, dir, key string) error {
-	log := logr.FromContextOrDiscard(ctx)
-	cacheKey, ok := contentcache.KeyOfArtifact(f.Reuse.Key)
-	if !ok {
-		return p.fail(ctx, f, fmt.Errorf("invalid cached artifact key %q", f.Reuse.Key))
-	}
-	artifact, err := p.copyReused(ctx, f.Reuse, key)
-	var mismatch *reuseMismatchError
+// stored describes the artifact an earlier attempt of j stored, for a job
+// redelivered after its staged content was deleted: that attempt stored,
+// pointed at and announced the artifact before deleting it.
+func (p *Packager) stored(ctx context.Context, j *packaging) (*meta.Artifact, error) {
+	artifact, err := p.describe(ctx, j.key)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		return p.fail(ctx, f, fmt.Errorf("cached artifact %s is gone: %w", f.Reuse.Key, err))
-	case errors.As(err, &mismatch):
-		if ferr := contentcache.Forget(ctx, p.store, cacheKey); ferr != nil {
-			log.Error(ferr, "removing a broken content cache entry failed", "key", cacheKey)
-		}
-		return p.fail(ctx, f, err)
+		return nil, archiveFailure(failure.Final, "staged content %s is gone and artifact %s is not stored", j.Staging, j.key)
 	case err != nil:
-		return p.retryOrFail(ctx, f, d, err)
+		return nil, archiveFailure(failure.Transient, "%w", err)
 	}
-	if err := p.store.SetLatest(ctx, path.Join(dir, storage.LatestName), key); err != nil {
-		return p.retryOrFail(ctx, f, d, fmt.Errorf("update latest pointer: %w", err))
-	}
-	if p.metrics != nil {
-		p.metrics.ArtifactBytes.Observe(float64(*artifact.Size))
-		p.metrics.Reused.Inc()
-	}
-	artifact.Revision = f.Revision
-	out := events.Outcome{
-		Job:               f.Job,
-		Revision:          f.Revision,
-		Artifact:          artifact,
-		EventMessage:      f.EventMessage,
-		Notices:           f.Notices,
-		IncludedArtifacts: includedArtifacts(f.Includes),
-		Verification:      f.Verification,
-	}
-	if err := p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackaged, f.Job, out); err != nil {
-		return err
-	}
-	log.Info("artifact stored", "artifact", key, "digest", artifact.Digest, "size", *artifact.Size, "revision", f.Revision,
-		"reused", f.Reuse.Key)
-	// An earlier attempt of the job may have staged content.
-	p.deleteStaging(ctx, f.Staging)
-	p.collect(ctx, dir, key)
-	return nil
-}
-
-// reuseMismatchError says a cached artifact is not what its record says.
-type reuseMismatchError struct{ msg string }
-
-func (e *reuseMismatchError) Error() string { return e.msg }
-
-// copyReused copies the cached artifact r names to key and describes the
-// copy, with its digest computed from the stored bytes (in the packager's
-// algorithm) and checked against the record.
-func (p *Packager) copyReused(ctx context.Context, r *events.Reuse, key string) (*meta.Artifact, error) {
-	// Check the size first, so a stale record never replaces key.
-	info, err := p.store.Stat(ctx, r.Key)
-	if err != nil {
-		return nil, err
-	}
-	if info.Size != r.Size {
-		return nil, &reuseMismatchError{fmt.Sprintf("cached artifact %s is %d bytes, recorded as %d", r.Key, info.Size, r.Size)}
-	}
-	if _, err := p.store.Copy(ctx, r.Key, key); err != nil {
-		return nil, fmt.Errorf("copy cached artifact: %w", err)
-	}
-	artifact, err := p.recover(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	recorded, err := digest.Parse(r.Digest)
-	switch {
-	case *artifact.Size != r.Size:
-		return nil, &reuseMismatchError{fmt.Sprintf("copy of cached artifact %s is %d bytes, recorded as %d", r.Key, *artifact.Size, r.Size)}
-	case err != nil:
-		return nil, &reuseMismatchError{fmt.Sprintf("cached artifact %s has an invalid digest %q", r.Key, r.Digest)}
-	case recorded.Algorithm() == p.opts.Algorithm() && recorded.String() != artifact.Digest:
-		return nil, &reuseMismatchError{fmt.Sprintf("cached artifact %s does not match its digest '%s'", r.Key, r.Digest)}
-	}
-	artifact.LastUpdateTime = metav1.NewTime(p.now())
+	logr.FromContextOrDiscard(ctx).Info("staged content gone, artifact already stored", "artifact", j.key)
 	return artifact, nil
 }
 
-// record adds the artifact just stored at key for f to the content cache
-// under f's content key, so that sources with the same content reuse it.
-// A failure is only logged: the cache is an optimisation.
-func (p *Packager) record(ctx context.Context, f *events.Fetched, key string, artifact *meta.Artifact) {
-	if f.ContentKey == "" || p.opts.ContentCacheTTL <= 0 {
-		return
-	}
-	log := logr.FromContextOrDiscard(ctx)
-	idx := contentcache.Index{
-		Key:          f.ContentKey,
-		Digest:       artifact.Digest,
-		Algorithm:    p.opts.Algorithm().String(),
-		Size:         *artifact.Size,
-		Revision:     f.Revision,
-		ArtifactName: f.ArtifactName,
-		EventMessage: f.EventMessage,
-	}
-	if err := contentcache.Record(ctx, p.store, key, idx); err != nil {
-		log.Error(err, "recording the artifact in the content cache failed", "key", f.ContentKey)
-		return
-	}
-	if p.metrics != nil {
-		p.metrics.Recorded.Inc()
-	}
-	log.V(1).Info("artifact recorded in the content cache", "key", f.ContentKey)
-}
-
-// errStagingGone is wrapped by write's error when the staged content does
-// not exist.
-var errStagingGone = errors.New("staged content not found")
-
-// write canonicalises the staged tar of f, merged with the artifacts f
-// includes, into the artifact at key, streaming from one to the other
-// through pipes. A missing staged object wraps errStagingGone; content
-// that cannot be archived is a *contentError; an include that is invalid,
-// unavailable or cannot be copied is an *events.Failure; anything else is a
-// storage failure worth retrying.
-func (p *Packager) write(ctx context.Context, f *events.Fetched, key string) (*meta.Artifact, error) {
-	if err := checkIncludes(f.Job.Object, f.Includes); err != nil {
-		return nil, err
-	}
-	obj, err := p.store.Open(ctx, f.Staging)
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open staged content: %w", err)
-	}
-	defer obj.Close()
-
-	src := &recordingReader{r: obj}
-	var in io.Reader = src
-	var m *merger
-	if len(f.Includes) > 0 {
-		if m, err = p.openIncludes(ctx, f.Includes); err != nil {
-			return nil, err
-		}
-		defer m.close()
-		in = m.start(src)
-		logr.FromContextOrDiscard(ctx).V(1).Info("merging includes", "includes", describeIncludes(f.Includes))
-	}
-	pr, pw := io.Pipe()
-	dst := &recordingWriter{w: pw}
-	type canonical struct {
-		res archive.Result
-		err error
-	}
-	done := make(chan canonical, 1)
-	go func() {
-		res, err := archive.Canonicalize(dst, in, archive.CanonicalOptions{
-			Algorithm:   p.opts.Algorithm(),
-			MaxFileSize: p.opts.MaxFileSize,
-		})
-		pw.CloseWithError(err) // nil: the reader sees EOF
-		done <- canonical{res, err}
-	}()
-	info, putErr := p.store.Put(ctx, key, pr)
-	// Unblock the writer if Put stopped reading early.
-	pr.CloseWithError(errPutStopped)
-	c := <-done
-	var mergeErr, includeReadErr error
-	if m != nil {
-		mergeErr = m.wait()
-		includeReadErr = m.storageErr()
-	}
-
-	switch {
-	case src.err != nil:
-		return nil, fmt.Errorf("read staged content: %w", src.err)
-	case includeReadErr != nil:
-		return nil, includeReadErr
-	case mergeErr != nil:
-		return nil, m.failure(mergeErr)
-	case c.err != nil && dst.err == nil:
-		// Canonicalize failed on its own, not because Put stopped.
-		return nil, &contentError{err: c.err}
-	case putErr != nil:
-		return nil, fmt.Errorf("store artifact: %w", putErr)
-	case c.err != nil:
-		return nil, c.err
-	case info.Size != c.res.Size:
-		return nil, fmt.Errorf("store artifact %s: wrote %d bytes, stored %d", key, c.res.Size, info.Size)
-	}
-	size := c.res.Size
-	return &meta.Artifact{
-		Path:           key,
-		Digest:         c.res.Digest.String(),
-		Size:           &size,
-		LastUpdateTime: metav1.NewTime(p.now()),
-	}, nil
-}
-
-var errPutStopped = errors.New("artifact write stopped")
-
-// recover describes the artifact already stored at key, computing its
-// digest from the stored bytes.
-func (p *Packager) recover(ctx context.Context, key string) (*meta.Artifact, error) {
+// describe describes the artifact stored at key, computing its digest from
+// the stored bytes.
+func (p *Packager) describe(ctx context.Context, key string) (*meta.Artifact, error) {
 	obj, err := p.store.Open(ctx, key)
 	if err != nil {
 		return nil, err
@@ -376,42 +246,77 @@ func (p *Packager) recover(ctx context.Context, key string) (*meta.Artifact, err
 	}, nil
 }
 
-// retryOrFail returns a storage failure for a retry, or, on the last
-// attempt, publishes it and terminates the job.
-func (p *Packager) retryOrFail(ctx context.Context, f *events.Fetched, d bus.Delivery, err error) error {
-	if !d.Last {
-		return err
+func (p *Packager) observe(j *packaging, artifact *meta.Artifact) {
+	if p.metrics == nil {
+		return
 	}
-	return p.fail(ctx, f, err)
+	p.metrics.ArtifactBytes.Observe(float64(*artifact.Size))
+	if j.reused {
+		p.metrics.Reused.Inc()
+	}
 }
 
-// fail publishes PackageFailed for f and returns a terminal error; when the
-// publish itself fails it returns that error, so the job is retried.
-func (p *Packager) fail(ctx context.Context, f *events.Fetched, cause error) error {
-	if err := p.publishFailure(ctx, f, cause); err != nil {
-		return err
+// record keeps the content cache up to date with the artifact stored for
+// j; the packager is the cache's one writer. New content is recorded under
+// its content key; reused content refreshes the index of the entry it was
+// copied from, so that the janitor keeps an entry in use. A failure is
+// only logged: the cache is an optimisation.
+func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Artifact) {
+	if j.cacheKey == "" || p.opts.ContentCacheTTL <= 0 {
+		return
 	}
-	return &failure.Error{Handling: failure.Final, Err: fmt.Errorf("package failed: %w", cause)}
+	log := logr.FromContextOrDiscard(ctx)
+	idx := contentcache.Index{
+		Key:          j.cacheKey,
+		Digest:       artifact.Digest,
+		Algorithm:    p.opts.Algorithm().String(),
+		Size:         *artifact.Size,
+		Revision:     j.Revision,
+		ArtifactName: j.ArtifactName,
+		EventMessage: j.EventMessage,
+	}
+	if j.reused {
+		if err := contentcache.Refresh(ctx, p.store, idx, p.now()); err != nil {
+			log.Error(err, "refreshing the content cache entry failed", "key", j.cacheKey)
+		}
+		return
+	}
+	if err := contentcache.Record(ctx, p.store, j.key, idx); err != nil {
+		log.Error(err, "recording the artifact in the content cache failed", "key", j.cacheKey)
+		return
+	}
+	if p.metrics != nil {
+		p.metrics.Recorded.Inc()
+	}
+	log.V(1).Info("artifact recorded in the content cache", "key", j.cacheKey)
 }
 
-// publishFailure publishes PackageFailed for f: cause itself when it is an
-// *events.Failure, otherwise a StorageOperationFailed failure with cause
-// as its message.
-func (p *Packager) publishFailure(ctx context.Context, f *events.Fetched, cause error) error {
-	ferr := failure.As(cause)
-	if ferr == nil {
-		// Flux's words (GitRepositoryReconciler.reconcileArtifact).
-		ferr = failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
-			"unable to archive artifact to storage: %w", cause)
-	}
+// announce publishes Packaged for the artifact stored for j, then cleans
+// up after the job: its staged content (an earlier attempt of a reusing
+// job may have staged some too) and the source's old artifacts. Its error
+// is the bus's.
+func (p *Packager) announce(ctx context.Context, j *packaging, artifact *meta.Artifact) error {
+	artifact.Revision = j.Revision
 	out := events.Outcome{
-		Job:          f.Job,
-		Revision:     f.Revision,
-		Notices:      f.Notices,
-		Failure:      ferr.Data(),
-		Verification: f.Verification,
+		Job:               j.Job,
+		Revision:          j.Revision,
+		Artifact:          artifact,
+		EventMessage:      j.EventMessage,
+		Notices:           j.Notices,
+		IncludedArtifacts: includedArtifacts(j.Includes),
+		Verification:      j.Verification,
 	}
-	return p.pub.Publish(ctx, events.PublishSubject(f.Job.Object.Kind), events.TypePackageFailed, f.Job, out)
+	if err := p.pub.Publish(ctx, events.PublishSubject(j.Job.Object.Kind), events.TypePackaged, j.Job, out); err != nil {
+		return err
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	if j.reused {
+		log = log.WithValues("reused", j.Reuse.Key)
+	}
+	log.Info("artifact stored", "artifact", j.key, "digest", artifact.Digest, "size", *artifact.Size, "revision", j.Revision)
+	p.deleteStaging(ctx, j.Staging)
+	p.collect(ctx, j.dir, j.key)
+	return nil
 }
 
 // deleteStaging removes a job's staged content; a failure is only logged, as
@@ -439,7 +344,7 @@ func (p *Packager) collect(ctx context.Context, dir, current string) {
 
 // deleteSource removes every artifact of a deleted source and its latest
 // pointer, then publishes Deleted. Storage failures are retried.
-func (p *Packager) deleteSource(ctx context.Context, r *events.DeleteRequested, _ bus.Delivery) error {
+func (p *Packager) deleteSource(ctx context.Context, r *events.DeleteRequested) error {
 	dir, err := sourceDir(r.Job.Object)
 	if err != nil {
 		return fmt.Errorf("%w: %w", events.ErrMalformed, err)
@@ -503,32 +408,4 @@ func checkSegment(s string) error {
 		return fmt.Errorf("%q is not a plain name", s)
 	}
 	return nil
-}
-
-// recordingReader remembers the first error of its reader other than EOF.
-type recordingReader struct {
-	r   io.Reader
-	err error
-}
-
-func (r *recordingReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if err != nil && err != io.EOF && r.err == nil {
-		r.err = err
-	}
-	return n, err
-}
-
-// recordingWriter remembers the first error of its writer.
-type recordingWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (w *recordingWriter) Write(p []byte) (int, error) {
-	n, err := w.w.Write(p)
-	if err != nil && w.err == nil {
-		w.err = err
-	}
-	return n, err
 }

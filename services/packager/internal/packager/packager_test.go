@@ -20,6 +20,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 )
 
@@ -366,12 +367,19 @@ func TestStorageFailuresAreRetried(t *testing.T) {
 	h.stage(f, stagingTar(t, writeTree(t, time.Now())))
 	h.send(events.TypeFetched, f.Job, f)
 
-	// Retried after a backoff, without a result.
+	// Reported at once, as every transient failure, and retried after a
+	// backoff.
+	out := h.nextOutcome(events.TypePackageFailed, "job-1")
+	if out.Failure == nil || out.Failure.Stalled || out.Failure.Reason != sourcev1.ArchiveOperationFailedReason ||
+		!strings.Contains(out.Failure.Message, "disk on fire") {
+		t.Errorf("failure = %+v, want the storage error, not stalled", out.Failure)
+	}
 	eventually(t, "job retried", func() bool {
-		return h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "error"}) >= 2
+		return h.metric("headwater_jobs_total", map[string]string{"type": events.TypeFetched, "result": "retry"}) >= 2
 	})
+	// The retries report the same failure: one message on the bus.
 	if _, err := h.results.Next(jetstream.FetchMaxWait(100 * time.Millisecond)); err == nil {
-		t.Error("a result was published for a job still being retried")
+		t.Error("a second result was published for a job still being retried")
 	}
 	if _, err := h.store.Stat(context.Background(), f.Staging); err != nil {
 		t.Errorf("staging of a retried job: %v", err)
@@ -383,7 +391,7 @@ func TestStorageFailuresAreRetried(t *testing.T) {
 
 func TestStorageFailureOnLastAttemptFails(t *testing.T) {
 	failing := func(s storage.Storage) storage.Storage { return &failingPuts{Storage: s} }
-	h := newHarness(t, harnessOptions{opts: defaultOptions(), wrap: failing, attemptOffset: events.DefaultMaxDeliver - 1})
+	h := newHarness(t, harnessOptions{opts: defaultOptions(), wrap: failing, maxAttempts: 1})
 	f := fetched("job-1", "podinfo", "abc.tar.gz")
 	h.stage(f, stagingTar(t, writeTree(t, time.Now())))
 	h.send(events.TypeFetched, f.Job, f)
@@ -485,19 +493,33 @@ func TestJobValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx := context.Background()
+	// What an invalid staging key names is not the job's to delete.
+	other := "gitrepository/default/podinfo/a.tar.gz"
+	if _, err := store.Put(ctx, other, strings.NewReader("artifact")); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := fetched("job-1", "podinfo", "a.tar.gz")
 			tt.mutate(f)
 			rec := &recorder{}
 			p := New(store, rec, defaultOptions(), nil)
-			err := p.Handle(context.Background(), &events.Message{Data: f}, bus.Delivery{Attempt: 1})
-			if err == nil {
-				t.Fatal("invalid job accepted")
+			m := &events.Message{Data: f}
+			err := p.Handle(ctx, m, bus.Delivery{Attempt: 1})
+			fl := failure.As(err)
+			if fl == nil || fl.Handling != failure.Final {
+				t.Fatalf("Handle = %v, want a final failure", err)
+			}
+			if err := p.Report(ctx, m, fl); err != nil {
+				t.Fatal(err)
 			}
 			out := rec.only(t, events.TypePackageFailed)
 			if !strings.Contains(out.Failure.Message, tt.want) {
 				t.Errorf("message = %q, want it to contain %q", out.Failure.Message, tt.want)
+			}
+			if _, err := store.Stat(ctx, other); err != nil {
+				t.Errorf("%s after the report: %v", other, err)
 			}
 		})
 	}
@@ -515,10 +537,11 @@ func (s *failingPuts) Put(_ context.Context, _ string, r io.Reader) (storage.Inf
 	return storage.Info{}, errors.New("disk on fire")
 }
 
-// recorder is a Publisher that keeps what it is given.
+// recorder is a Publisher that keeps what it is given, or fails with err.
 type recorder struct {
 	mu   sync.Mutex
 	sent []recorded
+	err  error
 }
 
 type recorded struct {
@@ -529,6 +552,9 @@ type recorded struct {
 func (r *recorder) Publish(_ context.Context, _, eventType string, _ events.Job, data any) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
 	out := data.(events.Outcome)
 	r.sent = append(r.sent, recorded{eventType, &out})
 	return nil

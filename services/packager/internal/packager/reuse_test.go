@@ -48,6 +48,16 @@ func (h *harness) readIndex(key string) contentcache.Index {
 	return idx
 }
 
+// cached packages content for source podinfo with the content key of
+// content and returns the index the packager records for it.
+func (h *harness) cached(content string) contentcache.Index {
+	h.t.Helper()
+	f := fetched("job-1", "podinfo", "abc.tar.gz")
+	f.ContentKey = contentKey(content)
+	h.packaged(f, stagingTar(h.t, writeTree(h.t, time.Unix(1, 0))))
+	return h.readIndex(f.ContentKey)
+}
+
 // sameFile reports whether two keys are one file (a hard link).
 func (h *harness) sameFile(a, b string) bool {
 	h.t.Helper()
@@ -178,11 +188,8 @@ func TestReuseFailures(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, harnessOptions{opts: cacheOptions()})
-			key := contentKey("podinfo@abc")
-			f := fetched("job-1", "podinfo", "abc.tar.gz")
-			f.ContentKey = key
-			h.packaged(f, stagingTar(t, writeTree(t, time.Unix(1, 0))))
-			idx := h.readIndex(key)
+			idx := h.cached("podinfo@abc")
+			key := idx.Key
 
 			g := reusing("job-2", "other", idx)
 			g.Reuse = tc.setup(h, idx)
@@ -200,5 +207,65 @@ func TestReuseFailures(t *testing.T) {
 				t.Errorf("index removed = %v, want %v", gone, tc.forgotten)
 			}
 		})
+	}
+}
+
+// TestReuseRefreshesTheIndex: the packager, the cache's one writer, keeps
+// an entry in use from the janitor: copying it for a source writes its
+// index again once it is older than contentcache.RefreshAfter, or when the
+// janitor removed it meanwhile.
+func TestReuseRefreshesTheIndex(t *testing.T) {
+	h := newHarness(t, harnessOptions{opts: cacheOptions()})
+	ctx := context.Background()
+	idx := h.cached("podinfo@abc")
+	key := idx.Key
+	indexTime := func() time.Time {
+		t.Helper()
+		st, err := h.store.Stat(ctx, contentcache.IndexKey(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.ModTime
+	}
+	age := func(d time.Duration) time.Time {
+		t.Helper()
+		mt := time.Now().Add(-d).Truncate(time.Second)
+		if err := os.Chtimes(h.file(contentcache.IndexKey(key)), mt, mt); err != nil {
+			t.Fatal(err)
+		}
+		return mt
+	}
+	reuse := func(id, name string) {
+		t.Helper()
+		g := reusing(id, name, idx)
+		h.send(events.TypeFetched, g.Job, g)
+		// The index is refreshed before the artifact is announced.
+		h.nextOutcome(events.TypePackaged, id)
+	}
+
+	// An index used a while ago is written again, the same.
+	old := age(2 * contentcache.RefreshAfter)
+	reuse("job-2", "other")
+	if got := indexTime(); !got.After(old) {
+		t.Errorf("index written at %s after a reuse, want it refreshed (it was written at %s)", got, old)
+	}
+	if got := h.readIndex(key); got != idx {
+		t.Errorf("refreshed index = %+v\nwant %+v", got, idx)
+	}
+
+	// A recent one is left alone.
+	recent := age(contentcache.RefreshAfter / 2)
+	reuse("job-3", "third")
+	if got := indexTime(); !got.Equal(recent) {
+		t.Errorf("index of age %s rewritten at %s", contentcache.RefreshAfter/2, got)
+	}
+
+	// One the janitor removed after the fetcher looked is written again.
+	if err := h.store.Delete(ctx, contentcache.IndexKey(key)); err != nil {
+		t.Fatal(err)
+	}
+	reuse("job-4", "fourth")
+	if got := h.readIndex(key); got != idx {
+		t.Errorf("index written again = %+v\nwant %+v", got, idx)
 	}
 }

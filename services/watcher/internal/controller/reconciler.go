@@ -93,9 +93,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.makeStatic(ctx, obj)
 	}
 	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
-		base := obj.DeepCopyObject().(client.Object)
-		controllerutil.AddFinalizer(obj, sourcev1.SourceFinalizer)
-		if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(status.FieldOwner)); err != nil {
+		if err := patchFinalizers(ctx, r.Client, obj, controllerutil.AddFinalizer); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
@@ -221,13 +219,23 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 		&events.DeleteRequested{Job: job}); err != nil {
 		return err
 	}
-	base := obj.DeepCopyObject().(client.Object)
-	controllerutil.RemoveFinalizer(obj, sourcev1.SourceFinalizer)
-	if err := r.Client.Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(status.FieldOwner)); err != nil {
+	if err := patchFinalizers(ctx, r.Client, obj, controllerutil.RemoveFinalizer); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
 	log.FromContext(ctx).Info("artifacts scheduled for deletion; finalizer removed")
 	return nil
+}
+
+// patchFinalizers adds or removes the source finalizer (change is
+// controllerutil.AddFinalizer or RemoveFinalizer) with a merge patch guarded
+// by the object's resourceVersion: the patch replaces the whole finalizers
+// list, so without the guard a finalizer another controller added since
+// obj was read would be lost. A stale read conflicts, and the reconcile is
+// retried on a fresh one.
+func patchFinalizers(ctx context.Context, c client.Client, obj source.Object, change func(client.Object, string) bool) error {
+	base := obj.DeepCopyObject().(client.Object)
+	change(obj, sourcev1.SourceFinalizer)
+	return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(status.FieldOwner))
 }
 
 // job makes the fetch job for this reconcile. Its ID names the object,

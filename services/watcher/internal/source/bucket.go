@@ -20,6 +20,9 @@ func Bucket() Kind {
 		Suspended: func(o Object) bool { return o.(*sourcev1.Bucket).Spec.Suspend },
 		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
 			b := o.(*sourcev1.Bucket)
+			if err := refuseCredentials("spec.endpoint", b.Spec.Endpoint); err != nil {
+				return false, err
+			}
 			req.Bucket = b.Spec.DeepCopy()
 			return b.Status.Artifact != nil && !reflect.DeepEqual(b.Spec.Ignore, b.Status.ObservedIgnore), nil
 		},

@@ -66,6 +66,9 @@ func GitRepository() Kind {
 // the included artifacts, or the verification mode.
 func gitRequest(ctx context.Context, r client.Reader, o Object, req *events.FetchRequested) (bool, error) {
 	g := o.(*sourcev1.GitRepository)
+	if err := refuseCredentials("spec.url", g.Spec.URL); err != nil {
+		return false, err
+	}
 	req.GitRepository = g.Spec.DeepCopy()
 	includes, err := resolveIncludes(ctx, r, g)
 	if err != nil {

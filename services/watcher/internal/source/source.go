@@ -6,6 +6,8 @@ package source
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -135,4 +137,27 @@ func waiting(condition, reason string, stalled bool, format string, args ...any)
 		h = failure.Stalling
 	}
 	return failure.New(h, condition, reason, format, args...)
+}
+
+// refuseCredentials refuses a URL that carries credentials in its user-info
+// (https://user:token@host/..., https://token@host/...): a job's spec
+// travels on the bus, where no credential may go. An SSH user name alone
+// (ssh://git@host/...) is no credential. The source stalls with a message
+// saying where the credentials belong; the URL itself is not repeated.
+func refuseCredentials(field, raw string) error {
+	if !strings.Contains(raw, "://") {
+		// A Bucket endpoint is host[:port]: read it as an authority.
+		raw = "//" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		// An unparsable URL is the fetcher's to report.
+		return nil
+	}
+	if _, password := u.User.Password(); !password && u.Scheme == "ssh" {
+		return nil
+	}
+	return failure.New(failure.Stalling, sourcev1.FetchFailedCondition, sourcev1.URLInvalidReason,
+		"%s carries credentials in its user-info, which Headwater never sends over its bus: "+
+			"remove them and put them in a Secret named by spec.secretRef", field)
 }

@@ -1,12 +1,8 @@
-package staging
+package housekeeping
 
 import (
 	"context"
-	"errors"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,18 +21,18 @@ type env struct {
 	t      *testing.T
 	conn   *bus.Conn
 	stream jetstream.Stream
-	store  *storage.Dir
+	store  *testStore
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	ctx := context.Background()
 	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	ctx := context.Background()
-	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "staging-test", testr.New(t))
+	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "housekeeping-test", testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,25 +44,14 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := storage.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	return &env{t: t, conn: conn, stream: stream, store: store}
+	return &env{t: t, conn: conn, stream: stream, store: newTestStore(t)}
 }
 
 // stage stores staged content for a job, aged by age.
 func (e *env) stage(jobID string, age time.Duration) string {
 	e.t.Helper()
 	key := storage.StagingKey(jobID)
-	if _, err := e.store.Put(context.Background(), key, strings.NewReader(jobID)); err != nil {
-		e.t.Fatal(err)
-	}
-	mt := time.Now().Add(-age)
-	if err := os.Chtimes(filepath.Join(e.store.Path(), filepath.FromSlash(key)), mt, mt); err != nil {
-		e.t.Fatal(err)
-	}
+	e.store.putAged(key, jobID, age)
 	return key
 }
 
@@ -80,12 +65,7 @@ func (e *env) fetched(jobID string) {
 	}
 }
 
-func (e *env) exists(key string) bool {
-	_, err := e.store.Stat(context.Background(), key)
-	return !errors.Is(err, storage.ErrNotFound)
-}
-
-func TestSweep(t *testing.T) {
+func TestSweepStaging(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	pendingOld := e.stage("pending-old", 3*time.Hour)
@@ -98,8 +78,8 @@ func TestSweep(t *testing.T) {
 	}
 	e.fetched("no-staging-left")
 
-	j := &Janitor{Store: e.store, TTL: time.Hour, Jobs: StreamJobs(e.stream, 100), Log: testr.New(t)}
-	deleted, err := j.Sweep(ctx)
+	j := &Janitor{Store: e.store, StagingTTL: time.Hour, Pending: StreamPending(e.stream, 100), Log: testr.New(t)}
+	deleted, err := j.SweepStaging(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,30 +87,30 @@ func TestSweep(t *testing.T) {
 		t.Errorf("deleted %q, want only %q", deleted, abandoned)
 	}
 	for key, want := range map[string]bool{pendingOld: true, abandoned: false, young: true} {
-		if got := e.exists(key); got != want {
+		if got := e.store.exists(key); got != want {
 			t.Errorf("%s exists = %v, want %v", key, got, want)
 		}
 	}
 }
 
-func TestSweepSkipsWhenJobsCannotBeListed(t *testing.T) {
+func TestSweepStagingSkipsWhenJobsCannotBeListed(t *testing.T) {
 	e := newEnv(t)
 	old := e.stage("old", 2*time.Hour)
 	for _, id := range []string{"a", "b", "c"} {
 		e.fetched(id)
 	}
 	// A limit below the stream's size makes the listing fail.
-	j := &Janitor{Store: e.store, TTL: time.Hour, Jobs: StreamJobs(e.stream, 2), Log: testr.New(t)}
-	deleted, err := j.Sweep(context.Background())
+	j := &Janitor{Store: e.store, StagingTTL: time.Hour, Pending: StreamPending(e.stream, 2), Log: testr.New(t)}
+	deleted, err := j.SweepStaging(context.Background())
 	if err == nil || len(deleted) != 0 {
 		t.Errorf("Sweep = %q, %v; want nothing deleted and an error", deleted, err)
 	}
-	if !e.exists(old) {
+	if !e.store.exists(old) {
 		t.Error("staged content deleted although the pending jobs were unknown")
 	}
 }
 
-func TestStreamJobsSkipsAcknowledgedMessages(t *testing.T) {
+func TestStreamPendingSkipsAcknowledgedMessages(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for _, id := range []string{"pending-1", "done", "pending-2"} {
@@ -164,7 +144,7 @@ func TestStreamJobsSkipsAcknowledgedMessages(t *testing.T) {
 		t.Fatalf("fetched %d jobs, want 3", n)
 	}
 
-	wanted, err := StreamJobs(e.stream, 100)(ctx)
+	wanted, err := StreamPending(e.stream, 100)(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +153,7 @@ func TestStreamJobsSkipsAcknowledgedMessages(t *testing.T) {
 	}
 }
 
-func TestStreamJobsNamesReusedArtifacts(t *testing.T) {
+func TestStreamPendingNamesReusedArtifacts(t *testing.T) {
 	e := newEnv(t)
 	j := events.Job{ID: "reuse", Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "other"}}
 	f := &events.Fetched{Job: j, Revision: "main@sha1:1", Staging: storage.StagingKey(j.ID), ArtifactName: "1.tar.gz",
@@ -181,7 +161,7 @@ func TestStreamJobsNamesReusedArtifacts(t *testing.T) {
 	if err := e.conn.NewPublisher("fetcher").Publish(context.Background(), events.PackageSubject(j.Object.Kind), events.TypeFetched, j, f); err != nil {
 		t.Fatal(err)
 	}
-	wanted, err := StreamJobs(e.stream, 100)(context.Background())
+	wanted, err := StreamPending(e.stream, 100)(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
