@@ -137,11 +137,6 @@ type Fetched struct {
 	// uncompressed tar of a tree the packager canonicalises) or
 	// FormatFile (the artifact's bytes, stored as they are).
 	Format StagedFormat `json:"format,omitempty"`
-	// LatestName is the name of the stable pointer to the latest artifact
-	// in the source's directory, when it is not "latest.tar.gz": Flux's
-	// "index.yaml" for a HelmRepository, "<chart>-latest.tgz" for a
-	// HelmChart.
-	LatestName string `json:"latestName,omitempty"`
 	// EventMessage is the message of the NewArtifact Kubernetes Event, in
 	// Flux's words (e.g. "stored artifact for commit 'Add README'").
 	EventMessage string `json:"eventMessage,omitempty"`

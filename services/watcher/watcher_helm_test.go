@@ -49,8 +49,8 @@ func testHelmRepository(t *testing.T, e *env) {
 	if c := conditions.Get(&got, meta.ReadyCondition); c.Message != "stored artifact: revision '"+rev+"'" {
 		t.Errorf("Ready = %+v", c)
 	}
-	if got.Status.URL != "http://a/helmrepository/default/charts/index.yaml" {
-		t.Errorf("status.url = %q, want the latest index", got.Status.URL)
+	if got.Status.URL != "http://a/"+path {
+		t.Errorf("status.url = %q, want the index's URL", got.Status.URL)
 	}
 	waitEvent(t, e, key.Name, corev1.EventTypeNormal, "NewArtifact", "stored fetched index of size 444B from 'https://charts.example.com'")
 
@@ -137,7 +137,7 @@ func testHelmChart(t *testing.T, e *env) {
 	if c := conditions.Get(&got, meta.ReadyCondition); c.Reason != sourcev1.ChartPackageSucceededReason || c.Message != msg {
 		t.Errorf("Ready = %+v", c)
 	}
-	if got.Status.URL != "http://a/helmchart/default/podinfo/podinfo-latest.tgz" || got.Status.ObservedChartName != "podinfo" ||
+	if got.Status.URL != "http://a/"+cpath || got.Status.ObservedChartName != "podinfo" ||
 		len(got.Status.ObservedValuesFiles) != 2 {
 		t.Errorf("status = %+v", got.Status)
 	}

@@ -191,7 +191,6 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		Revision:     content.Revision,
 		Staging:      key,
 		ArtifactName: content.ArtifactName,
-		LatestName:   content.LatestName,
 		EventMessage: content.EventMessage,
 		Notices:      notices,
 		Verification: content.Verification,

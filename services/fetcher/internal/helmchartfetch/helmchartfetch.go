@@ -311,7 +311,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	}
 	name := fmt.Sprintf("%s-%s.tgz", ch.Name(), r.version)
 	if len(r.spec.ValuesFiles) == 0 {
-		return &source.Content{Root: dir, File: p, LatestName: ch.Name() + "-latest.tgz", Revision: r.version, ArtifactName: name,
+		return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: name,
 			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}, nil
 	}
 	merged, err := MergeValues(ch, r.spec.ValuesFiles, r.spec.IgnoreMissingValuesFiles)
@@ -321,7 +321,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err := Package(ch, r.version, merged.Values, p); err != nil {
 		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
 	}
-	return &source.Content{Root: dir, File: p, LatestName: ch.Name() + "-latest.tgz", Revision: r.version, ArtifactName: name,
+	return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: name,
 		EventMessage: fmt.Sprintf("packaged '%s' chart with version '%s' and merged values files %v", ch.Name(), r.version, merged.Files)}, nil
 }
 

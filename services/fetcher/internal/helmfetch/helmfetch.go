@@ -50,10 +50,6 @@ const DefaultMaxIndexSize = 50 << 20
 // IndexFile is the name of the downloaded index in the download directory.
 const IndexFile = "index.yaml"
 
-// LatestName is the stable name of a HelmRepository's latest index in its
-// artifact directory (Flux's index.yaml symlink, which status.url names).
-const LatestName = "index.yaml"
-
 // Results of an index request, the result label of
 // headwater_helm_index_requests_total.
 const (
@@ -210,7 +206,6 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		Revision:     r.revision,
 		ArtifactName: "index-" + hexDigest + ".yaml",
 		File:         dst,
-		LatestName:   LatestName,
 		EventMessage: fmt.Sprintf("stored fetched index of size %s from '%s'", HumanSize(r.size), r.specURL),
 	}, nil
 }

@@ -67,9 +67,6 @@ type Content struct {
 	Revision string
 	// ArtifactName is the file name the artifact is stored under.
 	ArtifactName string
-	// LatestName is the stable name of the latest artifact, when not
-	// "latest.tar.gz" (see events.Fetched).
-	LatestName string
 	// EventMessage is the message of the NewArtifact event, in Flux's words.
 	EventMessage string
 	// Verification is the result of checking the content's signatures

@@ -3,7 +3,6 @@ package source
 import (
 	"context"
 	"fmt"
-	"path"
 	"strings"
 
 	"github.com/fluxcd/pkg/runtime/conditions"
@@ -53,10 +52,10 @@ func HelmChart() Kind {
 			c := o.(*sourcev1.HelmChart)
 			c.Status.ObservedChartName = c.Spec.Chart
 			c.Status.ObservedValuesFiles = c.Spec.ValuesFiles
-			if a := c.Status.Artifact; a != nil && a.URL != "" {
-				// Flux's status.url: the stable URL of the latest chart.
-				dir, _ := path.Split(a.URL)
-				c.Status.URL = dir + c.Spec.Chart + "-latest.tgz"
+			if a := c.Status.Artifact; a != nil {
+				// The chart's URL on the artifact server (Flux points at a
+				// <chart>-latest.tgz symlink to it; see docs/design.md).
+				c.Status.URL = a.URL
 			}
 		},
 		StoredCondition: chartStored,

@@ -2,18 +2,12 @@ package source
 
 import (
 	"context"
-	"path"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 )
-
-// HelmIndexLatestName is the stable name of a HelmRepository's latest
-// index in its artifact directory (Flux's index.yaml symlink), which
-// status.url points at.
-const HelmIndexLatestName = "index.yaml"
 
 // HelmRepository adapts sourcev1.HelmRepository. A HelmRepository of type
 // oci is static, as in Flux: it has no artifact, no finalizer and no
@@ -34,10 +28,11 @@ func HelmRepository() Kind {
 		},
 		Observe: func(o Object) {
 			h := o.(*sourcev1.HelmRepository)
-			if a := h.Status.Artifact; a != nil && a.URL != "" {
-				// Flux's status.url: the stable URL of the latest index.
-				dir, _ := path.Split(a.URL)
-				h.Status.URL = dir + HelmIndexLatestName
+			if a := h.Status.Artifact; a != nil {
+				// The index's URL on the artifact server (Flux points at an
+				// index.yaml symlink to it; Headwater's one pointer per
+				// source is latest.tar.gz, see docs/design.md).
+				h.Status.URL = a.URL
 			}
 		},
 		ReadyFormat:    "stored artifact: revision '%s'",

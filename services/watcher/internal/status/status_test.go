@@ -447,7 +447,7 @@ func TestApplyHelmChart(t *testing.T) {
 	if len(got) != 1 || got[0].Reason != sourcev1.ChartPullSucceededReason {
 		t.Errorf("events = %+v", got)
 	}
-	if c.Status.URL != "http://srv/helmchart/default/podinfo/podinfo-latest.tgz" {
+	if c.Status.URL != a.URL {
 		t.Errorf("status.url = %q", c.Status.URL)
 	}
 	Apply(kind, c, events.TypeArtifactUnchanged, &events.Outcome{Job: o.Job, Revision: "6.1.0", Artifact: a})
