@@ -1,0 +1,243 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
+)
+
+// TestHelmRepositoryAndChart is Flux's HelmRepository and HelmChart
+// documentation examples through the whole system, against a chart
+// repository the test serves (basic auth): the index stored as served and
+// a chart pulled from it, a new chart version published upstream becoming
+// a new artifact at once, an unchanged index costing a 304, values files
+// merged into a packaged chart, and bad input failing with clear
+// conditions and Events while the last artifacts stay served.
+func TestHelmRepositoryAndChart(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	const (
+		repoName   = "podinfo"
+		secretName = "podinfo-helm-auth"
+	)
+	srv := &chartrepo.Server{Dir: t.TempDir(), Username: "helm", Password: "s3cret"}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	values := map[string]any{"replicaCount": 1, "message": "hello", "ui": map[string]any{"color": "blue", "logo": "podinfo"}}
+	files := map[string]string{"values-prod.yaml": "replicaCount: 3\nui:\n  color: red\n"}
+	if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.0.0", Values: values, Files: files},
+		chartrepo.Chart{Name: "podinfo", Version: "6.1.0", Values: values, Files: files}); err != nil {
+		t.Fatal(err)
+	}
+	createSecret(t, secretName, map[string]string{"username": "helm", "password": "s3cret"})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: repoName, Namespace: namespace},
+		Spec: sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SecretRef: &meta.LocalObjectReference{Name: secretName}},
+	})
+
+	index1 := srv.Index()
+	repo := waitHelmRepository(t, repoName, sha256Digest(index1))
+	t.Run("index stored as served", func(t *testing.T) {
+		hex := strings.TrimPrefix(sha256Digest(index1), "sha256:")
+		a := repo.Status.Artifact
+		if want := fmt.Sprintf("helmrepository/%s/%s/index-%s.yaml", namespace, repoName, hex); a.Path != want {
+			t.Errorf("artifact path %s, want %s", a.Path, want)
+		}
+		if a.Digest != a.Revision {
+			t.Errorf("digest %s, want the revision %s (the index is stored as served)", a.Digest, a.Revision)
+		}
+		if got := download(t, a.URL); !bytes.Equal(got, index1) {
+			t.Error("the stored index differs from the one served")
+		}
+		if repo.Status.URL != a.URL {
+			t.Errorf("status.url %s, want %s", repo.Status.URL, a.URL)
+		}
+		if c := conditionOf(t, repo, meta.ReadyCondition); c.Message != "stored artifact: revision '"+a.Revision+"'" {
+			t.Errorf("Ready message %q", c.Message)
+		}
+		msg := fmt.Sprintf("stored fetched index of size %dB from '%s'", len(index1), srv.URL())
+		if len(index1) >= 1000 {
+			msg = ""
+		}
+		waitKindEvent(t, sourcev1.HelmRepositoryKind, repoName, corev1.EventTypeNormal, "NewArtifact", func(m string) bool {
+			return (msg == "" || m == msg) && strings.HasPrefix(m, "stored fetched index of size ") && strings.HasSuffix(m, " from '"+srv.URL()+"'")
+		})
+	})
+
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: "6.*", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: repoName}},
+	})
+	chart := waitHelmChart(t, "podinfo", "6.1.0")
+	t.Run("chart pulled as is", func(t *testing.T) {
+		a := chart.Status.Artifact
+		if want := fmt.Sprintf("helmchart/%s/podinfo/podinfo-6.1.0.tgz", namespace); a.Path != want {
+			t.Errorf("artifact path %s, want %s", a.Path, want)
+		}
+		served, err := os.ReadFile(filepath.Join(srv.Dir, "podinfo-6.1.0.tgz"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := download(t, a.URL); !bytes.Equal(got, served) {
+			t.Error("the stored chart differs from the one served")
+		}
+		c := conditionOf(t, chart, meta.ReadyCondition)
+		if c.Reason != sourcev1.ChartPullSucceededReason || c.Message != "pulled 'podinfo' chart with version '6.1.0'" {
+			t.Errorf("Ready = %s %q", c.Reason, c.Message)
+		}
+		if chart.Status.ObservedChartName != "podinfo" || chart.Status.ObservedSourceArtifactRevision != repo.Status.Artifact.Revision {
+			t.Errorf("observed chart %q, source revision %q", chart.Status.ObservedChartName, chart.Status.ObservedSourceArtifactRevision)
+		}
+		waitKindEvent(t, sourcev1.HelmChartKind, "podinfo", corev1.EventTypeNormal, sourcev1.ChartPullSucceededReason,
+			func(m string) bool { return m == "pulled 'podinfo' chart with version '6.1.0'" })
+	})
+
+	t.Run("unchanged index costs a 304", func(t *testing.T) {
+		_, before, _ := srv.Counts()
+		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
+		eventually(t, "a 304 for the unchanged index", func() error {
+			if _, nm, _ := srv.Counts(); nm <= before {
+				return fmt.Errorf("%d 304s", nm)
+			}
+			return nil
+		})
+		waitCloudEvent(t, recorder, sourcev1.HelmRepositoryKind, repoName, events.TypeArtifactUnchanged, nil)
+	})
+
+	t.Run("new chart version", func(t *testing.T) {
+		if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.2.0", Values: values, Files: files}); err != nil {
+			t.Fatal(err)
+		}
+		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
+		waitHelmRepository(t, repoName, sha256Digest(srv.Index()))
+		// The chart follows its source at once, not at its interval.
+		waitHelmChart(t, "podinfo", "6.2.0")
+	})
+
+	t.Run("values files merged", func(t *testing.T) {
+		createObject(t, &sourcev1.HelmChart{
+			ObjectMeta: metav1.ObjectMeta{Name: "podinfo-prod", Namespace: namespace},
+			Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Interval: metav1.Duration{Duration: 5 * time.Minute},
+				SourceRef:   sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: repoName},
+				ValuesFiles: []string{"values.yaml", "values-prod.yaml"}},
+		})
+		prod := waitHelmChart(t, "podinfo-prod", "6.2.0+1")
+		msg := "packaged 'podinfo' chart with version '6.2.0+1' and merged values files [values.yaml values-prod.yaml]"
+		if c := conditionOf(t, prod, meta.ReadyCondition); c.Reason != sourcev1.ChartPackageSucceededReason || c.Message != msg {
+			t.Errorf("Ready = %s %q", c.Reason, c.Message)
+		}
+		ch, err := loader.LoadArchive(bytes.NewReader(download(t, prod.Status.Artifact.URL)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ui, _ := ch.Values["ui"].(map[string]any)
+		if ch.Metadata.Version != "6.2.0+1" || fmt.Sprint(ch.Values["replicaCount"]) != "3" || ui["color"] != "red" || ui["logo"] != "podinfo" {
+			t.Errorf("packaged chart %s with values %v", ch.Metadata.Version, ch.Values)
+		}
+	})
+
+	t.Run("version range matching nothing", func(t *testing.T) {
+		createObject(t, &sourcev1.HelmChart{
+			ObjectMeta: metav1.ObjectMeta{Name: "podinfo-none", Namespace: namespace},
+			Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: "9.x", Interval: metav1.Duration{Duration: 5 * time.Minute},
+				SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: repoName}},
+		})
+		obj := waitConditionOf(t, "helmchart podinfo-none", func() *sourcev1.HelmChart { return getObject(t, &sourcev1.HelmChart{}, "podinfo-none") },
+			meta.StalledCondition, metav1.ConditionTrue, "InvalidChartReference")
+		want := "invalid chart reference: failed to get chart version for remote reference: no 'podinfo' chart with version matching '9.x' found"
+		if c := conditionOf(t, obj, meta.ReadyCondition); c.Status != metav1.ConditionFalse || c.Message != want {
+			t.Errorf("Ready = %s %q, want False %q", c.Status, c.Message, want)
+		}
+		waitKindEvent(t, sourcev1.HelmChartKind, "podinfo-none", corev1.EventTypeWarning, "InvalidChartReference", nil)
+	})
+
+	t.Run("bad index keeps the last artifact", func(t *testing.T) {
+		good := getObject(t, &sourcev1.HelmRepository{}, repoName)
+		srv.SetIndex([]byte("<html><body>maintenance</body></html>\n"))
+		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
+		obj := waitConditionOf(t, "helmrepository "+repoName, func() *sourcev1.HelmRepository { return getObject(t, &sourcev1.HelmRepository{}, repoName) },
+			sourcev1.FetchFailedCondition, metav1.ConditionTrue, sourcev1.IndexationFailedReason)
+		if c := conditionOf(t, obj, meta.ReadyCondition); c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "not a Helm repository index") {
+			t.Errorf("Ready = %s %q", c.Status, c.Message)
+		}
+		if obj.Status.Artifact == nil || obj.Status.Artifact.Digest != good.Status.Artifact.Digest {
+			t.Fatalf("artifact %+v, want the last good one kept", obj.Status.Artifact)
+		}
+		download(t, obj.Status.Artifact.URL)
+		waitKindEvent(t, sourcev1.HelmRepositoryKind, repoName, corev1.EventTypeWarning, sourcev1.IndexationFailedReason, nil)
+	})
+
+	t.Run("wrong credentials", func(t *testing.T) {
+		patchSecret(t, secretName, map[string]string{"username": "helm", "password": "wrong"})
+		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
+		obj := waitConditionOf(t, "helmrepository "+repoName, func() *sourcev1.HelmRepository { return getObject(t, &sourcev1.HelmRepository{}, repoName) },
+			sourcev1.FetchFailedCondition, metav1.ConditionTrue, meta.FailedReason)
+		if c := conditionOf(t, obj, sourcev1.FetchFailedCondition); !strings.Contains(c.Message, "401 Unauthorized") || strings.Contains(c.Message, "wrong") {
+			t.Errorf("FetchFailed message %q", c.Message)
+		}
+	})
+}
+
+// createObject creates obj, failing the test on error.
+func createObject(t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := env.Client.Create(t.Context(), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// getObject reads the object name of obj's type into obj and returns it.
+func getObject[T client.Object](t *testing.T, obj T, name string) T {
+	t.Helper()
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
+		t.Fatalf("get %T %s: %v", obj, name, err)
+	}
+	return obj
+}
+
+// requestReconcileOf sets reconcile.fluxcd.io/requestedAt on the object
+// name of obj's type, as `flux reconcile source` does.
+func requestReconcileOf(t *testing.T, obj client.Object, name string) {
+	t.Helper()
+	getObject(t, obj, name)
+	base := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	ann := obj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[meta.ReconcileRequestAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
+	obj.SetAnnotations(ann)
+	if err := env.Client.Patch(t.Context(), obj, base); err != nil {
+		t.Fatalf("request reconcile of %s: %v", name, err)
+	}
+}
+
+func waitHelmRepository(t *testing.T, name, rev string) *sourcev1.HelmRepository {
+	t.Helper()
+	return waitReady(t, "helmrepository "+name, func() *sourcev1.HelmRepository { return getObject(t, &sourcev1.HelmRepository{}, name) },
+		func(o *sourcev1.HelmRepository) int64 { return o.Status.ObservedGeneration }, rev)
+}
+
+func waitHelmChart(t *testing.T, name, rev string) *sourcev1.HelmChart {
+	t.Helper()
+	return waitReady(t, "helmchart "+name, func() *sourcev1.HelmChart { return getObject(t, &sourcev1.HelmChart{}, name) },
+		func(o *sourcev1.HelmChart) int64 { return o.Status.ObservedGeneration }, rev)
+}
