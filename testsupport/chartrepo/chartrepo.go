@@ -11,7 +11,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -43,6 +42,8 @@ type Server struct {
 	// server's own (CACert); RequireClientCert also requires a client
 	// certificate from it (ClientCert).
 	TLS, RequireClientCert bool
+	// Lazy is the server's authority: CACert and ClientCert.
+	testca.Lazy
 
 	mu          sync.Mutex
 	index       []byte // served as index.yaml
@@ -51,7 +52,6 @@ type Server struct {
 	downloads   int // index requests answered 200
 	notModified int // index requests answered 304
 	chartGets   int
-	ca          *testca.Authority
 	srv         *http.Server
 	url         string
 }
@@ -74,10 +74,7 @@ func (s *Server) Start(addr string) error {
 		ErrorLog: log.New(io.Discard, "", 0)}
 	scheme := "http"
 	if s.TLS {
-		if err := s.ensureCA(); err != nil {
-			return err
-		}
-		cfg, err := s.ca.ServerConfig("chartrepo", s.RequireClientCert)
+		cfg, err := s.Lazy.ServerConfig("chartrepo", s.RequireClientCert)
 		if err != nil {
 			return err
 		}
@@ -210,42 +207,6 @@ func (s *Server) Counts() (downloads, notModified, charts int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.downloads, s.notModified, s.chartGets
-}
-
-// CACert is the PEM certificate of the server's authority (a Secret's
-// ca.crt).
-func (s *Server) CACert() ([]byte, error) {
-	if err := s.ensureCA(); err != nil {
-		return nil, err
-	}
-	return s.ca.CertPEM, nil
-}
-
-// ClientCert issues a client certificate from the server's authority and
-// returns it and its key in PEM (a Secret's tls.crt and tls.key).
-func (s *Server) ClientCert(commonName string) (certPEM, keyPEM []byte, err error) {
-	if err := s.ensureCA(); err != nil {
-		return nil, nil, err
-	}
-	c, err := s.ca.Issue(x509.ExtKeyUsageClientAuth, commonName, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	return c.CertPEM, c.KeyPEM, nil
-}
-
-func (s *Server) ensureCA() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ca != nil {
-		return nil
-	}
-	ca, err := testca.New("chartrepo test CA")
-	if err != nil {
-		return err
-	}
-	s.ca = ca
-	return nil
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {

@@ -2,7 +2,6 @@ package gitserver
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"log"
@@ -23,20 +22,18 @@ type TLSServer struct {
 	// the server's authority (see ClientCert): mutual TLS.
 	RequireClientCert bool
 
-	ca *testca.Authority
+	// Lazy is the server's authority: CACert and ClientCert.
+	testca.Lazy
 }
 
 // Start serves Root over HTTPS on addr ("127.0.0.1:0" picks a free port)
 // until Stop.
 func (s *TLSServer) Start(addr string) error {
-	if err := s.ensureCA(); err != nil {
-		return err
-	}
 	handler, err := s.handler()
 	if err != nil {
 		return err
 	}
-	cfg, err := s.ca.ServerConfig("gitserver", s.RequireClientCert)
+	cfg, err := s.Lazy.ServerConfig("gitserver", s.RequireClientCert)
 	if err != nil {
 		return err
 	}
@@ -54,40 +51,5 @@ func (s *TLSServer) Start(addr string) error {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	go func() { _ = s.srv.Serve(tls.NewListener(ln, cfg)) }()
-	return nil
-}
-
-// CACert is the PEM certificate of the authority that issued the server's
-// certificate, as a client's ca.crt. It is generated on first use.
-func (s *TLSServer) CACert() ([]byte, error) {
-	if err := s.ensureCA(); err != nil {
-		return nil, err
-	}
-	return s.ca.CertPEM, nil
-}
-
-// ClientCert issues a client certificate for commonName from the server's
-// authority and returns it and its private key in PEM, as a client's
-// tls.crt and tls.key.
-func (s *TLSServer) ClientCert(commonName string) (certPEM, keyPEM []byte, err error) {
-	if err := s.ensureCA(); err != nil {
-		return nil, nil, err
-	}
-	c, err := s.ca.Issue(x509.ExtKeyUsageClientAuth, commonName, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	return c.CertPEM, c.KeyPEM, nil
-}
-
-func (s *TLSServer) ensureCA() error {
-	if s.ca != nil {
-		return nil
-	}
-	ca, err := testca.New("gitserver test CA")
-	if err != nil {
-		return err
-	}
-	s.ca = ca
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -123,4 +124,59 @@ func template(commonName string) (*x509.Certificate, error) {
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(24 * time.Hour),
 	}, nil
+}
+
+// Lazy is the authority of one test server, made on first use: embedded
+// in a server, it gives it CACert and ClientCert.
+type Lazy struct {
+	mu sync.Mutex
+	ca *Authority
+}
+
+// ServerConfig is Authority.ServerConfig of the authority.
+func (l *Lazy) ServerConfig(name string, clientCerts bool) (*tls.Config, error) {
+	ca, err := l.Authority()
+	if err != nil {
+		return nil, err
+	}
+	return ca.ServerConfig(name, clientCerts)
+}
+
+// Authority returns the authority, making it on first use.
+func (l *Lazy) Authority() (*Authority, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ca == nil {
+		ca, err := New("Headwater test CA")
+		if err != nil {
+			return nil, err
+		}
+		l.ca = ca
+	}
+	return l.ca, nil
+}
+
+// CACert is the PEM certificate of the authority that issued the server's
+// certificate, as a client's ca.crt.
+func (l *Lazy) CACert() ([]byte, error) {
+	ca, err := l.Authority()
+	if err != nil {
+		return nil, err
+	}
+	return ca.CertPEM, nil
+}
+
+// ClientCert issues a client certificate for commonName from the
+// authority and returns it and its private key in PEM, as a client's
+// tls.crt and tls.key.
+func (l *Lazy) ClientCert(commonName string) (certPEM, keyPEM []byte, err error) {
+	ca, err := l.Authority()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := ca.Issue(x509.ExtKeyUsageClientAuth, commonName, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.CertPEM, c.KeyPEM, nil
 }

@@ -91,8 +91,8 @@ var (
 
 // Timeout is the HelmRepository's spec.timeout, 60s when unset, as Flux.
 func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
-	if cs := req.ChartSource; cs != nil && cs.HelmRepository != nil && cs.HelmRepository.Timeout != nil && cs.HelmRepository.Timeout.Duration > 0 {
-		return cs.HelmRepository.Timeout.Duration
+	if cs := req.ChartSource; cs != nil && cs.HelmRepository != nil {
+		return source.TimeoutOf(cs.HelmRepository.Timeout)
 	}
 	return source.DefaultTimeout
 }

@@ -15,8 +15,9 @@ import (
 )
 
 // helmIndex packages charts with the Helm library and returns the index
-// `helm repo index` writes for them.
-func helmIndex(t *testing.T, charts ...chartrepo.Chart) []byte {
+// `helm repo index` writes for them, and the same index as JSON (as Flux
+// stores it).
+func helmIndex(t *testing.T, charts ...chartrepo.Chart) (yamlIndex, jsonIndex []byte) {
 	t.Helper()
 	dir := t.TempDir()
 	for _, c := range charts {
@@ -37,22 +38,22 @@ func helmIndex(t *testing.T, charts ...chartrepo.Chart) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	loaded, err := repo.LoadIndexFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := json.Marshal(loaded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, j
 }
 
 func TestCheck(t *testing.T) {
-	good := helmIndex(t,
+	good, asJSON := helmIndex(t,
 		chartrepo.Chart{Name: "podinfo", Version: "6.1.0"},
 		chartrepo.Chart{Name: "podinfo", Version: "6.2.0"},
 		chartrepo.Chart{Name: "redis", Version: "1.0.0"})
-	loaded, err := repo.LoadIndexFile(writeFile(t, good))
-	if err != nil {
-		t.Fatal(err)
-	}
-	asJSON, err := json.Marshal(loaded)
-	if err != nil {
-		t.Fatal(err)
-	}
 	bomb := "apiVersion: v1\nentries:\n  a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n" +
 		"  b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n  c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
 	for _, tc := range []struct {
@@ -93,19 +94,11 @@ func TestCheck(t *testing.T) {
 }
 
 func TestVersions(t *testing.T) {
-	good := helmIndex(t,
+	good, asJSON := helmIndex(t,
 		chartrepo.Chart{Name: "podinfo", Version: "6.1.0"},
 		chartrepo.Chart{Name: "podinfo", Version: "6.2.0"},
 		chartrepo.Chart{Name: "podinfo-extra", Version: "0.1.0"},
 		chartrepo.Chart{Name: "redis", Version: "1.0.0"})
-	loaded, err := repo.LoadIndexFile(writeFile(t, good))
-	if err != nil {
-		t.Fatal(err)
-	}
-	asJSON, err := json.Marshal(loaded)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, form := range []struct {
 		name  string
 		index []byte
@@ -150,13 +143,4 @@ func TestVersions(t *testing.T) {
 			t.Fatalf("Versions = %+v, %v", got, err)
 		}
 	})
-}
-
-func writeFile(t *testing.T, b []byte) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "index.yaml")
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }

@@ -8,12 +8,22 @@ import (
 	"context"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
 // DefaultTimeout is the deadline of a whole fetch when the spec sets none,
 // as in Flux.
 const DefaultTimeout = 60 * time.Second
+
+// TimeoutOf is a spec's timeout, DefaultTimeout when it sets none.
+func TimeoutOf(d *metav1.Duration) time.Duration {
+	if d != nil && d.Duration > 0 {
+		return d.Duration
+	}
+	return DefaultTimeout
+}
 
 // Source fetches sources of one kind.
 type Source interface {
