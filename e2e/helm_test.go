@@ -81,6 +81,24 @@ func TestHelmRepositoryAndChart(t *testing.T) {
 		})
 	})
 
+	t.Run("same URL and credentials share one download", func(t *testing.T) {
+		downloads, _, _ := srv.Counts()
+		for _, name := range []string{"podinfo-copy-1", "podinfo-copy-2"} {
+			createObject(t, &sourcev1.HelmRepository{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+				Spec: sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute},
+					SecretRef: &meta.LocalObjectReference{Name: secretName}},
+			})
+			cp := waitHelmRepository(t, name, sha256Digest(index1))
+			if cp.Status.Artifact.Digest != repo.Status.Artifact.Digest || !strings.Contains(cp.Status.Artifact.Path, "/"+name+"/") {
+				t.Errorf("%s artifact %+v", name, cp.Status.Artifact)
+			}
+		}
+		if d, nm, _ := srv.Counts(); d != downloads {
+			t.Errorf("%d more index downloads (%d 304s), want none: the copies revalidate and reuse the stored index", d-downloads, nm)
+		}
+	})
+
 	createObject(t, &sourcev1.HelmChart{
 		ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: namespace},
 		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: "6.*", Interval: metav1.Duration{Duration: 5 * time.Minute},
