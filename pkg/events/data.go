@@ -98,6 +98,21 @@ type ChartSource struct {
 	// HelmRepository is the spec of a HelmRepository source: where charts
 	// are downloaded from and the Secrets to download them with.
 	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
+	// Repositories are the HelmRepositories (type default, with an index)
+	// of the HelmChart's namespace, for the dependencies of a chart from a
+	// GitRepository or a Bucket: a dependency's repository URL is looked
+	// up among them, for its index and credentials.
+	Repositories []ChartRepository `json:"repositories,omitempty"`
+}
+
+// ChartRepository is a HelmRepository a chart's dependencies may come from.
+type ChartRepository struct {
+	// Name of the HelmRepository.
+	Name string `json:"name"`
+	// Spec is its spec (URL, Secrets).
+	Spec sourcev1.HelmRepositorySpec `json:"spec"`
+	// Artifact is its stored index.
+	Artifact meta.Artifact `json:"artifact"`
 }
 
 // Verification is the result of checking a source's signatures (a

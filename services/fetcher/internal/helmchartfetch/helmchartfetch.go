@@ -1,5 +1,5 @@
-// Package helmchartfetch fetches HelmCharts whose source is a
-// HelmRepository (type default), as Flux's remote chart builder does:
+// Package helmchartfetch fetches HelmCharts as Flux's chart builders do.
+// From a HelmRepository (type default), as Flux's remote builder:
 // resolving reads only the chart's entry from the stored index (package
 // helmindex), picks the highest version matching spec.version, and is
 // unchanged when the stored artifact holds it; downloading fetches the
@@ -7,8 +7,11 @@
 // -helm-chart-max-size, checks it with the Helm loader (paths, file sizes,
 // decompressed size) and either keeps it as it is (ChartPullSucceeded) or,
 // with spec.valuesFiles, merges them into its default values and packages
-// it again (ChartPackageSucceeded). Revisions, names, reasons and messages
-// are Flux's.
+// it again (ChartPackageSucceeded). From a GitRepository or a Bucket, as
+// Flux's local builder: the chart is read from the source's artifact at
+// spec.chart, its dependencies are built (file:// ones from the same
+// artifact, repository ones through the namespace's HelmRepositories) and
+// it is packaged. Revisions, names, reasons and messages are Flux's.
 package helmchartfetch
 
 import (
@@ -119,8 +122,11 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 		return nil, source.StalledError(source.InvalidSpecReason, "fetch request for %s '%s/%s' has no HelmChart spec or source",
 			req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name)
 	}
-	if cs.Kind != sourcev1.HelmRepositoryKind || cs.HelmRepository == nil {
-		return nil, source.StalledError("UnsupportedSourceKind", "charts from %s sources are not supported yet", cs.Kind)
+	switch {
+	case cs.Kind == sourcev1.GitRepositoryKind || cs.Kind == sourcev1.BucketKind:
+		return s.resolveTarball(ctx, req)
+	case cs.Kind != sourcev1.HelmRepositoryKind || cs.HelmRepository == nil:
+		return nil, source.StalledError("UnsupportedSourceKind", "charts from %s sources are not supported", cs.Kind)
 	}
 	access, err := helmfetch.NewAccess(ctx, s.Secrets, &s.transports, req.Job.Object.Namespace, cs.HelmRepository)
 	if err != nil {
@@ -157,6 +163,11 @@ func (s *Source) version(ctx context.Context, indexPath, name, want string) (*re
 		return nil, buildFailure(failure.Transient, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
 			fmt.Errorf("failed to load the stored index: %w", err))
 	}
+	return pickVersion(cvs, name, want)
+}
+
+// pickVersion picks a version among a chart's entries (see version).
+func pickVersion(cvs repo.ChartVersions, name, want string) (*repo.ChartVersion, error) {
 	fail := func(err error) error {
 		return buildFailure(failure.Stalling, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
 			fmt.Errorf("failed to get chart version for remote reference: %w", err))
@@ -249,28 +260,65 @@ func (r *resolved) ContentIdentity() ([]string, bool) {
 func (r *resolved) ProveAccess(context.Context) error { return nil }
 
 // chartURL is the entry's first URL, resolved against the repository's.
-func (r *resolved) chartURL() (string, error) {
-	if len(r.entry.URLs) == 0 {
-		return "", fmt.Errorf("chart '%s' version '%s' has no downloadable URLs", r.entry.Name, r.entry.Version)
+func chartURL(a *helmfetch.Access, cv *repo.ChartVersion) (string, error) {
+	if len(cv.URLs) == 0 {
+		return "", fmt.Errorf("chart '%s' version '%s' has no downloadable URLs", cv.Name, cv.Version)
 	}
-	ref, err := url.Parse(r.entry.URLs[0])
+	ref, err := url.Parse(cv.URLs[0])
 	if err != nil {
-		return "", fmt.Errorf("invalid chart URL format '%s': %w", r.entry.URLs[0], err)
+		return "", fmt.Errorf("invalid chart URL format '%s': %w", cv.URLs[0], err)
 	}
-	return r.access.URL.ResolveReference(ref).String(), nil
+	return a.URL.ResolveReference(ref).String(), nil
 }
+
+func (r *resolved) chartURL() (string, error) { return chartURL(r.access, r.entry) }
 
 // Download fetches the chart archive into dir and checks it; with values
 // files, merges them and packages the chart again.
 func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, error) {
+	p := filepath.Join(dir, ChartFile)
+	ch, err := r.src.pull(ctx, r.access, r.entry, p)
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("%s-%s.tgz", ch.Name(), r.version)
+	if len(r.spec.ValuesFiles) == 0 {
+		return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: name,
+			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}, nil
+	}
+	return packageContent(ch, r.spec, r.version, dir)
+}
+
+// packageContent merges the spec's values files into ch and packages it
+// with version into dir.
+func packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, version, dir string) (*source.Content, error) {
+	merged, err := MergeValues(ch, spec.ValuesFiles, spec.IgnoreMissingValuesFiles)
+	if err != nil {
+		return nil, buildFailure(failure.Stalling, sourcev1.BuildFailedCondition, ReasonValuesFiles, "values files merge error", err)
+	}
+	p := filepath.Join(dir, ChartFile)
+	if err := Package(ch, version, merged.Values, p); err != nil {
+		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
+	}
+	msg := fmt.Sprintf("packaged '%s' chart with version '%s'", ch.Name(), version)
+	if len(merged.Files) > 0 {
+		msg += fmt.Sprintf(" and merged values files %v", merged.Files)
+	}
+	return &source.Content{Root: dir, File: p, Revision: version, ArtifactName: fmt.Sprintf("%s-%s.tgz", ch.Name(), version),
+		EventMessage: msg}, nil
+}
+
+// pull downloads the chart archive of cv from the repository of a to p,
+// within the chart size limit, and loads it (checking it).
+func (s *Source) pull(ctx context.Context, a *helmfetch.Access, cv *repo.ChartVersion, p string) (*chart.Chart, error) {
 	pullErr := func(h failure.Handling, err error) error {
 		return buildFailure(h, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error", err)
 	}
-	u, err := r.chartURL()
+	u, err := chartURL(a, cv)
 	if err != nil {
 		return nil, pullErr(failure.Final, err)
 	}
-	resp, err := r.access.Get(ctx, u, nil)
+	resp, err := a.Get(ctx, u, nil)
 	if err != nil {
 		return nil, pullErr(failure.Transient, fmt.Errorf("failed to download chart for remote reference: %w", err))
 	}
@@ -279,13 +327,12 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		return nil, pullErr(failure.Transient, fmt.Errorf("failed to download chart for remote reference: failed to fetch %s : %s",
 			failure.RedactURL(u), resp.Status))
 	}
-	limit := r.src.maxChartSize()
+	limit := s.maxChartSize()
 	tooLarge := pullErr(failure.Final, fmt.Errorf("chart '%s' version '%s' is larger than the maximum chart size of %d bytes (-helm-chart-max-size)",
-		r.entry.Name, r.entry.Version, limit))
+		cv.Name, cv.Version, limit))
 	if resp.ContentLength > limit {
 		return nil, tooLarge
 	}
-	p := filepath.Join(dir, ChartFile)
 	f, err := os.Create(p)
 	if err != nil {
 		return nil, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
@@ -305,24 +352,11 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err != nil {
 		return nil, pullErr(failure.Final, err)
 	}
-	if ch.Metadata.Name != r.entry.Name || ch.Metadata.Version != r.entry.Version {
+	if ch.Metadata.Name != cv.Name || ch.Metadata.Version != cv.Version {
 		return nil, pullErr(failure.Final, fmt.Errorf("downloaded chart is '%s' version '%s', the index says '%s' version '%s'",
-			ch.Metadata.Name, ch.Metadata.Version, r.entry.Name, r.entry.Version))
+			ch.Metadata.Name, ch.Metadata.Version, cv.Name, cv.Version))
 	}
-	name := fmt.Sprintf("%s-%s.tgz", ch.Name(), r.version)
-	if len(r.spec.ValuesFiles) == 0 {
-		return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: name,
-			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}, nil
-	}
-	merged, err := MergeValues(ch, r.spec.ValuesFiles, r.spec.IgnoreMissingValuesFiles)
-	if err != nil {
-		return nil, buildFailure(failure.Stalling, sourcev1.BuildFailedCondition, ReasonValuesFiles, "values files merge error", err)
-	}
-	if err := Package(ch, r.version, merged.Values, p); err != nil {
-		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
-	}
-	return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: name,
-		EventMessage: fmt.Sprintf("packaged '%s' chart with version '%s' and merged values files %v", ch.Name(), r.version, merged.Files)}, nil
+	return ch, nil
 }
 
 // load loads a chart archive with the Helm loader, which refuses absolute
