@@ -259,3 +259,70 @@ func waitHelmChart(t *testing.T, name, rev string) *sourcev1.HelmChart {
 	return waitReady(t, "helmchart "+name, func() *sourcev1.HelmChart { return getObject(t, &sourcev1.HelmChart{}, name) },
 		func(o *sourcev1.HelmChart) int64 { return o.Status.ObservedGeneration }, rev)
 }
+
+// TestHelmChartFromGit builds a chart kept in a Git repository, with a
+// repository dependency resolved through a HelmRepository of the
+// namespace (with its credentials) and a file:// one from the same
+// repository; a new commit that bumps the chart's version becomes a new
+// artifact at once.
+func TestHelmChartFromGit(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	srv := &chartrepo.Server{Dir: t.TempDir(), Username: "helm", Password: "deps"}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	if err := srv.Add(chartrepo.Chart{Name: "redis", Version: "1.0.0"}, chartrepo.Chart{Name: "redis", Version: "1.1.0"}); err != nil {
+		t.Fatal(err)
+	}
+	createSecret(t, "git-chart-deps-auth", map[string]string{"username": "helm", "password": "deps"})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "git-chart-deps", Namespace: namespace},
+		Spec: sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SecretRef: &meta.LocalObjectReference{Name: "git-chart-deps-auth"}},
+	})
+	waitHelmRepository(t, "git-chart-deps", sha256Digest(srv.Index()))
+
+	chartYAML := func(version string) string {
+		return "apiVersion: v2\nname: app\nversion: " + version + "\ndependencies:\n" +
+			"- name: redis\n  version: 1.x\n  repository: " + srv.URL() + "\n" +
+			"- name: common\n  version: 0.1.0\n  repository: file://../common\n"
+	}
+	files := map[string]string{
+		"charts/app/Chart.yaml":          chartYAML("1.0.0"),
+		"charts/app/values.yaml":         "message: app\n",
+		"charts/app/templates/cm.yaml":   "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}\n",
+		"charts/common/Chart.yaml":       "apiVersion: v2\nname: common\nversion: 0.1.0\ntype: library\n",
+		"charts/common/templates/_h.tpl": "{{- define \"common.name\" -}}common{{- end -}}\n",
+	}
+	repo, c1 := newRepo(t, "helm-chart-source", files)
+	createSource(t, "helm-chart-source", env.Git.RepoURL("helm-chart-source"), branch)
+	waitArtifact(t, "helm-chart-source", revision(c1))
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "./charts/app", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.GitRepositoryKind, Name: "helm-chart-source"}},
+	})
+	chart := waitHelmChart(t, "app", "1.0.0")
+	if c := conditionOf(t, chart, meta.ReadyCondition); c.Reason != sourcev1.ChartPackageSucceededReason ||
+		c.Message != "packaged 'app' chart with version '1.0.0'" {
+		t.Errorf("Ready = %s %q", c.Reason, c.Message)
+	}
+	ch, err := loader.LoadArchive(bytes.NewReader(download(t, chart.Status.Artifact.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deps []string
+	for _, d := range ch.Dependencies() {
+		deps = append(deps, d.Name()+"@"+d.Metadata.Version)
+	}
+	if strings.Join(deps, ",") != "redis@1.1.0,common@0.1.0" {
+		t.Errorf("dependencies %v, want redis@1.1.0 (from the HelmRepository) and common@0.1.0 (file://)", deps)
+	}
+
+	c2 := commit(t, repo, map[string]string{"charts/app/Chart.yaml": chartYAML("1.1.0")}, "Release 1.1.0")
+	requestReconcile(t, "helm-chart-source")
+	waitArtifact(t, "helm-chart-source", revision(c2))
+	waitHelmChart(t, "app", "1.1.0")
+}

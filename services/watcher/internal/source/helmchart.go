@@ -34,8 +34,8 @@ const (
 
 // HelmChart adapts sourcev1.HelmChart. Its artifact is the chart archive
 // (helmchart/<ns>/<name>/<chart>-<version>.tgz), its revision the chart
-// version; it follows its source: a new artifact of the source (a new
-// index) reconciles it at once.
+// version; it follows its source (a HelmRepository, GitRepository or
+// Bucket): a new artifact of the source reconciles it at once.
 func HelmChart() Kind {
 	return Kind{
 		Name:      sourcev1.HelmChartKind,
@@ -111,9 +111,10 @@ func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.Fe
 	switch ref.Kind {
 	case sourcev1.HelmRepositoryKind:
 		src = &sourcev1.HelmRepository{}
-	case sourcev1.GitRepositoryKind, sourcev1.BucketKind:
-		return false, waiting(sourcev1.FetchFailedCondition, UnsupportedSourceKindReason, true,
-			"charts from %s sources are not supported yet: use a HelmRepository", ref.Kind)
+	case sourcev1.GitRepositoryKind:
+		src = &sourcev1.GitRepository{}
+	case sourcev1.BucketKind:
+		src = &sourcev1.Bucket{}
 	default:
 		return false, waiting(sourcev1.FetchFailedCondition, UnsupportedSourceKindReason, true,
 			"failed to get source: unsupported source kind '%s', must be one of: %s, %s, %s",
@@ -125,22 +126,49 @@ func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.Fe
 		}
 		return false, waiting(sourcev1.FetchFailedCondition, SourceUnavailableReason, false, "failed to get source: %s", err.Error())
 	}
-	repo := src.(*sourcev1.HelmRepository)
-	if repo.Spec.Type == sourcev1.HelmRepositoryTypeOCI {
+	if repo, ok := src.(*sourcev1.HelmRepository); ok && repo.Spec.Type == sourcev1.HelmRepositoryTypeOCI {
 		return false, waiting(sourcev1.FetchFailedCondition, UnsupportedSourceKindReason, true,
 			"charts from HelmRepositories of type 'oci' are not supported yet")
 	}
-	a := repo.GetArtifact()
+	a := src.GetArtifact()
 	if a == nil {
 		return false, waiting(sourcev1.FetchFailedCondition, NoSourceArtifactReason, false,
 			"no artifact available for %s source '%s'", ref.Kind, ref.Name)
 	}
-	req.ChartSource = &events.ChartSource{Kind: ref.Kind, Name: ref.Name, Artifact: *a.DeepCopy(),
-		HelmRepository: repo.Spec.DeepCopy()}
+	req.ChartSource = &events.ChartSource{Kind: ref.Kind, Name: ref.Name, Artifact: *a.DeepCopy()}
+	if repo, ok := src.(*sourcev1.HelmRepository); ok {
+		req.ChartSource.HelmRepository = repo.Spec.DeepCopy()
+	} else {
+		// A chart from a tarball may depend on charts of the namespace's
+		// HelmRepositories.
+		repos, err := chartRepositories(ctx, r, c.Namespace)
+		if err != nil {
+			return false, err
+		}
+		req.ChartSource.Repositories = repos
+	}
 	if c.Status.Artifact == nil {
 		return false, nil
 	}
 	return c.Status.ObservedChartName != c.Spec.Chart || !equalOrEmpty(c.Status.ObservedValuesFiles, c.Spec.ValuesFiles), nil
+}
+
+// chartRepositories lists the HelmRepositories of namespace that have an
+// index, for a chart's dependencies.
+func chartRepositories(ctx context.Context, r client.Reader, namespace string) ([]events.ChartRepository, error) {
+	var list sourcev1.HelmRepositoryList
+	if err := r.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("list helm repositories: %w", err)
+	}
+	var out []events.ChartRepository
+	for i := range list.Items {
+		h := &list.Items[i]
+		if h.Spec.Type == sourcev1.HelmRepositoryTypeOCI || h.Status.Artifact == nil {
+			continue
+		}
+		out = append(out, events.ChartRepository{Name: h.Name, Spec: *h.Spec.DeepCopy(), Artifact: *h.Status.Artifact.DeepCopy()})
+	}
+	return out, nil
 }
 
 // chartSetup indexes HelmCharts by their source, and reconciles the
@@ -171,5 +199,7 @@ func chartSetup(ctx context.Context, mgr ctrl.Manager, b *builder.Builder) error
 		})
 	}
 	b.Watches(&sourcev1.HelmRepository{}, charts(sourcev1.HelmRepositoryKind), builder.WithPredicates(artifactChanged{}))
+	b.Watches(&sourcev1.GitRepository{}, charts(sourcev1.GitRepositoryKind), builder.WithPredicates(artifactChanged{}))
+	b.Watches(&sourcev1.Bucket{}, charts(sourcev1.BucketKind), builder.WithPredicates(artifactChanged{}))
 	return nil
 }
