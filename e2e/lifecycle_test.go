@@ -51,6 +51,35 @@ func TestDeletion(t *testing.T) {
 		t.Errorf("GET %s after deletion: %d, want 404", obj.Status.Artifact.URL, status)
 	}
 	recorder.wait(t, name, events.TypeArtifactDeleted, nil)
+	// Flux's Event for the collected artifacts, about the deleted object.
+	waitKubeEvent(t, name, "Normal", "GarbageCollectionSucceeded", func(msg string) bool {
+		return msg == "garbage collected artifacts for deleted resource"
+	})
+}
+
+// TestNoChangeEvent requests a reconcile of a Ready GitRepository whose
+// branch did not move: as Flux, a Normal GitOperationSucceeded Event says
+// so, and nothing else changes.
+func TestNoChangeEvent(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	const name = "no-change"
+	_, commit := newRepo(t, name, map[string]string{"README.md": "# " + name + "\n"})
+	createSource(t, name, env.Git.RepoURL(name), branch)
+	ready := waitArtifact(t, name, revision(commit))
+
+	token := requestReconcile(t, name)
+	eventually(t, "the reconcile request handled", func() error {
+		if got := get(t, name).Status.LastHandledReconcileAt; got != token {
+			return fmt.Errorf("lastHandledReconcileAt %q, want %q", got, token)
+		}
+		return nil
+	})
+	want := "no changes since last reconciliation: observed revision '" + revision(commit) + "'"
+	waitKubeEvent(t, name, "Normal", sourcev1.GitOperationSucceedReason, func(msg string) bool { return msg == want })
+	if a := get(t, name).Status.Artifact; a == nil || a.Digest != ready.Status.Artifact.Digest {
+		t.Errorf("artifact after a no-change reconcile %+v, want %+v", a, ready.Status.Artifact)
+	}
 }
 
 // TestSuspend suspends a Ready source: a new commit and a reconcile request

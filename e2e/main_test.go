@@ -68,13 +68,25 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	code := func() int {
+		tap, err := startTap(env)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+			return 1
+		}
 		stop, err := harness.SubscribeEvents(env.NATSURL, subscriberAuth(env), recorder.record)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
 			return 1
 		}
 		defer stop()
-		return m.Run()
+		code := m.Run()
+		// No credential of any test crossed the bus in any message.
+		full := flag.Lookup("test.run").Value.String() == ""
+		if err := tap.checkNoCredentials(context.Background(), env, full); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+			code = 1
+		}
+		return code
 	}()
 
 	// Whatever the tests did, every service must still be up.

@@ -35,6 +35,18 @@ import (
 // image tag, say) must not turn a service into a version printer.
 const versionFlag = "version"
 
+// Main is the whole main of a service: a flag set named after the service,
+// bound by bind and parsed (Parse), a logger made by logger from the parsed
+// flags, the signal context (Start), and run's end (Exit).
+func Main(service string, bind func(*flag.FlagSet), logger func() logr.Logger, run func(context.Context) error) {
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	bind(fs)
+	Parse(fs, os.Args[1:])
+	ctx, stop := Start(logger())
+	defer stop()
+	Exit(ctx, run(ctx))
+}
+
 // ErrVersion is what ParseArgs returns once it has printed the version for
 // -version: the caller exits, successfully.
 var ErrVersion = errors.New("version printed")

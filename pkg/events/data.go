@@ -71,6 +71,22 @@ type FetchRequested struct {
 	Includes []Include `json:"includes,omitempty"`
 }
 
+// Spec returns the spec the request carries for its kind (a
+// *sourcev1.GitRepositorySpec, ...), or nil when it carries none.
+func (r *FetchRequested) Spec() any {
+	switch {
+	case r.GitRepository != nil:
+		return r.GitRepository
+	case r.Bucket != nil:
+		return r.Bucket
+	case r.HelmRepository != nil:
+		return r.HelmRepository
+	case r.HelmChart != nil:
+		return r.HelmChart
+	}
+	return nil
+}
+
 // Include is one artifact of another source to copy into an artifact.
 type Include struct {
 	// Name of the included GitRepository (same namespace).
@@ -128,6 +144,11 @@ type Verification struct {
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
 }
+
+// DeletionJobID is the ID of the job that removes every artifact of the
+// deleted object with the given UID: one per object, so a finalizer that
+// runs twice makes one job.
+func DeletionJobID(uid string) string { return uid + "/delete" }
 
 // DeleteRequested is the data of TypeDeleteRequested: remove every artifact
 // of a source that was deleted.

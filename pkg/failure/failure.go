@@ -85,6 +85,10 @@ type Error struct {
 	Revision string
 	// RetryAfter is when a Waiting failure is looked at again.
 	RetryAfter time.Duration
+	// Notices are things noticed on the way to the failure that deserve
+	// an Event of their own (a stored artifact found corrupt while the
+	// upstream was unreachable); the outcome carries them.
+	Notices []events.Notice
 }
 
 // New returns an *Error with the given handling, condition, reason and a

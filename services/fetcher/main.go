@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -76,12 +75,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 
 func main() {
 	var o options
-	fs := flag.NewFlagSet(service, flag.ContinueOnError)
-	o.bindFlags(fs)
-	command.Parse(fs, os.Args[1:])
-	ctx, stop := command.Start(o.telemetry.NewLogger(service))
-	defer stop()
-	command.Exit(ctx, run(ctx, o))
+	command.Main(service, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
+		func(ctx context.Context) error { return run(ctx, o) })
 }
 
 // run builds the fetcher and handles jobs until ctx ends; it logs with
@@ -113,8 +108,10 @@ func run(ctx context.Context, o options) error {
 	defer storage.Close(store)
 	secretReader, err := o.secrets.NewReader()
 	if err != nil {
-		log.Info("no kubernetes cluster: sources that name a secret will fail", "error", err.Error())
+		log.Info("no kubernetes cluster: sources that name a secret will fail, and jobs are not checked against their objects",
+			"error", err.Error())
 	}
+	checker, _ := o.secrets.NewProvenance() // nil without a cluster, as logged above
 
 	conn, err := bus.Connect(ctx, o.bus, service, log)
 	if err != nil {
@@ -143,6 +140,7 @@ func run(ctx context.Context, o options) error {
 		MaxFileSize:  o.maxFileSize,
 		Metrics:      fetch.NewMetrics(reg),
 		ContentCache: o.contentCache,
+		Provenance:   checker,
 	}
 	worker := &bus.Worker{
 		Service:     service,

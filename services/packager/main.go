@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -52,12 +51,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 
 func main() {
 	var o options
-	fs := flag.NewFlagSet(service, flag.ContinueOnError)
-	o.bindFlags(fs)
-	command.Parse(fs, os.Args[1:])
-	ctx, stop := command.Start(o.telemetry.NewLogger(service))
-	defer stop()
-	command.Exit(ctx, run(ctx, o))
+	command.Main(service, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
+		func(ctx context.Context) error { return run(ctx, o) })
 }
 
 // run builds the packager's parts and handles jobs until ctx ends; it logs

@@ -214,7 +214,34 @@ func startOnce(bin, dir, user, password string) (*Server, error) {
 		_ = s.Stop()
 		return nil, fmt.Errorf("miniotest: client: %w", err)
 	}
+	if err := s.waitServing(); err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
 	return s, nil
+}
+
+// waitServing waits until the server answers S3 requests: its readiness
+// probe answers before a restarted server has loaded what it stores, and
+// until then requests fail with XMinioServerNotInitialized.
+func (s *Server) waitServing() error {
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := s.Client.ListBuckets(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("miniotest: server at %s does not serve requests within %s: %w:\n%s", s.Endpoint, readyTimeout, err, s.Output())
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("miniotest: %w (%s):\n%s", errExited, s.cmd.ProcessState, s.Output())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // waitReady polls MinIO's readiness probe until it answers 200, the

@@ -41,20 +41,12 @@ type Identities struct {
 func NewIdentities(dir string) (*Identities, error) {
 	ids := &Identities{SeedFiles: map[string]string{}}
 	for _, id := range append(events.Identities(), Admin) {
-		kp, err := nkeys.CreateUser()
+		pub, seed, err := NewUserKey()
 		if err != nil {
 			return nil, fmt.Errorf("nkey for %s: %w", id, err)
 		}
-		seed, err := kp.Seed()
-		if err != nil {
-			return nil, err
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			return nil, err
-		}
 		file := filepath.Join(dir, id+".nk")
-		if err := os.WriteFile(file, seed, 0o600); err != nil {
+		if err := os.WriteFile(file, []byte(seed), 0o600); err != nil {
 			return nil, fmt.Errorf("write seed of %s: %w", id, err)
 		}
 		perm, _ := events.Permissions(id)
@@ -65,6 +57,21 @@ func NewIdentities(dir string) (*Identities, error) {
 		ids.Users = append(ids.Users, User{NKey: pub, Publish: perm.Publish, Subscribe: perm.Subscribe})
 	}
 	return ids, nil
+}
+
+// NewUserKey makes a fresh NKey for a NATS user: its public key (what the
+// server knows) and its seed (what the client signs with).
+func NewUserKey() (public, seed string, err error) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return "", "", err
+	}
+	s, err := kp.Seed()
+	if err != nil {
+		return "", "", err
+	}
+	public, err = kp.PublicKey()
+	return public, string(s), err
 }
 
 // nkeyUsers converts users to the server's form. A user with no subject

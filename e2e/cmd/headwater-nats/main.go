@@ -22,9 +22,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/nats-io/nkeys"
-
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 func main() {
@@ -104,19 +103,11 @@ type keys struct {
 func newKeys() (*keys, error) {
 	k := &keys{public: map[string]string{}, seed: map[string]string{}}
 	for _, id := range events.Identities() {
-		kp, err := nkeys.CreateUser()
+		pub, seed, err := natsserver.NewUserKey()
 		if err != nil {
 			return nil, err
 		}
-		seed, err := kp.Seed()
-		if err != nil {
-			return nil, err
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			return nil, err
-		}
-		k.public[id], k.seed[id] = pub, string(seed)
+		k.public[id], k.seed[id] = pub, seed
 	}
 	return k, nil
 }

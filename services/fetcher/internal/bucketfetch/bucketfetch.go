@@ -101,12 +101,12 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if err := s3utils.CheckValidBucketName(spec.BucketName); err != nil {
 		return nil, source.StalledError(sourcev1.BucketOperationFailedReason, "invalid bucket name '%s': %w", spec.BucketName, err)
 	}
-	client, err := s.newClient(ctx, req.Job.Object.Namespace, spec)
+	client, access, err := s.newClient(ctx, req.Job.Object.Namespace, spec)
 	if err != nil {
 		return nil, err
 	}
 	r := &resolved{src: s, client: client, bucket: spec.BucketName, prefix: spec.Prefix, ignore: spec.Ignore,
-		identity: identity(req.Job.Object.Namespace, spec)}
+		identity: identity(req.Job.Object.Namespace, spec, access)}
 	if err := r.list(ctx); err != nil {
 		return nil, err
 	}
@@ -161,8 +161,11 @@ func (r *resolved) ContentIdentity() ([]string, bool) {
 func (r *resolved) ProveAccess(context.Context) error { return nil }
 
 // identity names a Bucket spec's bucket and the credentials it is read
-// with: everything ContentIdentity needs besides the listing.
-func identity(namespace string, spec *sourcev1.BucketSpec) []string {
+// with: everything ContentIdentity needs besides the listing. access is
+// the fingerprint of the data of the Secrets the client was built from, so
+// a rotated key is another identity while the same keys in two Secrets are
+// the same.
+func identity(namespace string, spec *sourcev1.BucketSpec, access string) []string {
 	ref := func(r *meta.LocalObjectReference) string {
 		if r == nil {
 			return "-"
@@ -177,8 +180,7 @@ func identity(namespace string, spec *sourcev1.BucketSpec) []string {
 	if spec.ServiceAccountName != "" {
 		account = "+" + namespace + "/" + spec.ServiceAccountName
 	}
-	return []string{spec.Provider, spec.Endpoint, fmt.Sprint(spec.Insecure), spec.Region,
-		ref(spec.SecretRef), ref(spec.CertSecretRef), sts, account}
+	return []string{spec.Provider, spec.Endpoint, fmt.Sprint(spec.Insecure), spec.Region, access, sts, account}
 }
 
 // etags returns the ETag of every listed object, by key.

@@ -62,17 +62,20 @@ func checkSpec(spec *sourcev1.BucketSpec) error {
 // spec.secretRef; without them, the AWS credential chain for provider aws
 // and anonymous access for generic; TLS settings from spec.certSecretRef
 // (HTTPS only); a proxy from spec.proxySecretRef.
-func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (*minio.Client, error) {
-	var keys map[string][]byte
+//
+// It also returns a fingerprint of the Secrets' data it read (see
+// secrets.Fingerprint), which names the access in the content identity.
+func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (*minio.Client, string, error) {
+	var keys, proxyData, certData map[string][]byte
 	if ref := spec.SecretRef; ref != nil {
 		data, err := s.secret(ctx, namespace, ref.Name)
 		if err != nil {
-			return nil, source.Failed(sourcev1.AuthenticationFailedReason, "failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+			return nil, "", source.Failed(sourcev1.AuthenticationFailedReason, "failed to get secret '%s/%s': %w", namespace, ref.Name, err)
 		}
 		_, hasAccess := data[keyAccessKey]
 		_, hasSecret := data[keySecretKey]
 		if !hasAccess || !hasSecret {
-			return nil, source.StalledError(sourcev1.AuthenticationFailedReason,
+			return nil, "", source.StalledError(sourcev1.AuthenticationFailedReason,
 				"invalid '%s' secret data: required fields '%s' and '%s'", ref.Name, keyAccessKey, keySecretKey)
 		}
 		keys = data
@@ -81,11 +84,12 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 	if ref := spec.ProxySecretRef; ref != nil {
 		data, err := s.secret(ctx, namespace, ref.Name)
 		if err != nil {
-			return nil, source.Failed(sourcev1.AuthenticationFailedReason,
+			return nil, "", source.Failed(sourcev1.AuthenticationFailedReason,
 				"failed to get proxy URL: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
 		}
+		proxyData = data
 		if proxy, err = proxyURL(data, namespace+"/"+ref.Name); err != nil {
-			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get proxy URL: %w", err)
+			return nil, "", source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get proxy URL: %w", err)
 		}
 	}
 	secure := !spec.Insecure
@@ -93,17 +97,18 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 	if ref := spec.CertSecretRef; ref != nil && secure {
 		data, err := s.secret(ctx, namespace, ref.Name)
 		if err != nil {
-			return nil, source.Failed(sourcev1.AuthenticationFailedReason,
+			return nil, "", source.Failed(sourcev1.AuthenticationFailedReason,
 				"failed to get TLS config: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
 		}
+		certData = data
 		if tlsConfig, err = secrets.TLSConfig(data, namespace+"/"+ref.Name); err != nil {
-			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get TLS config: %w", err)
+			return nil, "", source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get TLS config: %w", err)
 		}
 	}
 
 	transport, err := s.transport(secure, tlsConfig, proxy)
 	if err != nil {
-		return nil, source.Failed(sourcev1.BucketOperationFailedReason, "failed to create bucket client transport: %w", err)
+		return nil, "", source.Failed(sourcev1.BucketOperationFailedReason, "failed to create bucket client transport: %w", err)
 	}
 	opts := &minio.Options{
 		Region:     spec.Region,
@@ -119,14 +124,14 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 		}
 	case spec.Provider == sourcev1.BucketProviderAmazon:
 		if opts.Creds, err = awsCredentials(ctx, transport); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
 	client, err := minio.New(spec.Endpoint, opts)
 	if err != nil {
-		return nil, source.StalledError(sourcev1.URLInvalidReason, "invalid endpoint '%s': %w", spec.Endpoint, err)
+		return nil, "", source.StalledError(sourcev1.URLInvalidReason, "invalid endpoint '%s': %w", spec.Endpoint, err)
 	}
-	return client, nil
+	return client, secrets.Fingerprint(keys, proxyData, certData), nil
 }
 
 // secret reads a Secret's data.

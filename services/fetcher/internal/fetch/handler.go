@@ -24,6 +24,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -63,6 +64,10 @@ type Handler struct {
 	// and asks the packager to record new artifacts for reuse (see package
 	// contentcache).
 	ContentCache bool
+	// Provenance, when set, checks each job against the live object it
+	// names before anything is read or fetched for it: a stale job is
+	// dropped, a forged one rejected. Nil without a cluster.
+	Provenance *provenance.Checker
 }
 
 // Handle is a bus.Handler for the fetch stream. A failed fetch is a
@@ -72,6 +77,11 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 	req, ok := msg.Data.(*events.FetchRequested)
 	if !ok {
 		return fmt.Errorf("%w: unexpected event type %s on the fetch stream", events.ErrMalformed, msg.Event.Type())
+	}
+	if h.Provenance != nil {
+		if err := h.Provenance.Check(ctx, req); err != nil {
+			return h.refuse(ctx, err)
+		}
 	}
 	start := time.Now()
 	result, err := h.fetch(ctx, req)
@@ -84,6 +94,21 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 	return err
 }
 
+// refuse settles a job the live object does not back: a stale one is
+// acknowledged and dropped (the object's own job supersedes it), a forged
+// one is terminated as malformed, and an API failure is retried.
+func (h *Handler) refuse(ctx context.Context, err error) error {
+	log := logr.FromContextOrDiscard(ctx)
+	switch {
+	case errors.Is(err, provenance.ErrStale):
+		log.V(1).Info("dropping a stale job", "reason", err.Error())
+		return nil
+	case errors.Is(err, provenance.ErrForged):
+		return fmt.Errorf("%w: refusing the job: %w", events.ErrMalformed, err)
+	}
+	return fmt.Errorf("check the job against its object: %w", err)
+}
+
 // Report is the worker's bus.Reporter: it publishes a failed fetch as the
 // job's FetchFailed outcome, with the revision resolved before the failure
 // and a failed signature check, if that is what failed.
@@ -92,7 +117,7 @@ func (h *Handler) Report(ctx context.Context, msg *events.Message, f *failure.Er
 	if !ok {
 		return fmt.Errorf("report: %T is not a fetch request", msg.Data)
 	}
-	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data()}
+	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data(), Notices: f.Notices}
 	var unverified *source.Unverified
 	if errors.As(f, &unverified) {
 		out.Verification = unverified.Verification
@@ -116,7 +141,19 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 
 	res, err := src.Resolve(work, req)
 	if err != nil {
-		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
+		f := source.AsError(err, sourcev1.GitOperationFailedReason)
+		// The stored artifact is checked whether or not the upstream
+		// answers: a corrupt or missing one is reported now, not once
+		// the upstream is back.
+		if prev := req.Previous; prev != nil && f.Handling != failure.Waiting {
+			if notice, verr := h.verify(ctx, prev); verr == nil && notice != nil {
+				if notice.Reason == ArtifactMissingReason {
+					notice.Message = fmt.Sprintf("artifact '%s' is missing from storage: it is rebuilt once the source can be fetched", prev.Path)
+				}
+				f.Notices = append(f.Notices, *notice)
+			}
+		}
+		return "", f
 	}
 	if c, ok := res.(io.Closer); ok {
 		// What resolving downloaded (a Helm index) is removed with the job.

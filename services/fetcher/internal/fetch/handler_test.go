@@ -542,3 +542,39 @@ func jobsTotal(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	}
 	return n
 }
+
+// TestIntegrityCheckedWhileUpstreamIsDown checks that a stored artifact is
+// checked even when the upstream cannot be reached: the failure carries a
+// notice for a corrupt or missing artifact, and none for an intact one.
+func TestIntegrityCheckedWhileUpstreamIsDown(t *testing.T) {
+	cases := []struct {
+		name, stored string
+		notice       string // the notice's reason; "" for none
+		inMessage    string
+	}{
+		{"intact", "artifact bytes", "", ""},
+		{"corrupt", "tampered bytes", ArtifactVerificationFailedReason, "computed digest doesn't match"},
+		{"missing", "", ArtifactMissingReason, "rebuilt once the source can be fetched"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, 1)
+			prev := e.artifact(t, tc.stored, "artifact bytes")
+			e.request(t, "job-1", func(r *events.FetchRequested) {
+				r.Previous = prev
+				r.GitRepository.URL = "http://127.0.0.1:1/gone.git"
+			})
+			out := e.outcome(t, events.TypeFetchFailed)
+			if out.Failure == nil || out.Failure.Reason != sourcev1.GitOperationFailedReason {
+				t.Fatalf("failure = %+v, want the unreachable upstream's", out.Failure)
+			}
+			switch {
+			case tc.notice == "" && len(out.Notices) != 0:
+				t.Errorf("notices %+v for an intact artifact", out.Notices)
+			case tc.notice != "" && (len(out.Notices) != 1 || out.Notices[0].Reason != tc.notice || !out.Notices[0].Warning ||
+				!strings.Contains(out.Notices[0].Message, tc.inMessage)):
+				t.Errorf("notices %+v, want one Warning %s saying %q", out.Notices, tc.notice, tc.inMessage)
+			}
+		})
+	}
+}

@@ -118,9 +118,6 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	}
 	res := &resolved{url: spec.URL, ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil,
 		submodules: spec.RecurseSubmodules, sparse: sparseDirs(spec.SparseCheckout), refCache: s.RefCache}
-	if spec.SecretRef != nil {
-		res.secretRef = req.Job.Object.Namespace + "/" + spec.SecretRef.Name
-	}
 	if req.Job.ReconcileToken != "" {
 		// A reconcile requested (say, after a push) must see the remote
 		// as it is now, not a listing from before the request.
@@ -148,10 +145,8 @@ type resolved struct {
 	// verify is spec.verify, nil when it asks for nothing.
 	verify *verification
 
-	// refCache shares listings; secretRef is "<namespace>/<name>" of
-	// spec.secretRef, empty without one.
-	refCache  *RefCache
-	secretRef string
+	// refCache shares listings.
+	refCache *RefCache
 	// listed is true once the remote answered a listing with this
 	// source's credentials.
 	listed bool
@@ -272,7 +267,10 @@ func (r *resolved) ContentIdentity() ([]string, bool) {
 	}
 	submodules := "-"
 	if r.submodules {
-		submodules = "+" + r.secretRef
+		// Submodules may be on other servers: the content is shared only
+		// with sources holding the same credentials (by content, so a
+		// rotated key is a new identity).
+		submodules = "+" + r.creds.fingerprint
 	}
 	return []string{u.String(), ignore, sparse, submodules}, true
 }

@@ -18,7 +18,7 @@ import (
 func TestContentIdentity(t *testing.T) {
 	ignore, empty := "*.md\n", ""
 	base := func() *resolved {
-		return &resolved{url: "https://git.example.com/org/repo.git", secretRef: "default/creds"}
+		return &resolved{url: "https://git.example.com/org/repo.git", creds: &credentials{fingerprint: "digest-of-creds"}}
 	}
 	identity := func(t *testing.T, r *resolved) []string {
 		t.Helper()
@@ -31,8 +31,8 @@ func TestContentIdentity(t *testing.T) {
 	want := identity(t, base())
 
 	same := map[string]func(*resolved){
-		"credentials in the URL":            func(r *resolved) { r.url = "https://user:s3cr3t@git.example.com/org/repo.git" },
-		"another Secret without submodules": func(r *resolved) { r.secretRef = "default/other" },
+		"credentials in the URL":               func(r *resolved) { r.url = "https://user:s3cr3t@git.example.com/org/repo.git" },
+		"other credentials without submodules": func(r *resolved) { r.creds = &credentials{fingerprint: "digest-of-other"} },
 	}
 	for name, mutate := range same {
 		r := base()
@@ -62,11 +62,13 @@ func TestContentIdentity(t *testing.T) {
 		}
 		seen[k] = name
 	}
-	// Submodules are shared only between sources with the same Secret.
+	// Submodules are shared only between sources with the same
+	// credentials, by content: a Secret whose key was rotated (same name,
+	// other data) is another identity.
 	a, b := base(), base()
-	a.submodules, b.submodules, b.secretRef = true, true, "default/other"
+	a.submodules, b.submodules, b.creds = true, true, &credentials{fingerprint: "digest-of-the-rotated-secret"}
 	if slices.Equal(identity(t, a), identity(t, b)) {
-		t.Error("sources with submodules and different Secrets share content")
+		t.Error("sources with submodules and different credentials share content")
 	}
 	// Sparse directories in any order are the same checkout.
 	a, b = base(), base()

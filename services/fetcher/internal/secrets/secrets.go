@@ -5,9 +5,13 @@ package secrets
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +20,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 )
 
 // Reader reads the data of a Secret.
@@ -71,6 +77,21 @@ func (o *Options) NewReader() (Reader, error) {
 	return r, nil
 }
 
+// NewProvenance returns the checker of jobs against the sources they name
+// (package provenance), reading the configured cluster; an error when no
+// cluster is configured.
+func (o *Options) NewProvenance() (*provenance.Checker, error) {
+	cfg, err := o.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return provenance.New(c), nil
+}
+
 // Kube reads Secrets through a controller-runtime client.
 type Kube struct {
 	c client.Reader
@@ -115,4 +136,25 @@ var ErrNoCluster = errors.New("no Kubernetes API server is configured")
 // Get always fails.
 func (u Unavailable) Get(context.Context, string, string) (map[string][]byte, error) {
 	return nil, fmt.Errorf("%w: %w", ErrNoCluster, u.Err)
+}
+
+// Fingerprint digests the data of the Secrets something is built from (nil
+// for a Secret not named), so that two fetches with the same fingerprint
+// authenticate and connect the same way, and a rotated key changes it. It
+// is a one-way digest and never leaves the process.
+func Fingerprint(secrets ...map[string][]byte) string {
+	h := sha256.New()
+	for _, data := range secrets {
+		if data == nil {
+			h.Write([]byte("-\n"))
+			continue
+		}
+		keys := slices.Sorted(maps.Keys(data))
+		fmt.Fprintf(h, "%d\n", len(keys))
+		for _, k := range keys {
+			fmt.Fprintf(h, "%d:%s%d:", len(k), k, len(data[k]))
+			h.Write(data[k])
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

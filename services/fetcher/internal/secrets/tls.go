@@ -1,14 +1,10 @@
 package secrets
 
 import (
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 )
 
 // Secret keys Flux reads for TLS (a certSecretRef, or a secretRef that
@@ -67,26 +63,6 @@ func TLSConfig(data map[string][]byte, ref string) (*tls.Config, error) {
 		c.RootCAs = pool
 	}
 	return c, nil
-}
-
-// Fingerprint digests the data of the Secrets credentials are built from
-// (nil for none), so that two fetches with the same fingerprint and URL
-// authenticate and connect the same way. It never leaves the process.
-func Fingerprint(secrets ...map[string][]byte) string {
-	h := sha256.New()
-	for _, data := range secrets {
-		if data == nil {
-			h.Write([]byte("-\n"))
-			continue
-		}
-		keys := slices.Sorted(maps.Keys(data))
-		fmt.Fprintf(h, "%d\n", len(keys))
-		for _, k := range keys {
-			fmt.Fprintf(h, "%d:%s%d:", len(k), k, len(data[k]))
-			h.Write(data[k])
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // first returns the value of the first of keys that data has.

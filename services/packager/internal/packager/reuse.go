@@ -32,30 +32,30 @@ type cachedArtifact struct {
 
 func (c *cachedArtifact) write(ctx context.Context, key string) (*meta.Artifact, error) {
 	r := c.reuse
-	// Check the size first, so a stale record never replaces key.
-	info, err := c.p.store.Stat(ctx, r.Key)
-	if err != nil {
-		return nil, c.unavailable(err)
-	}
-	if info.Size != r.Size {
-		return nil, c.mismatch(ctx, "cached artifact %s is %d bytes, recorded as %d", r.Key, info.Size, r.Size)
-	}
-	if _, err := c.p.store.Copy(ctx, r.Key, key); err != nil {
-		return nil, c.unavailable(fmt.Errorf("copy cached artifact: %w", err))
-	}
-	artifact, err := c.p.describe(ctx, key)
+	// The cached artifact is checked before it is copied, so one that is
+	// not what its record says never replaces what key holds (an intact
+	// artifact of the same revision, say).
+	artifact, err := c.p.describe(ctx, r.Key)
 	if err != nil {
 		return nil, c.unavailable(err)
 	}
 	recorded, err := digest.Parse(r.Digest)
 	switch {
 	case *artifact.Size != r.Size:
-		return nil, c.mismatch(ctx, "copy of cached artifact %s is %d bytes, recorded as %d", r.Key, *artifact.Size, r.Size)
+		return nil, c.mismatch(ctx, "cached artifact %s is %d bytes, recorded as %d", r.Key, *artifact.Size, r.Size)
 	case err != nil:
 		return nil, c.mismatch(ctx, "cached artifact %s has an invalid digest %q", r.Key, r.Digest)
 	case recorded.Algorithm() == c.p.opts.Algorithm() && recorded.String() != artifact.Digest:
 		return nil, c.mismatch(ctx, "cached artifact %s does not match its digest '%s'", r.Key, r.Digest)
 	}
+	info, err := c.p.store.Copy(ctx, r.Key, key)
+	if err != nil {
+		return nil, c.unavailable(fmt.Errorf("copy cached artifact: %w", err))
+	}
+	if info.Size != r.Size {
+		return nil, archiveFailure(failure.Transient, "copy of cached artifact %s is %d bytes, recorded as %d", r.Key, info.Size, r.Size)
+	}
+	artifact.Path = key
 	artifact.LastUpdateTime = metav1.NewTime(c.p.now())
 	return artifact, nil
 }

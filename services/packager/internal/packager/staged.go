@@ -32,12 +32,9 @@ func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, erro
 	if err := checkIncludes(f.Job.Object, f.Includes); err != nil {
 		return nil, err
 	}
-	obj, err := p.store.Open(ctx, f.Staging)
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
-	}
+	obj, err := p.openStaged(ctx, f)
 	if err != nil {
-		return nil, archiveFailure(failure.Transient, "open staged content: %w", err)
+		return nil, err
 	}
 	defer obj.Close()
 
@@ -74,13 +71,25 @@ func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, erro
 	if info.Size != res.Size {
 		return nil, archiveFailure(failure.Transient, "store artifact %s: wrote %d bytes, stored %d", key, res.Size, info.Size)
 	}
-	size := res.Size
-	return &meta.Artifact{
-		Path:           key,
-		Digest:         res.Digest.String(),
-		Size:           &size,
-		LastUpdateTime: metav1.NewTime(p.now()),
-	}, nil
+	return p.newArtifact(key, res.Digest.String(), res.Size), nil
+}
+
+// openStaged opens f's staged content; when it is gone the error wraps
+// errStagingGone.
+func (p *Packager) openStaged(ctx context.Context, f *events.Fetched) (storage.Object, error) {
+	obj, err := p.store.Open(ctx, f.Staging)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
+	}
+	if err != nil {
+		return nil, archiveFailure(failure.Transient, "open staged content: %w", err)
+	}
+	return obj, nil
+}
+
+// newArtifact describes an artifact just written at key.
+func (p *Packager) newArtifact(key, digest string, size int64) *meta.Artifact {
+	return &meta.Artifact{Path: key, Digest: digest, Size: &size, LastUpdateTime: metav1.NewTime(p.now())}
 }
 
 // errStopped ends a side of a streaming write that another side's failure,

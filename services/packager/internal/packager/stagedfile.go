@@ -3,16 +3,13 @@ package packager
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 
 	"github.com/fluxcd/pkg/apis/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/pkg/storage"
 )
 
 // stagedFile is the input of content the fetcher staged as the artifact
@@ -29,12 +26,9 @@ func (s *stagedFile) write(ctx context.Context, key string) (*meta.Artifact, err
 	if len(f.Includes) > 0 {
 		return nil, archiveFailure(failure.Final, "content staged as a file takes no includes")
 	}
-	obj, err := p.store.Open(ctx, f.Staging)
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %w", errStagingGone, err)
-	}
+	obj, err := p.openStaged(ctx, f)
 	if err != nil {
-		return nil, archiveFailure(failure.Transient, "open staged content: %w", err)
+		return nil, err
 	}
 	defer obj.Close()
 
@@ -56,13 +50,7 @@ func (s *stagedFile) write(ctx context.Context, key string) (*meta.Artifact, err
 	case err != nil:
 		return nil, archiveFailure(failure.Transient, "store artifact: %w", err)
 	}
-	size := info.Size
-	return &meta.Artifact{
-		Path:           key,
-		Digest:         digester.Digest().String(),
-		Size:           &size,
-		LastUpdateTime: metav1.NewTime(p.now()),
-	}, nil
+	return p.newArtifact(key, digester.Digest().String(), info.Size), nil
 }
 
 // errTooLarge ends a read past the size limit.

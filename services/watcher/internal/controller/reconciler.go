@@ -211,7 +211,7 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 		return nil
 	}
 	job := events.Job{
-		ID:          string(obj.GetUID()) + "/delete",
+		ID:          events.DeletionJobID(string(obj.GetUID())),
 		Object:      ref(r.Kind.Name, obj),
 		RequestedAt: r.now(),
 	}

@@ -9,6 +9,7 @@ import (
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -97,9 +98,11 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	}
 	if string(obj.GetUID()) != o.Job.Object.UID {
 		log.V(1).Info("ignoring outcome for a previous object with the same name")
+		c.garbageCollected(msg.Event.Type(), o)
 		return nil
 	}
 	if msg.Event.Type() == events.TypeArtifactDeleted {
+		c.garbageCollected(msg.Event.Type(), o)
 		return nil
 	}
 
@@ -129,11 +132,32 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 // artifact stored after the object's deletion job ran is removed too.
 func (c *Consumer) orphaned(ctx context.Context, eventType string, o *events.Outcome) error {
 	if eventType != events.TypeArtifactStored {
+		c.garbageCollected(eventType, o)
 		return nil
 	}
-	job := events.Job{ID: o.Job.Object.UID + "/delete/" + o.Job.ID, Object: o.Job.Object, RequestedAt: o.Job.RequestedAt}
+	job := events.Job{ID: events.DeletionJobID(o.Job.Object.UID) + "/" + o.Job.ID, Object: o.Job.Object, RequestedAt: o.Job.RequestedAt}
 	return c.Jobs.Publish(ctx, events.PackageSubject(o.Job.Object.Kind), events.TypeDeleteRequested, job,
 		&events.DeleteRequested{Job: job})
+}
+
+// garbageCollected records Flux's GarbageCollectionSucceeded Event when the
+// artifacts of a deleted source are gone: the outcome of the deletion job
+// the finalizer made (not of the clean-up of an artifact stored after it).
+// The object is usually gone by then; the Event names it by kind,
+// namespace, name and UID.
+func (c *Consumer) garbageCollected(eventType string, o *events.Outcome) {
+	if eventType != events.TypeArtifactDeleted || o.Job.ID != events.DeletionJobID(o.Job.Object.UID) || c.Recorder == nil {
+		return
+	}
+	kind, ok := source.ByName(o.Job.Object.Kind)
+	if !ok {
+		return
+	}
+	obj := kind.New()
+	obj.SetNamespace(o.Job.Object.Namespace)
+	obj.SetName(o.Job.Object.Name)
+	obj.SetUID(types.UID(o.Job.Object.UID))
+	c.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, "GarbageCollectionSucceeded", "Reconcile", "%s", status.GarbageCollectedMessage)
 }
 
 // logOutcome logs what Flux records as trace events: the no-change messages.
@@ -141,8 +165,8 @@ func logOutcome(log logr.Logger, kind source.Kind, eventType string, o *events.O
 	switch eventType {
 	case events.TypeArtifactUnchanged:
 		if kind.UpToDateReason != sourcev1.ArtifactUpToDateReason {
-			log.Info("no changes since last reconcilation", "reason", kind.UpToDateReason,
-				"message", fmt.Sprintf("no changes since last reconcilation: observed revision '%s'", o.Revision))
+			log.Info("no changes since last reconciliation", "reason", kind.UpToDateReason,
+				"message", status.NoChangeMessage(o.Revision))
 		}
 		if o.Artifact != nil {
 			log.Info("artifact up-to-date", "reason", "ArtifactUpToDate",

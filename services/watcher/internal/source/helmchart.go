@@ -60,7 +60,7 @@ func HelmChart() Kind {
 		},
 		StoredCondition: chartStored,
 		ReadyFormat:     "stored chart with version '%s'",
-		UpToDateReason:  sourcev1.ChartPullSucceededReason,
+		UpToDateReason:  sourcev1.ArtifactUpToDateReason,
 		Status: func(o Object) Status {
 			st := &o.(*sourcev1.HelmChart).Status
 			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}

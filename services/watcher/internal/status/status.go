@@ -10,7 +10,8 @@
 //     generation is processed (Reconciling); else True with
 //     ArtifactInStorage's reason and message.
 //   - ArtifactInStorage (normal polarity): True once an artifact is stored
-//     (Apply).
+//     (Apply); False when a failed job found the stored one gone or
+//     corrupt.
 //   - Reconciling (abnormal-true): set while a new generation is processed
 //     (MarkProgressing), removed when the outcome for the current
 //     generation arrives (Apply).
@@ -50,7 +51,22 @@ type Event struct {
 const (
 	// NewArtifactReason is the reason of the Event for a new artifact.
 	NewArtifactReason = "NewArtifact"
+	// ArtifactMissingReason and ArtifactVerificationFailedReason are the
+	// reasons of the notices that say the stored artifact is gone or
+	// corrupt.
+	ArtifactMissingReason            = "ArtifactMissing"
+	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
 )
+
+// NoChangeMessage is Flux's message for a reconcile that found the upstream
+// revision unchanged.
+func NoChangeMessage(revision string) string {
+	return fmt.Sprintf("no changes since last reconciliation: observed revision '%s'", revision)
+}
+
+// GarbageCollectedMessage is Flux's message for the artifacts of a deleted
+// source removed (reason GarbageCollectionSucceeded).
+const GarbageCollectedMessage = "garbage collected artifacts for deleted resource"
 
 // ProgressingMessage is the Reconciling message for a new generation.
 func ProgressingMessage(observed, current int64) string {
@@ -174,6 +190,11 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: r, Message: m})
 		case wasFailing:
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg})
+		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:
+			// Flux records a no-change reconcile of a GitRepository as a
+			// Normal Event (Kubernetes aggregates the repeats); for the
+			// kinds whose reason is ArtifactUpToDate it only logs.
+			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: kind.UpToDateReason, Message: NoChangeMessage(o.Revision)})
 		}
 	case events.TypeArtifactFailed:
 		data := o.Failure
@@ -182,6 +203,13 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 		f := failure.FromData(data)
 		MarkFailure(kind, obj, f)
+		// The stored artifact was found gone or corrupt and could not be
+		// rebuilt (the upstream failed): it is no longer in storage.
+		for _, n := range o.Notices {
+			if n.Reason == ArtifactMissingReason || n.Reason == ArtifactVerificationFailedReason {
+				conditions.MarkFalse(obj, sourcev1.ArtifactInStorageCondition, n.Reason, "%s", n.Message)
+			}
+		}
 		// A new upstream revision was seen but its artifact could not be
 		// made: the stored one is outdated (Flux's NewRevision).
 		if prev := *st.Artifact; o.Revision != "" && (prev == nil || prev.Revision != o.Revision) {

@@ -65,7 +65,7 @@ func TestApply(t *testing.T) {
 			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact for commit 'first'"}},
 		},
 		{
-			name: "unchanged emits nothing and keeps the artifact",
+			name: "unchanged keeps the artifact and says so, as Flux does for a GitRepository",
 			setup: func(g *sourcev1.GitRepository) {
 				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
 				g.Status.ObservedGeneration = 1
@@ -79,6 +79,7 @@ func TestApply(t *testing.T) {
 					t.Errorf("lastHandledReconcileAt = %q", g.Status.LastHandledReconcileAt)
 				}
 			},
+			events: []Event{{corev1.EventTypeNormal, sourcev1.GitOperationSucceedReason, "no changes since last reconciliation: observed revision '" + rev1 + "'"}},
 		},
 		{
 			name: "failure keeps the previous artifact and warns",
@@ -100,6 +101,25 @@ func TestApply(t *testing.T) {
 				}
 			},
 			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
+		},
+		{
+			name: "a failure that found the stored artifact corrupt takes it out of storage",
+			setup: func(g *sourcev1.GitRepository) {
+				g.Status.Artifact = artifact(rev1, "sha256:a", t0)
+				conditions.MarkTrue(g, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "%s", readyMessage(rev1))
+			},
+			eventType: events.TypeArtifactFailed,
+			outcome: &events.Outcome{Job: job(1, ""), Failure: failure, Notices: []events.Notice{{Warning: true,
+				Reason: ArtifactVerificationFailedReason, Message: "failed to verify integrity of artifact: computed digest doesn't match 'sha256:a'"}}},
+			check: func(t *testing.T, g *sourcev1.GitRepository) {
+				wantCondition(t, g, sourcev1.ArtifactInStorageCondition, metav1.ConditionFalse, ArtifactVerificationFailedReason,
+					"failed to verify integrity of artifact: computed digest doesn't match 'sha256:a'")
+				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, failure.Reason, failure.Message)
+			},
+			events: []Event{
+				{corev1.EventTypeWarning, ArtifactVerificationFailedReason, "failed to verify integrity of artifact: computed digest doesn't match 'sha256:a'"},
+				{corev1.EventTypeWarning, failure.Reason, failure.Message},
+			},
 		},
 		{
 			name: "a failure after a new revision was seen marks the artifact outdated",

@@ -1,0 +1,116 @@
+package provenance
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// TestCheck runs the check against a real API server: a job made from the
+// live object passes; one for a deleted, re-created or newer object is
+// stale; one whose spec, UID-bound generation or kind the object never had
+// is forged.
+func TestCheck(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
+	}
+	testEnv := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "..", "..", "deploy", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := testEnv.Start()
+	if err != nil {
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = testEnv.Stop() })
+	scheme := runtime.NewScheme()
+	if err := sourcev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default"},
+		Spec: sourcev1.GitRepositorySpec{URL: "https://example.com/podinfo.git", Interval: metav1.Duration{Duration: time.Minute},
+			SecretRef: &meta.LocalObjectReference{Name: "podinfo-auth"}, Include: []sourcev1.GitRepositoryInclude{}},
+	}
+	if err := c.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	// The job the watcher makes: the spec as the API server returns it.
+	job := func() *events.FetchRequested {
+		live := &sourcev1.GitRepository{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(repo), live); err != nil {
+			t.Fatal(err)
+		}
+		return &events.FetchRequested{
+			Job: events.Job{ID: "job", Object: events.ObjectRef{Kind: sourcev1.GitRepositoryKind, Namespace: live.Namespace,
+				Name: live.Name, UID: string(live.UID), Generation: live.Generation}},
+			GitRepository: live.Spec.DeepCopy(),
+		}
+	}
+	checker := New(c)
+
+	if err := checker.Check(ctx, job()); err != nil {
+		t.Fatalf("the job of the live object: %v", err)
+	}
+	forged := map[string]func(*events.FetchRequested){
+		"another Secret": func(r *events.FetchRequested) {
+			r.GitRepository.SecretRef = &meta.LocalObjectReference{Name: "someone-elses-credentials"}
+		},
+		"another URL":            func(r *events.FetchRequested) { r.GitRepository.URL = "https://attacker.example/x.git" },
+		"another namespace":      func(r *events.FetchRequested) { r.Job.Object.Namespace = "kube-system" },
+		"a future generation":    func(r *events.FetchRequested) { r.Job.Object.Generation++ },
+		"no spec":                func(r *events.FetchRequested) { r.GitRepository = nil },
+		"a spec of another kind": func(r *events.FetchRequested) { r.Bucket, r.GitRepository = &sourcev1.BucketSpec{}, nil },
+	}
+	for name, mutate := range forged {
+		r := job()
+		mutate(r)
+		err := checker.Check(ctx, r)
+		if name == "another namespace" {
+			// The object does not exist there: stale, and never read.
+			if !errors.Is(err, ErrStale) {
+				t.Errorf("%s: %v, want a stale job", name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrForged) {
+			t.Errorf("%s: %v, want a forged job", name, err)
+		}
+	}
+
+	old := job()
+	repo.Spec.Interval = metav1.Duration{Duration: 2 * time.Minute}
+	if err := c.Update(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	if err := checker.Check(ctx, old); !errors.Is(err, ErrStale) {
+		t.Errorf("the job of an older generation: %v, want stale", err)
+	}
+	if err := checker.Check(ctx, job()); err != nil {
+		t.Errorf("the job of the new generation: %v", err)
+	}
+	current := job()
+	if err := c.Delete(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	if err := checker.Check(ctx, current); !errors.Is(err, ErrStale) {
+		t.Errorf("the job of a deleted object: %v, want stale", err)
+	}
+}
