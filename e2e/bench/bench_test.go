@@ -63,7 +63,14 @@ func BenchmarkSources(b *testing.B) {
 		}
 		report(b, m)
 	})
-	rows = append(rows, Row{Scenario: "c. one 48 MiB Helm index", Flux: FluxHelmIndex, Status: "not implemented (no HelmRepository yet)"})
+	b.Run("helm-index", func(b *testing.B) {
+		m, err := HelmIndex(b.Context(), o)
+		rows = append(rows, row("c. one 48 MiB Helm index, then one HelmChart", FluxHelmIndex, m, err))
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, m)
+	})
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)

@@ -1,17 +1,18 @@
 package helmindex
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
 )
 
-// bigIndex writes an index of about size bytes in the shape `helm repo
-// index` writes (2,000 charts with as many versions as it takes) and
-// returns its path and the name of a chart in the middle of it.
+// bigIndex writes an index of about size bytes (2,000 charts with as many
+// versions as it takes) and returns its path and the name of a chart in
+// the middle of it.
 func bigIndex(b *testing.B, size int64) (string, string) {
 	b.Helper()
 	p := filepath.Join(b.TempDir(), "index.yaml")
@@ -19,24 +20,13 @@ func bigIndex(b *testing.B, size int64) (string, string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := bufio.NewWriter(f)
-	fmt.Fprintln(w, "apiVersion: v1\nentries:")
-	const charts = 2000
-	perChart := int(size / charts / 600)
-	for c := 0; c < charts; c++ {
-		fmt.Fprintf(w, "  chart-%04d:\n", c)
-		for v := perChart; v > 0; v-- {
-			fmt.Fprintf(w, "  - apiVersion: v2\n    appVersion: 1.%d.0\n    created: \"2026-01-01T00:00:00Z\"\n"+
-				"    description: A Helm chart for Kubernetes, generated to measure how an index of many versions is read.\n"+
-				"    digest: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"+
-				"    home: https://example.com/charts/chart-%04d\n    keywords:\n    - benchmark\n    - headwater\n"+
-				"    maintainers:\n    - email: charts@example.com\n      name: Charts Team\n    name: chart-%04d\n"+
-				"    type: application\n    urls:\n    - https://example.com/charts/chart-%04d-1.%d.0.tgz\n    version: 1.%d.0\n",
-				v, c, c, c, v, v)
-		}
+	if _, err := fmt.Fprintln(f, "apiVersion: v1\nentries:"); err != nil {
+		b.Fatal(err)
 	}
-	fmt.Fprintln(w, "generated: \"2026-01-01T00:00:00Z\"")
-	if err := w.Flush(); err != nil {
+	if err := chartrepo.WriteBigIndex(f, size, 2000); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := fmt.Fprintln(f, "generated: \"2026-01-01T00:00:00Z\""); err != nil {
 		b.Fatal(err)
 	}
 	if err := f.Close(); err != nil {
