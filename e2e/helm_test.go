@@ -326,3 +326,31 @@ func TestHelmChartFromGit(t *testing.T) {
 	waitArtifact(t, "helm-chart-source", revision(c2))
 	waitHelmChart(t, "app", "1.1.0")
 }
+
+// TestHelmRepositoriesTogether creates HelmRepositories of one URL at
+// once: the repository serves its index once, whatever the number.
+func TestHelmRepositoriesTogether(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	srv := &chartrepo.Server{Dir: t.TempDir()}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.0.0"}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	for i := range n {
+		createObject(t, &sourcev1.HelmRepository{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("together-%d", i), Namespace: namespace},
+			Spec:       sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute}},
+		})
+	}
+	for i := range n {
+		waitHelmRepository(t, fmt.Sprintf("together-%d", i), sha256Digest(srv.Index()))
+	}
+	if d, nm, _ := srv.Counts(); d != 1 {
+		t.Errorf("%d index downloads (%d 304s) for %d HelmRepositories of one URL, want 1", d, nm, n)
+	}
+}

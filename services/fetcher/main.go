@@ -125,14 +125,18 @@ func run(ctx context.Context, o options) error {
 
 	reg := telemetry.NewRegistry()
 	telemetry.RegisterBuildInfo(reg, service)
+	helmSource := helmfetch.NewSource(secretReader, o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
+	if helmSource.Recent, err = helmfetch.NewRecent("", helmfetch.DefaultRecentTTL, helmfetch.DefaultRecentEntries); err != nil {
+		return err
+	}
+	defer helmSource.Recent.Close()
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
 			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
 				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg)},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
 				MaxFileSize: o.maxFileSize},
-			helmfetch.Kind: helmfetch.NewSource(secretReader, o.helmIndexMaxSize,
-				helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg),
+			helmfetch.Kind: helmSource,
 			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize},
 		},
 		Storage:      store,

@@ -71,6 +71,9 @@ type Source struct {
 	Validators *Validators
 	// TempDir is where indexes are downloaded to; the system's when empty.
 	TempDir string
+	// Recent shares the downloads of sources fetched together; nil
+	// shares none.
+	Recent *Recent
 
 	transports Transports
 	requests   *prometheus.CounterVec
@@ -131,6 +134,13 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	}
 	r := &resolved{src: s, access: access, specURL: failure.RedactURL(spec.URL)}
 	r.key = validatorKey(access.IndexURL(), access.Fingerprint)
+	// One request of an index at a time: the next one asks with the
+	// validators this one gets.
+	release, err := s.Recent.acquire(ctx, r.key)
+	if err != nil {
+		return nil, source.Failed(meta.FailedReason, "failed to fetch Helm repository index: %w", err)
+	}
+	defer release()
 	v, known := s.Validators.get(r.key)
 	header := http.Header{}
 	if known {
@@ -186,11 +196,14 @@ func (r *resolved) ContentIdentity() ([]string, bool) {
 // source's credentials, and the server answered 200 or 304.
 func (r *resolved) ProveAccess(context.Context) error { return nil }
 
-// Download moves the downloaded index into dir, downloading it first
-// (unconditionally) when resolving got a 304.
+// Download moves the downloaded index into dir. When resolving got a 304,
+// it takes the index another source of this fetcher downloaded a moment
+// ago (see Recent), or downloads it (unconditionally).
 func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, error) {
 	if r.file == "" {
-		if err := r.fetch(ctx, http.Header{}); err != nil {
+		if p, size, ok := r.src.Recent.take(r.key, r.revision, dir); ok {
+			r.file, r.size = p, size
+		} else if err := r.fetch(ctx, http.Header{}); err != nil {
 			return nil, err
 		}
 	}
@@ -278,6 +291,7 @@ func (r *resolved) fetch(ctx context.Context, header http.Header) error {
 	r.file, r.size = f.Name(), counted.n
 	r.revision = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	r.src.Validators.put(r.key, resp.Header, r.revision)
+	r.src.Recent.keep(r.key, r.revision, r.file, r.size)
 	return nil
 }
 

@@ -283,3 +283,51 @@ func TestHumanSize(t *testing.T) {
 		}
 	}
 }
+
+// TestFetchIndexTogether fetches one repository for several sources at
+// once, as when they are created together: one download, and the others
+// revalidate (304) and take the downloaded file.
+func TestFetchIndexTogether(t *testing.T) {
+	srv := serve(t, &chartrepo.Server{})
+	s := NewSource(nil, 0, NewValidators(0), nil)
+	var err error
+	s.Recent, err = NewRecent(t.TempDir(), time.Minute, 2)
+	must(t, err)
+	t.Cleanup(func() { _ = s.Recent.Close() })
+	const n = 6
+	errs := make(chan error, n)
+	revs := make(chan string, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			res, err := s.Resolve(context.Background(), request(sourcev1.HelmRepositorySpec{URL: srv.URL()}))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer res.(*resolved).Close()
+			c, err := res.Download(context.Background(), t.TempDir())
+			if err != nil {
+				errs <- err
+				return
+			}
+			b, err := os.ReadFile(c.File)
+			if err == nil && digest(b) != c.Revision {
+				err = os.ErrInvalid
+			}
+			revs <- c.Revision
+			errs <- err
+		}()
+	}
+	for i := 0; i < n; i++ {
+		must(t, <-errs)
+	}
+	want := digest(srv.Index())
+	for i := 0; i < n; i++ {
+		if r := <-revs; r != want {
+			t.Fatalf("revision %s, want %s", r, want)
+		}
+	}
+	if d, nm, _ := srv.Counts(); d != 1 || nm != n-1 {
+		t.Fatalf("%d downloads and %d 304s, want 1 and %d", d, nm, n-1)
+	}
+}
