@@ -71,6 +71,15 @@ func BenchmarkSources(b *testing.B) {
 		}
 		report(b, m)
 	})
+	b.Run("helm-same-url", func(b *testing.B) {
+		created, requested, err := HelmSameURL(b.Context(), o)
+		rows = append(rows, row("e. 100 HelmRepositories of one URL", Reference{}, created, err),
+			row("e'. reconcile request to all 100 (index unchanged)", Reference{}, requested, err))
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, created)
+	})
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)

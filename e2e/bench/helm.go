@@ -122,3 +122,107 @@ func waitReady(ctx context.Context, c client.Client, obj readyObject, name strin
 		}
 	}
 }
+
+// helmSameURL is the number of HelmRepositories of scenario e.
+const helmSameURL = 100
+
+// HelmSameURL runs scenario e: 100 HelmRepositories of one URL created at
+// once, awaited Ready; then a reconcile request to all of them with the
+// index unchanged, awaited handled. The notes count what the repository
+// served: index downloads (target 1) and 304s.
+func HelmSameURL(ctx context.Context, o Options) (created, requested *Measurement, err error) {
+	dir, err := os.MkdirTemp(o.Harness.Dir, "headwater-bench-charts-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	srv := &chartrepo.Server{Dir: dir}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		return nil, nil, err
+	}
+	defer srv.Stop()
+	if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.1.0"}); err != nil {
+		return nil, nil, err
+	}
+	env, stop, err := startEnv(ctx, o, "helm-same-url")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	c, err := benchClient(ctx, env)
+	if err != nil {
+		return nil, nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
+	defer cancel()
+	names := make([]string, helmSameURL)
+	for i := range names {
+		names[i] = fmt.Sprintf("same-url-%03d", i)
+	}
+	served := func(m *Measurement) {
+		d, nm, _ := srv.Counts()
+		m.Notes = append(m.Notes, fmt.Sprintf("the chart repository served the index %d times and answered 304 %d times", d, nm))
+	}
+
+	meter, err := startMeter(sctx, env)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := forEach(sctx, names, func(ctx context.Context, _ int, name string) error {
+		return c.Create(ctx, &sourcev1.HelmRepository{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Spec:       sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: smallInterval}},
+		})
+	}); err != nil {
+		return nil, nil, fmt.Errorf("scenario e: %w", err)
+	}
+	for _, name := range names {
+		if err := waitReady(sctx, c, &sourcev1.HelmRepository{}, name); err != nil {
+			return nil, nil, errors.Join(fmt.Errorf("scenario e: %w", err), serviceState(env))
+		}
+	}
+	at := time.Now()
+	o.progress("e: %d HelmRepositories Ready", helmSameURL)
+	settle(sctx, env)
+	if created, err = meter.stop(sctx, at); err != nil {
+		return created, nil, err
+	}
+	served(created)
+
+	d0, nm0, _ := srv.Counts()
+	if meter, err = startMeter(sctx, env); err != nil {
+		return created, nil, err
+	}
+	token := time.Now().UTC().Format(time.RFC3339Nano)
+	if err := forEach(sctx, names, func(ctx context.Context, _ int, name string) error {
+		obj := &sourcev1.HelmRepository{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
+			return err
+		}
+		base := client.MergeFrom(obj.DeepCopy())
+		obj.SetAnnotations(map[string]string{meta.ReconcileRequestAnnotation: token})
+		return c.Patch(ctx, obj, base)
+	}); err != nil {
+		return created, nil, fmt.Errorf("scenario e: %w", err)
+	}
+	for _, name := range names {
+		for {
+			obj := &sourcev1.HelmRepository{}
+			if err := c.Get(sctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err == nil && obj.Status.LastHandledReconcileAt == token {
+				break
+			}
+			if !sleep(sctx, 100*time.Millisecond) {
+				return created, nil, fmt.Errorf("scenario e: %s did not handle the reconcile request: %w", name, sctx.Err())
+			}
+		}
+	}
+	at = time.Now()
+	settle(sctx, env)
+	if requested, err = meter.stop(sctx, at); err != nil {
+		return created, requested, err
+	}
+	d1, nm1, _ := srv.Counts()
+	requested.Notes = append(requested.Notes,
+		fmt.Sprintf("the chart repository served the index %d times and answered 304 %d times", d1-d0, nm1-nm0))
+	return created, requested, nil
+}
