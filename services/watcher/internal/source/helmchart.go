@@ -137,6 +137,11 @@ func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.Fe
 	}
 	req.ChartSource = &events.ChartSource{Kind: ref.Kind, Name: ref.Name, Artifact: *a.DeepCopy()}
 	if repo, ok := src.(*sourcev1.HelmRepository); ok {
+		if refuseCredentials("the URL of HelmRepository '"+repo.Name+"'", repo.Spec.URL) != nil {
+			// The repository stalls saying so; the chart waits for it.
+			return false, waiting(sourcev1.FetchFailedCondition, NoSourceArtifactReason, false,
+				"HelmRepository '%s' carries credentials in its URL", repo.Name)
+		}
 		req.ChartSource.HelmRepository = repo.Spec.DeepCopy()
 	} else {
 		// A chart from a tarball may depend on charts of the namespace's
@@ -163,7 +168,7 @@ func chartRepositories(ctx context.Context, r client.Reader, namespace string) (
 	var out []events.ChartRepository
 	for i := range list.Items {
 		h := &list.Items[i]
-		if h.Spec.Type == sourcev1.HelmRepositoryTypeOCI || h.Status.Artifact == nil {
+		if h.Spec.Type == sourcev1.HelmRepositoryTypeOCI || h.Status.Artifact == nil || refuseCredentials("", h.Spec.URL) != nil {
 			continue
 		}
 		out = append(out, events.ChartRepository{Name: h.Name, Spec: *h.Spec.DeepCopy(), Artifact: *h.Status.Artifact.DeepCopy()})

@@ -21,7 +21,11 @@ func HelmRepository() Kind {
 			return o.(*sourcev1.HelmRepository).Spec.Type == sourcev1.HelmRepositoryTypeOCI
 		},
 		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
-			req.HelmRepository = o.(*sourcev1.HelmRepository).Spec.DeepCopy()
+			h := o.(*sourcev1.HelmRepository)
+			if err := refuseCredentials("spec.url", h.Spec.URL); err != nil {
+				return false, err
+			}
+			req.HelmRepository = h.Spec.DeepCopy()
 			// The artifact is the index as served: nothing in the spec
 			// changes it but what the server sends.
 			return false, nil
