@@ -3,7 +3,8 @@
 #   make run    the whole system on the embedded default
 #   make test   every test (unit, integration and end-to-end)
 #
-# Real components (kube-apiserver, etcd, kubectl, MinIO, controller-gen) are
+# Real components (kube-apiserver, etcd, kubectl, MinIO, the distribution
+# registry, controller-gen) are
 # built once from the Go module proxy by hack/build-tools.sh and cached by
 # version under TOOLS_DIR, outside the clone, so fresh clones reuse them.
 
@@ -21,17 +22,27 @@ KUBE_VERSION           := v1.34.4
 ETCD_VERSION           := v3.6.16
 MINIO_VERSION          := v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION := v0.23.0
+REGISTRY_VERSION       := v3.1.2
 
 # The directory envtest reads kube-apiserver, etcd and kubectl from.
 KUBEBUILDER_ASSETS := $(BIN_DIR)/k8s
 CONTROLLER_GEN     := $(TOOLS_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 MINIO              := $(TOOLS_DIR)/minio-$(MINIO_VERSION)/minio
+REGISTRY           := $(TOOLS_DIR)/registry-$(REGISTRY_VERSION)/registry
 
 export KUBEBUILDER_ASSETS
 export HEADWATER_MINIO_BIN := $(MINIO)
+export HEADWATER_REGISTRY_BIN := $(REGISTRY)
 export HEADWATER_BIN_DIR   := $(BIN_DIR)
 
 GO_TEST_FLAGS ?= -count=1
+
+# Fuzz targets, as <module dir>:<package>:<target>. `make test` runs each
+# for FUZZ_SHORT; `make fuzz` for FUZZTIME.
+FUZZ_TARGETS := pkg:./archive:FuzzCanonicalize pkg:./events:FuzzDecode \
+	services/fetcher:./internal/ignore:FuzzFilter services/fetcher:./internal/gitfetch:FuzzRevision
+FUZZ_SHORT ?= 5s
+FUZZTIME   ?= 1m
 
 # Build information stamped into every service (pkg/buildinfo; -version, the
 # start-up log line and headwater_build_info). A clone without tags describes
@@ -71,7 +82,7 @@ build: ## Build the four services (stamped with VERSION, REVISION, BUILD_DATE) a
 	@cd e2e && go build -trimpath -o $(BIN_DIR)/headwater-local ./cmd/headwater-local
 
 .PHONY: tools
-tools: kube-tools minio controller-gen ## Build and cache every real component used by tests.
+tools: kube-tools minio registry controller-gen ## Build and cache every real component used by tests.
 
 .PHONY: kube-tools
 kube-tools: ## kube-apiserver, etcd and kubectl for envtest (cached).
@@ -84,6 +95,10 @@ kube-tools: ## kube-apiserver, etcd and kubectl for envtest (cached).
 .PHONY: minio
 minio: ## The MinIO server for S3 tests (cached).
 	@hack/build-tools.sh $(TOOLS_DIR) minio
+
+.PHONY: registry
+registry: ## The CNCF distribution registry for OCI tests (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) registry
 
 .PHONY: controller-gen
 controller-gen:
@@ -105,13 +120,22 @@ manifests: controller-gen ## Generate the CRDs (from the Flux API module), the R
 ##@ Test
 
 .PHONY: test
-test: kube-tools minio build ## Run every test: unit, integration and end-to-end.
+test: kube-tools minio registry build ## Run every test: unit, integration and end-to-end.
 	@for m in $(MODULES); do \
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(GO_TEST_FLAGS) ./...) || exit 1; \
 	done
 	@echo "==> go test hack/deployvalidate"
 	@cd hack/deployvalidate && GOWORK=off go test $(GO_TEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
+
+.PHONY: fuzz
+fuzz: ## Fuzz the archive writer, event decoding, ignore rules and revisions (FUZZTIME each; default 1m).
+	@for t in $(FUZZ_TARGETS); do \
+		IFS=: read -r dir pkg target <<< "$$t"; \
+		echo "==> fuzz $$dir $$pkg $$target for $(FUZZTIME)"; \
+		(cd $$dir && go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$pkg) || exit 1; \
+	done
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no built tools (fast).

@@ -14,7 +14,6 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
@@ -130,7 +129,7 @@ func TestHelmRepositoryAndChart(t *testing.T) {
 
 	t.Run("unchanged index costs a 304", func(t *testing.T) {
 		_, before, _ := srv.Counts()
-		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
+		requestReconcileOf(t, getObject(t, repoName, &sourcev1.HelmRepository{}))
 		eventually(t, "a 304 for the unchanged index", func() error {
 			if _, nm, _ := srv.Counts(); nm <= before {
 				return fmt.Errorf("%d 304s", nm)
@@ -144,7 +143,7 @@ func TestHelmRepositoryAndChart(t *testing.T) {
 		if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.2.0", Values: values, Files: files}); err != nil {
 			t.Fatal(err)
 		}
-		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
+		requestReconcileOf(t, getObject(t, repoName, &sourcev1.HelmRepository{}))
 		waitHelmRepository(t, repoName, sha256Digest(srv.Index()))
 		// The chart follows its source at once, not at its interval.
 		waitHelmChart(t, "podinfo", "6.2.0")
@@ -178,7 +177,7 @@ func TestHelmRepositoryAndChart(t *testing.T) {
 			Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: "9.x", Interval: metav1.Duration{Duration: 5 * time.Minute},
 				SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: repoName}},
 		})
-		obj := waitConditionOf(t, "helmchart podinfo-none", func() *sourcev1.HelmChart { return getObject(t, &sourcev1.HelmChart{}, "podinfo-none") },
+		obj := waitConditionOf(t, "helmchart podinfo-none", func() *sourcev1.HelmChart { return getObject(t, "podinfo-none", &sourcev1.HelmChart{}) },
 			meta.StalledCondition, metav1.ConditionTrue, "InvalidChartReference")
 		want := "invalid chart reference: failed to get chart version for remote reference: no 'podinfo' chart with version matching '9.x' found"
 		if c := conditionOf(t, obj, meta.ReadyCondition); c.Status != metav1.ConditionFalse || c.Message != want {
@@ -188,10 +187,10 @@ func TestHelmRepositoryAndChart(t *testing.T) {
 	})
 
 	t.Run("bad index keeps the last artifact", func(t *testing.T) {
-		good := getObject(t, &sourcev1.HelmRepository{}, repoName)
+		good := getObject(t, repoName, &sourcev1.HelmRepository{})
 		srv.SetIndex([]byte("<html><body>maintenance</body></html>\n"))
-		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
-		obj := waitConditionOf(t, "helmrepository "+repoName, func() *sourcev1.HelmRepository { return getObject(t, &sourcev1.HelmRepository{}, repoName) },
+		requestReconcileOf(t, getObject(t, repoName, &sourcev1.HelmRepository{}))
+		obj := waitConditionOf(t, "helmrepository "+repoName, func() *sourcev1.HelmRepository { return getObject(t, repoName, &sourcev1.HelmRepository{}) },
 			sourcev1.FetchFailedCondition, metav1.ConditionTrue, sourcev1.IndexationFailedReason)
 		if c := conditionOf(t, obj, meta.ReadyCondition); c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "not a Helm repository index") {
 			t.Errorf("Ready = %s %q", c.Status, c.Message)
@@ -205,8 +204,8 @@ func TestHelmRepositoryAndChart(t *testing.T) {
 
 	t.Run("wrong credentials", func(t *testing.T) {
 		patchSecret(t, secretName, map[string]string{"username": "helm", "password": "wrong"})
-		requestReconcileOf(t, &sourcev1.HelmRepository{}, repoName)
-		obj := waitConditionOf(t, "helmrepository "+repoName, func() *sourcev1.HelmRepository { return getObject(t, &sourcev1.HelmRepository{}, repoName) },
+		requestReconcileOf(t, getObject(t, repoName, &sourcev1.HelmRepository{}))
+		obj := waitConditionOf(t, "helmrepository "+repoName, func() *sourcev1.HelmRepository { return getObject(t, repoName, &sourcev1.HelmRepository{}) },
 			sourcev1.FetchFailedCondition, metav1.ConditionTrue, meta.FailedReason)
 		if c := conditionOf(t, obj, sourcev1.FetchFailedCondition); !strings.Contains(c.Message, "401 Unauthorized") || strings.Contains(c.Message, "wrong") {
 			t.Errorf("FetchFailed message %q", c.Message)
@@ -214,49 +213,15 @@ func TestHelmRepositoryAndChart(t *testing.T) {
 	})
 }
 
-// createObject creates obj, failing the test on error.
-func createObject(t *testing.T, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Create(t.Context(), obj); err != nil {
-		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
-	}
-}
-
-// getObject reads the object name of obj's type into obj and returns it.
-func getObject[T client.Object](t *testing.T, obj T, name string) T {
-	t.Helper()
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
-		t.Fatalf("get %T %s: %v", obj, name, err)
-	}
-	return obj
-}
-
-// requestReconcileOf sets reconcile.fluxcd.io/requestedAt on the object
-// name of obj's type, as `flux reconcile source` does.
-func requestReconcileOf(t *testing.T, obj client.Object, name string) {
-	t.Helper()
-	getObject(t, obj, name)
-	base := client.MergeFrom(obj.DeepCopyObject().(client.Object))
-	ann := obj.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[meta.ReconcileRequestAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
-	obj.SetAnnotations(ann)
-	if err := env.Client.Patch(t.Context(), obj, base); err != nil {
-		t.Fatalf("request reconcile of %s: %v", name, err)
-	}
-}
-
 func waitHelmRepository(t *testing.T, name, rev string) *sourcev1.HelmRepository {
 	t.Helper()
-	return waitReady(t, "helmrepository "+name, func() *sourcev1.HelmRepository { return getObject(t, &sourcev1.HelmRepository{}, name) },
+	return waitReady(t, "helmrepository "+name, func() *sourcev1.HelmRepository { return getObject(t, name, &sourcev1.HelmRepository{}) },
 		func(o *sourcev1.HelmRepository) int64 { return o.Status.ObservedGeneration }, rev)
 }
 
 func waitHelmChart(t *testing.T, name, rev string) *sourcev1.HelmChart {
 	t.Helper()
-	return waitReady(t, "helmchart "+name, func() *sourcev1.HelmChart { return getObject(t, &sourcev1.HelmChart{}, name) },
+	return waitReady(t, "helmchart "+name, func() *sourcev1.HelmChart { return getObject(t, name, &sourcev1.HelmChart{}) },
 		func(o *sourcev1.HelmChart) int64 { return o.Status.ObservedGeneration }, rev)
 }
 

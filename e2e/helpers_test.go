@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -553,4 +555,56 @@ func subscriberAuth(e *harness.Env) nats.Option {
 		panic(fmt.Sprintf("subscriber key: %v", err))
 	}
 	return opt
+}
+
+// createObject creates obj and deletes it when the test ends (before the
+// servers the test started stop).
+func createObject(t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := env.Client.Create(t.Context(), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := env.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete %T %s: %v", obj, obj.GetName(), err)
+		}
+	})
+}
+
+// getObject reads the object name of the test namespace into obj and
+// returns it.
+func getObject[T client.Object](t *testing.T, name string, obj T) T {
+	t.Helper()
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
+		t.Fatalf("get %T %s: %v", obj, name, err)
+	}
+	return obj
+}
+
+// patchObject applies mutate to obj, as read, with a merge patch.
+func patchObject[T client.Object](t *testing.T, obj T, mutate func(T)) {
+	t.Helper()
+	base := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	mutate(obj)
+	if err := env.Client.Patch(t.Context(), obj, base); err != nil {
+		t.Fatalf("patch %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// requestReconcileOf sets reconcile.fluxcd.io/requestedAt on obj, as read,
+// to now, as `flux reconcile` does, and returns the token.
+func requestReconcileOf(t *testing.T, obj client.Object) string {
+	t.Helper()
+	token := time.Now().UTC().Format(time.RFC3339Nano)
+	patchObject(t, obj, func(o client.Object) {
+		a := o.GetAnnotations()
+		if a == nil {
+			a = map[string]string{}
+		}
+		a[meta.ReconcileRequestAnnotation] = token
+		o.SetAnnotations(a)
+	})
+	return token
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # build-tools.sh builds the real components the tests and `make run` use --
-# kube-apiserver, kubectl, etcd (the binaries envtest runs) and the MinIO
-# server -- from the Go module proxy, and caches them by version.
+# kube-apiserver, kubectl, etcd (the binaries envtest runs), the MinIO
+# server and the CNCF distribution registry -- from the Go module proxy, and
+# caches them by version.
 #
-# Usage: hack/build-tools.sh <tools-dir> [kube|etcd|minio|controller-gen ...]
+# Usage: hack/build-tools.sh <tools-dir> [kube|etcd|minio|registry|controller-gen ...]
 #
 # Binaries land in <tools-dir>/<name>-<version>/ and are reused when present,
 # so a warm run costs nothing. A cold run takes a few minutes on two cores.
@@ -15,12 +16,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 tools_dir=${1:?usage: build-tools.sh <tools-dir> [component...]}
 shift
 components=("$@")
-[ ${#components[@]} -gt 0 ] || components=(kube etcd minio controller-gen)
+[ ${#components[@]} -gt 0 ] || components=(kube etcd minio registry controller-gen)
 
 KUBE_VERSION=v1.34.4
 ETCD_VERSION=v3.6.16
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION=v0.23.0
+REGISTRY_VERSION=v3.1.2
 
 export GOWORK=off CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
@@ -60,6 +62,10 @@ minio() {
 	GOBIN=$1 go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION"
 }
 
+registry() {
+	GOBIN=$1 go install -trimpath -ldflags "-s -w" "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+}
+
 controller_gen() {
 	GOBIN=$1 go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION"
 }
@@ -69,6 +75,7 @@ for c in "${components[@]}"; do
 	kube) build_once "$tools_dir/kube-$KUBE_VERSION" "kube-apiserver and kubectl $KUBE_VERSION" kube ;;
 	etcd) build_once "$tools_dir/etcd-$ETCD_VERSION" "etcd $ETCD_VERSION" etcd ;;
 	minio) build_once "$tools_dir/minio-$MINIO_VERSION" "minio $MINIO_VERSION" minio ;;
+	registry) build_once "$tools_dir/registry-$REGISTRY_VERSION" "registry $REGISTRY_VERSION" registry ;;
 	controller-gen) build_once "$tools_dir/controller-gen-$CONTROLLER_GEN_VERSION" "controller-gen $CONTROLLER_GEN_VERSION" controller_gen ;;
 	*) echo "unknown component: $c" >&2; exit 2 ;;
 	esac

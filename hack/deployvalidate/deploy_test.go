@@ -270,20 +270,29 @@ func checkFetcherRBAC(t *testing.T, m *Manifests) {
 	if !ok {
 		t.Fatal("no ClusterRole headwater-fetcher")
 	}
-	for _, r := range []string{"secrets", "configmaps"} {
-		if !Allows(role.Rules, "", r, "get") {
+	// Secrets and ConfigMaps sources name, the ServiceAccounts whose image
+	// pull secrets an OCIRepository uses, and the sources themselves (a
+	// job is checked against the live object): get, one at a time, and
+	// nothing else.
+	sources := []string{"gitrepositories", "buckets", "helmrepositories", "helmcharts", "ocirepositories"}
+	allowed := map[string]string{"secrets": "", "configmaps": "", "serviceaccounts": ""}
+	for _, r := range sources {
+		allowed[r] = "source.toolkit.fluxcd.io"
+	}
+	for r, group := range allowed {
+		if !Allows(role.Rules, group, r, "get") {
 			t.Errorf("fetcher cannot get %s", r)
 		}
 		for _, verb := range []string{"list", "watch", "create", "update", "patch", "delete"} {
-			if Allows(role.Rules, "", r, verb) {
+			if Allows(role.Rules, group, r, verb) {
 				t.Errorf("fetcher may %s %s; it needs get only", verb, r)
 			}
 		}
 	}
 	for _, rule := range role.Rules {
 		for _, r := range rule.Resources {
-			if r != "secrets" && r != "configmaps" {
-				t.Errorf("fetcher may access %s; it needs secrets and configmaps only", r)
+			if _, ok := allowed[r]; !ok {
+				t.Errorf("fetcher may access %s; it needs the sources, their Secrets, ConfigMaps and ServiceAccounts only", r)
 			}
 		}
 	}

@@ -194,7 +194,7 @@ func Canonicalize(dst io.Writer, src io.Reader, o CanonicalOptions) (Result, err
 		default:
 			continue
 		}
-		name, err := safeName(h.Name)
+		name, err := SafeName(h.Name)
 		if err != nil {
 			return Result{}, err
 		}
@@ -230,9 +230,10 @@ func Canonicalize(dst io.Writer, src io.Reader, o CanonicalOptions) (Result, err
 	return res, nil
 }
 
-// safeName returns the cleaned relative name of an entry, or an error for a
-// name that is absolute or climbs out of the root.
-func safeName(name string) (string, error) {
+// SafeName returns the cleaned relative name of a tar entry, or an error
+// wrapping ErrUnsafePath for a name that is absolute, climbs out of the
+// root (any ".." segment), holds a backslash or a NUL, or names the root.
+func SafeName(name string) (string, error) {
 	n := strings.TrimSuffix(name, "/")
 	if n == "" || strings.HasPrefix(n, "/") || strings.Contains(n, "\\") || strings.ContainsRune(n, 0) {
 		return "", fmt.Errorf("%w: %q", ErrUnsafePath, name)

@@ -209,7 +209,7 @@ func cleanLayerPath(field, p string) (string, error) {
 	if p == "" {
 		return "", nil
 	}
-	c, err := safeName(p)
+	c, err := SafeName(p)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", field, err)
 	}
@@ -246,7 +246,7 @@ func (c *cursor) advance() error {
 			if h.Typeflag != tar.TypeDir && h.Typeflag != tar.TypeReg {
 				continue
 			}
-			name, err := safeName(h.Name)
+			name, err := SafeName(h.Name)
 			if err != nil {
 				return err
 			}

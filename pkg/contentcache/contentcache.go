@@ -70,6 +70,8 @@ type Index struct {
 	ArtifactName string `json:"artifactName"`
 	// EventMessage is the message of the NewArtifact event for it.
 	EventMessage string `json:"eventMessage,omitempty"`
+	// Metadata is the artifact's metadata (an OCI artifact's annotations).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 const (

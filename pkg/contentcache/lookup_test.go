@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -171,7 +172,7 @@ func TestLookup(t *testing.T) {
 				}
 				return
 			}
-			if idx == nil || *idx != f.index {
+			if idx == nil || !reflect.DeepEqual(*idx, f.index) {
 				t.Fatalf("Lookup = %+v, want %+v", idx, f.index)
 			}
 		})
@@ -234,7 +235,7 @@ func TestRefresh(t *testing.T) {
 	if got := modTime(); time.Since(got) > time.Minute {
 		t.Fatalf("index not refreshed: written %s", got)
 	}
-	if got, err := Lookup(ctx, f.store, f.key, f.index.Revision); err != nil || got == nil || *got != f.index {
+	if got, err := Lookup(ctx, f.store, f.key, f.index.Revision); err != nil || got == nil || !reflect.DeepEqual(*got, f.index) {
 		t.Fatalf("after the refresh Lookup = %+v, %v; want %+v", got, err, f.index)
 	}
 	// One the janitor removed is written again.
@@ -244,7 +245,7 @@ func TestRefresh(t *testing.T) {
 	if err := Refresh(ctx, f.store, idx, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := Lookup(ctx, f.store, f.key, f.index.Revision); err != nil || got == nil || *got != f.index {
+	if got, err := Lookup(ctx, f.store, f.key, f.index.Revision); err != nil || got == nil || !reflect.DeepEqual(*got, f.index) {
 		t.Fatalf("after the index was removed and refreshed Lookup = %+v, %v; want %+v", got, err, f.index)
 	}
 }

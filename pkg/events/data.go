@@ -48,6 +48,8 @@ type FetchRequested struct {
 	GitRepository *sourcev1.GitRepositorySpec `json:"gitRepository,omitempty"`
 	// Bucket is the spec of a Bucket.
 	Bucket *sourcev1.BucketSpec `json:"bucket,omitempty"`
+	// OCIRepository is the spec of an OCIRepository.
+	OCIRepository *sourcev1.OCIRepositorySpec `json:"ociRepository,omitempty"`
 	// HelmRepository is the spec of a HelmRepository (type default; an OCI
 	// HelmRepository has no artifact and makes no job).
 	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
@@ -79,6 +81,8 @@ func (r *FetchRequested) Spec() any {
 		return r.GitRepository
 	case r.Bucket != nil:
 		return r.Bucket
+	case r.OCIRepository != nil:
+		return r.OCIRepository
 	case r.HelmRepository != nil:
 		return r.HelmRepository
 	case r.HelmChart != nil:
@@ -169,6 +173,9 @@ type Fetched struct {
 	// ArtifactName is the file name the artifact is stored under in the
 	// source's directory, e.g. "<commit>.tar.gz".
 	ArtifactName string `json:"artifactName"`
+	// Metadata is the artifact's metadata (Flux's artifact.metadata: an
+	// OCI artifact's manifest annotations), if any.
+	Metadata map[string]string `json:"metadata,omitempty"`
 	// Format says what is staged: FormatTree (the default, an
 	// uncompressed tar of a tree the packager canonicalises) or
 	// FormatFile (the artifact's bytes, stored as they are).

@@ -1,5 +1,5 @@
 // Command fetcher takes fetch jobs off NATS JetStream, fetches the sources
-// they name (GitRepository, Bucket, HelmRepository and HelmChart), stages their content in the shared
+// they name (GitRepository, Bucket, OCIRepository, HelmRepository and HelmChart), stages their content in the shared
 // storage and publishes the result: Fetched for the packager, or
 // FetchUnchanged / FetchFailed for the artifact-server. Any number of
 // replicas share the work.
@@ -24,6 +24,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmchartfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/ocifetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -136,7 +137,8 @@ func run(ctx context.Context, o options) error {
 				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg)},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
 				MaxFileSize: o.maxFileSize},
-			helmfetch.Kind: helmSource,
+			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize},
+			helmfetch.Kind:      helmSource,
 			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize},
 		},
 		Storage:      store,
@@ -158,7 +160,7 @@ func run(ctx context.Context, o options) error {
 	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
 		return err
 	}
-	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, helmfetch.Kind, helmchartfetch.Kind},
+	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind, helmfetch.Kind, helmchartfetch.Kind},
 		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache)
 	return worker.Run(ctx)
 }

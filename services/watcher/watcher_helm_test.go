@@ -40,7 +40,7 @@ func testHelmRepository(t *testing.T, e *env) {
 	path := "helmrepository/default/charts/index-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.yaml"
 	publishOutcome(t, e, events.TypeArtifactStored, &events.Outcome{Job: req.Job, Revision: rev,
 		EventMessage: "stored fetched index of size 444B from 'https://charts.example.com'",
-		Artifact: &meta.Artifact{Path: path, URL: "http://a/" + path, Revision: rev, Digest: rev, Size: &size, LastUpdateTime: metav1.Now()}})
+		Artifact:     &meta.Artifact{Path: path, URL: "http://a/" + path, Revision: rev, Digest: rev, Size: &size, LastUpdateTime: metav1.Now()}})
 	var got sourcev1.HelmRepository
 	eventually(t, "Ready=True", func() bool {
 		_ = e.k8s.Get(ctx, key, &got)

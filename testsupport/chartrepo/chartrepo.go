@@ -42,7 +42,8 @@ type Server struct {
 	// server's own (CACert); RequireClientCert also requires a client
 	// certificate from it (ClientCert).
 	TLS, RequireClientCert bool
-	// Lazy is the server's authority: CACert and ClientCert.
+	// Lazy is the server's authority (CACert, ClientCert), made on first
+	// use.
 	testca.Lazy
 
 	mu          sync.Mutex
@@ -74,6 +75,9 @@ func (s *Server) Start(addr string) error {
 		ErrorLog: log.New(io.Discard, "", 0)}
 	scheme := "http"
 	if s.TLS {
+		if s.Lazy.Name == "" {
+			s.Lazy.Name = "chartrepo"
+		}
 		cfg, err := s.Lazy.ServerConfig("chartrepo", s.RequireClientCert)
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package gitserver
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log"
@@ -22,20 +23,28 @@ type TLSServer struct {
 	// the server's authority (see ClientCert): mutual TLS.
 	RequireClientCert bool
 
-	// Lazy is the server's authority: CACert and ClientCert.
-	testca.Lazy
+	ca *testca.Authority
 }
 
 // Start serves Root over HTTPS on addr ("127.0.0.1:0" picks a free port)
 // until Stop.
 func (s *TLSServer) Start(addr string) error {
+	if err := s.ensureCA(); err != nil {
+		return err
+	}
 	handler, err := s.handler()
 	if err != nil {
 		return err
 	}
-	cfg, err := s.Lazy.ServerConfig("gitserver", s.RequireClientCert)
+	leaf, err := s.ca.Issue(x509.ExtKeyUsageServerAuth, "gitserver", testca.Loopback)
 	if err != nil {
 		return err
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{leaf.Pair}, MinVersion: tls.VersionTLS12}
+	if s.RequireClientCert {
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		cfg.ClientCAs = x509.NewCertPool()
+		cfg.ClientCAs.AddCert(s.ca.Cert)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -51,5 +60,40 @@ func (s *TLSServer) Start(addr string) error {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	go func() { _ = s.srv.Serve(tls.NewListener(ln, cfg)) }()
+	return nil
+}
+
+// CACert is the PEM certificate of the authority that issued the server's
+// certificate, as a client's ca.crt. It is generated on first use.
+func (s *TLSServer) CACert() ([]byte, error) {
+	if err := s.ensureCA(); err != nil {
+		return nil, err
+	}
+	return s.ca.CertPEM, nil
+}
+
+// ClientCert issues a client certificate for commonName from the server's
+// authority and returns it and its private key in PEM, as a client's
+// tls.crt and tls.key.
+func (s *TLSServer) ClientCert(commonName string) (certPEM, keyPEM []byte, err error) {
+	if err := s.ensureCA(); err != nil {
+		return nil, nil, err
+	}
+	c, err := s.ca.Issue(x509.ExtKeyUsageClientAuth, commonName, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.CertPEM, c.KeyPEM, nil
+}
+
+func (s *TLSServer) ensureCA() error {
+	if s.ca != nil {
+		return nil
+	}
+	ca, err := testca.New("git server")
+	if err != nil {
+		return err
+	}
+	s.ca = ca
 	return nil
 }

@@ -12,16 +12,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/headwater-gitops/headwater/testsupport/process"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 )
@@ -32,12 +31,8 @@ const BinEnv = "HEADWATER_MINIO_BIN"
 const (
 	// readyTimeout bounds the wait for a started server to become ready.
 	readyTimeout = 30 * time.Second
-	// stopTimeout is how long Stop waits after SIGTERM before killing.
-	stopTimeout = 10 * time.Second
 	// startAttempts covers a free port being taken before MinIO binds it.
 	startAttempts = 3
-	// outputLimit is how much of the server's output is kept, for failures.
-	outputLimit = 64 << 10
 )
 
 // Server is a running MinIO server.
@@ -51,10 +46,8 @@ type Server struct {
 	// Dir holds the server's data.
 	Dir string
 
-	cmd      *exec.Cmd
+	proc     *process.Process
 	homeDir  string
-	exited   chan struct{} // closed when the process has exited
-	output   *tailBuffer
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -65,23 +58,7 @@ type Server struct {
 // tests can use it.
 func New(tb testing.TB) *Server {
 	tb.Helper()
-	bin, err := Binary()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s, err := start(bin, tb.TempDir())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			tb.Error(err)
-		}
-		if tb.Failed() {
-			tb.Logf("minio output (tail):\n%s", s.Output())
-		}
-	})
-	return s
+	return process.ForTest(tb, BinEnv, "MinIO", start)
 }
 
 // Start starts a server with its data in dir (created if needed), for use
@@ -99,12 +76,9 @@ func Start(dir string) (*Server, error) {
 
 // Binary returns the MinIO binary named by HEADWATER_MINIO_BIN.
 func Binary() (string, error) {
-	bin := os.Getenv(BinEnv)
-	if bin == "" {
-		return "", fmt.Errorf("miniotest: %s is not set: run `make test` (it builds MinIO)", BinEnv)
-	}
-	if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
-		return "", fmt.Errorf("miniotest: MinIO binary %s (from %s) is missing: run `make test` (it builds MinIO)", bin, BinEnv)
+	bin, err := process.Binary(BinEnv, "MinIO")
+	if err != nil {
+		return "", fmt.Errorf("miniotest: %w", err)
 	}
 	return bin, nil
 }
@@ -123,28 +97,14 @@ func (s *Server) MakeBucket(tb testing.TB, name string) {
 }
 
 // Output is the tail of the server's combined output.
-func (s *Server) Output() string { return s.output.String() }
+func (s *Server) Output() string { return s.proc.Output() }
 
 // Stop terminates the server: SIGTERM, then a kill if it has not exited
 // within 10 seconds. It is safe to call more than once.
 func (s *Server) Stop() error {
 	s.stopOnce.Do(func() {
-		defer os.RemoveAll(s.homeDir)
-		select {
-		case <-s.exited:
-			return
-		default:
-		}
-		if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			s.stopErr = fmt.Errorf("miniotest: stop: %w", err)
-		}
-		select {
-		case <-s.exited:
-		case <-time.After(stopTimeout):
-			_ = s.cmd.Process.Kill()
-			<-s.exited
-			s.stopErr = fmt.Errorf("miniotest: server did not stop within %s of SIGTERM; killed", stopTimeout)
-		}
+		s.stopErr = s.proc.Stop()
+		_ = os.RemoveAll(s.homeDir)
 	})
 	return s.stopErr
 }
@@ -158,25 +118,21 @@ func start(bin, dir string) (*Server, error) {
 		if err == nil {
 			return s, nil
 		}
-		if !errors.Is(err, errExited) {
+		if !errors.Is(err, process.ErrExited) {
 			return nil, err
 		}
 	}
 	return nil, err
 }
 
-// errExited marks a server that exited before becoming ready, which a
-// port taken in the meantime explains; start tries again.
-var errExited = errors.New("server exited before it was ready")
-
 func startOnce(bin, dir, user, password string) (*Server, error) {
-	addr, err := freeAddr()
+	addr, err := process.FreeAddr()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("miniotest: %w", err)
 	}
-	consoleAddr, err := freeAddr()
+	consoleAddr, err := process.FreeAddr()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("miniotest: %w", err)
 	}
 	// A private home keeps MinIO's config directory out of $HOME/.minio.
 	homeDir, err := os.MkdirTemp("", "miniotest-home-")
@@ -189,22 +145,13 @@ func startOnce(bin, dir, user, password string) (*Server, error) {
 		SecretKey: password,
 		Dir:       dir,
 		homeDir:   homeDir,
-		exited:    make(chan struct{}),
-		output:    &tailBuffer{limit: outputLimit},
 	}
-	s.cmd = exec.Command(bin, "server", "--address", addr, "--console-address", consoleAddr, dir)
-	s.cmd.Env = append(environ(), "MINIO_ROOT_USER="+user, "MINIO_ROOT_PASSWORD="+password, "MINIO_UPDATE=off", "HOME="+homeDir)
-	s.cmd.Stdout = s.output
-	s.cmd.Stderr = s.output
-	s.cmd.SysProcAttr = sysProcAttr()
-	if err := s.cmd.Start(); err != nil {
+	cmd := exec.Command(bin, "server", "--address", addr, "--console-address", consoleAddr, dir)
+	cmd.Env = append(environ(), "MINIO_ROOT_USER="+user, "MINIO_ROOT_PASSWORD="+password, "MINIO_UPDATE=off", "HOME="+homeDir)
+	if s.proc, err = process.Start("miniotest", cmd, nil); err != nil {
 		_ = os.RemoveAll(homeDir)
-		return nil, fmt.Errorf("miniotest: start %s: %w", bin, err)
+		return nil, err
 	}
-	go func() {
-		_ = s.cmd.Wait()
-		close(s.exited)
-	}()
 	if err := s.waitReady(); err != nil {
 		_ = s.Stop()
 		return nil, err
@@ -237,8 +184,8 @@ func (s *Server) waitServing() error {
 			return fmt.Errorf("miniotest: server at %s does not serve requests within %s: %w:\n%s", s.Endpoint, readyTimeout, err, s.Output())
 		}
 		select {
-		case <-s.exited:
-			return fmt.Errorf("miniotest: %w (%s):\n%s", errExited, s.cmd.ProcessState, s.Output())
+		case <-s.proc.Exited():
+			return s.proc.ExitError()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -264,8 +211,8 @@ func (s *Server) waitReady() error {
 			return fmt.Errorf("miniotest: server at %s not ready within %s:\n%s", s.Endpoint, readyTimeout, s.Output())
 		}
 		select {
-		case <-s.exited:
-			return fmt.Errorf("miniotest: %w (%s):\n%s", errExited, s.cmd.ProcessState, s.Output())
+		case <-s.proc.Exited():
+			return s.proc.ExitError()
 		case <-tick.C:
 		}
 	}
@@ -283,42 +230,8 @@ func environ() []string {
 	return env
 }
 
-// freeAddr returns a 127.0.0.1 address with a port that was free a moment
-// ago.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("miniotest: free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// tailBuffer keeps the last limit bytes written to it.
-type tailBuffer struct {
-	mu    sync.Mutex
-	limit int
-	buf   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - t.limit; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
 }

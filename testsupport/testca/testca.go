@@ -1,7 +1,6 @@
-// Package testca is a certificate authority for test servers: it issues
-// server certificates for the loopback addresses and client certificates,
-// from a root no system trusts, so a client must be given its CA
-// certificate (a Secret's ca.crt) to connect.
+// Package testca is a certificate authority made for one test server: it
+// issues server and client certificates that no system trusts, so a client
+// connects only when given the authority's certificate (a ca.crt).
 package testca
 
 import (
@@ -19,29 +18,31 @@ import (
 	"time"
 )
 
-// Authority is a certificate authority made for one server.
+// Authority is a certificate authority.
 type Authority struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	// CertPEM is the authority's certificate in PEM, as a client's ca.crt.
+	// Cert is the authority's certificate, CertPEM the same in PEM.
+	Cert    *x509.Certificate
 	CertPEM []byte
+
+	name string
+	key  *ecdsa.PrivateKey
 }
 
 // Issued is a certificate with its key.
 type Issued struct {
 	// Pair is the certificate and key for a tls.Config.
 	Pair tls.Certificate
-	// CertPEM and KeyPEM are them in PEM, as a Secret's tls.crt and tls.key.
+	// CertPEM and KeyPEM are the same in PEM, as a tls.crt and a tls.key.
 	CertPEM, KeyPEM []byte
 }
 
-// New makes an authority named commonName.
-func New(commonName string) (*Authority, error) {
+// New makes an authority; name appears in its errors and certificates.
+func New(name string) (*Authority, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("test CA: generate key: %w", err)
+		return nil, fmt.Errorf("%s: generate CA key: %w", name, err)
 	}
-	tmpl, err := template(commonName)
+	tmpl, err := template(name, name+" test CA")
 	if err != nil {
 		return nil, err
 	}
@@ -50,22 +51,29 @@ func New(commonName string) (*Authority, error) {
 	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		return nil, fmt.Errorf("test CA: create certificate: %w", err)
+		return nil, fmt.Errorf("%s: create CA certificate: %w", name, err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("test CA: parse certificate: %w", err)
+		return nil, fmt.Errorf("%s: parse CA certificate: %w", name, err)
 	}
-	return &Authority{cert: cert, key: key, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+	return &Authority{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), name: name, key: key}, nil
+}
+
+// Loopback sets a server certificate's names: 127.0.0.1, ::1 and
+// localhost.
+func Loopback(t *x509.Certificate) {
+	t.DNSNames = []string{"localhost"}
+	t.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 }
 
 // Issue creates a certificate for usage, adjusted by edit when not nil.
 func (a *Authority) Issue(usage x509.ExtKeyUsage, commonName string, edit func(*x509.Certificate)) (*Issued, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("test CA: generate key: %w", err)
+		return nil, fmt.Errorf("%s: generate key: %w", a.name, err)
 	}
-	tmpl, err := template(commonName)
+	tmpl, err := template(a.name, commonName)
 	if err != nil {
 		return nil, err
 	}
@@ -74,48 +82,28 @@ func (a *Authority) Issue(usage x509.ExtKeyUsage, commonName string, edit func(*
 	if edit != nil {
 		edit(tmpl)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, &key.PublicKey, a.key)
 	if err != nil {
-		return nil, fmt.Errorf("test CA: create certificate: %w", err)
+		return nil, fmt.Errorf("%s: create certificate: %w", a.name, err)
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("test CA: marshal key: %w", err)
+		return nil, fmt.Errorf("%s: marshal key: %w", a.name, err)
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("test CA: key pair: %w", err)
+		return nil, fmt.Errorf("%s: key pair: %w", a.name, err)
 	}
 	return &Issued{Pair: pair, CertPEM: certPEM, KeyPEM: keyPEM}, nil
 }
 
-// ServerConfig returns a TLS configuration serving a certificate for
-// 127.0.0.1, ::1 and localhost; with clientCerts, it requires a client
-// certificate issued by the authority (mutual TLS).
-func (a *Authority) ServerConfig(name string, clientCerts bool) (*tls.Config, error) {
-	leaf, err := a.Issue(x509.ExtKeyUsageServerAuth, name, func(t *x509.Certificate) {
-		t.DNSNames = []string{"localhost"}
-		t.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
-	})
-	if err != nil {
-		return nil, err
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{leaf.Pair}, MinVersion: tls.VersionTLS12}
-	if clientCerts {
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
-		cfg.ClientCAs = x509.NewCertPool()
-		cfg.ClientCAs.AddCert(a.cert)
-	}
-	return cfg, nil
-}
-
 // template is a certificate valid from an hour ago for a day.
-func template(commonName string) (*x509.Certificate, error) {
+func template(name, commonName string) (*x509.Certificate, error) {
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	if err != nil {
-		return nil, fmt.Errorf("test CA: serial number: %w", err)
+		return nil, fmt.Errorf("%s: serial number: %w", name, err)
 	}
 	now := time.Now()
 	return &x509.Certificate{
@@ -126,20 +114,31 @@ func template(commonName string) (*x509.Certificate, error) {
 	}, nil
 }
 
-// Lazy is the authority of one test server, made on first use: embedded
-// in a server, it gives it CACert and ClientCert.
-type Lazy struct {
-	mu sync.Mutex
-	ca *Authority
-}
-
-// ServerConfig is Authority.ServerConfig of the authority.
-func (l *Lazy) ServerConfig(name string, clientCerts bool) (*tls.Config, error) {
-	ca, err := l.Authority()
+// ServerConfig returns a TLS configuration serving a certificate for the
+// loopback addresses; with clientCerts, it requires a client certificate
+// issued by the authority (mutual TLS).
+func (a *Authority) ServerConfig(commonName string, clientCerts bool) (*tls.Config, error) {
+	leaf, err := a.Issue(x509.ExtKeyUsageServerAuth, commonName, Loopback)
 	if err != nil {
 		return nil, err
 	}
-	return ca.ServerConfig(name, clientCerts)
+	cfg := &tls.Config{Certificates: []tls.Certificate{leaf.Pair}, MinVersion: tls.VersionTLS12}
+	if clientCerts {
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		cfg.ClientCAs = x509.NewCertPool()
+		cfg.ClientCAs.AddCert(a.Cert)
+	}
+	return cfg, nil
+}
+
+// Lazy is the authority of one test server, made on first use: embedded
+// in a server, it gives it CACert and ClientCert.
+type Lazy struct {
+	// Name names the authority (see New).
+	Name string
+
+	mu sync.Mutex
+	ca *Authority
 }
 
 // Authority returns the authority, making it on first use.
@@ -147,7 +146,7 @@ func (l *Lazy) Authority() (*Authority, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ca == nil {
-		ca, err := New("Headwater test CA")
+		ca, err := New(l.Name)
 		if err != nil {
 			return nil, err
 		}
@@ -156,8 +155,16 @@ func (l *Lazy) Authority() (*Authority, error) {
 	return l.ca, nil
 }
 
-// CACert is the PEM certificate of the authority that issued the server's
-// certificate, as a client's ca.crt.
+// ServerConfig is Authority.ServerConfig of the authority.
+func (l *Lazy) ServerConfig(commonName string, clientCerts bool) (*tls.Config, error) {
+	ca, err := l.Authority()
+	if err != nil {
+		return nil, err
+	}
+	return ca.ServerConfig(commonName, clientCerts)
+}
+
+// CACert is the PEM certificate of the authority, as a client's ca.crt.
 func (l *Lazy) CACert() ([]byte, error) {
 	ca, err := l.Authority()
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
 	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
@@ -73,56 +74,6 @@ func request(spec sourcev1.BucketSpec) *events.FetchRequested {
 		Job: events.Job{ID: "job-1", RequestedAt: time.Now(),
 			Object: events.ObjectRef{Kind: sourcev1.BucketKind, Namespace: "default", Name: "podinfo", UID: "uid-1", Generation: 1}},
 		Bucket: &spec,
-	}
-}
-
-// files lists the regular files under dir with their content.
-func files(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		out[filepath.ToSlash(rel)] = string(b)
-		return err
-	}))
-	return out
-}
-
-// fetch resolves and downloads req.
-func fetch(t *testing.T, src *Source, req *events.FetchRequested) (string, *source.Content, map[string]string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := src.Resolve(ctx, req)
-	if err != nil {
-		return "", nil, nil, err
-	}
-	dir := t.TempDir()
-	content, err := res.Download(ctx, dir)
-	if err != nil {
-		return res.Revision(), nil, nil, err
-	}
-	return res.Revision(), content, files(t, dir), nil
-}
-
-// checkFailure checks that err is a *failure.Error with reason, handling and
-// a message containing message.
-func checkFailure(t *testing.T, err error, reason string, handling failure.Handling, message string) {
-	t.Helper()
-	var ferr *failure.Error
-	if !errors.As(err, &ferr) {
-		t.Fatalf("error = %v (%T), want a *failure.Error", err, err)
-	}
-	if ferr.Reason != reason || ferr.Handling != handling || !strings.Contains(ferr.Error(), message) {
-		t.Errorf("failure = reason %q, handling %d, message %q\nwant reason %q, handling %d, message containing %q",
-			ferr.Reason, ferr.Handling, ferr.Error(), reason, handling, message)
 	}
 }
 
@@ -224,7 +175,7 @@ func TestFetch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			req := request(sourcev1.BucketSpec{Provider: sourcev1.BucketProviderGeneric, BucketName: tc.bucket, Endpoint: srv.Endpoint,
 				Insecure: true, Prefix: tc.prefix, Ignore: tc.ignore, SecretRef: &meta.LocalObjectReference{Name: "creds"}})
-			rev, content, got, err := fetch(t, src, req)
+			rev, content, got, err := sourcetest.Fetch(t, src, req)
 			must(t, err)
 			sum := digestHex(tc.etags)
 			want := &source.Content{Root: content.Root, Revision: "sha256:" + sum, ArtifactName: sum + ".tar.gz",
@@ -297,8 +248,8 @@ func TestDownloadFollowsChangesAfterListing(t *testing.T) {
 	if want := Revision(after); content.Revision != want || content.Revision == listed {
 		t.Errorf("content revision = %s, want %s (listed %s)", content.Revision, want, listed)
 	}
-	if want := map[string]string{"kept.md": "kept", "changed.md": "after"}; !reflect.DeepEqual(files(t, dir), want) {
-		t.Errorf("files = %v, want %v", files(t, dir), want)
+	if want := map[string]string{"kept.md": "kept", "changed.md": "after"}; !reflect.DeepEqual(sourcetest.Files(t, dir, nil), want) {
+		t.Errorf("files = %v, want %v", sourcetest.Files(t, dir, nil), want)
 	}
 	if !strings.HasPrefix(content.EventMessage, "stored artifact with 2 fetched files") {
 		t.Errorf("event message = %q", content.EventMessage)
@@ -434,13 +385,13 @@ func TestFailures(t *testing.T) {
 				must(t, err)
 				dir := t.TempDir()
 				_, err = res.Download(ctx, dir)
-				if left := files(t, dir); len(left) != 0 {
+				if left := sourcetest.Files(t, dir, nil); len(left) != 0 {
 					t.Errorf("a failed download left files: %v", left)
 				}
 			} else if err == nil {
 				t.Fatal("resolve succeeded")
 			}
-			checkFailure(t, err, tc.reason, tc.handling, tc.message)
+			sourcetest.CheckFailure(t, err, tc.reason, tc.handling, tc.message)
 			if strings.Contains(err.Error(), srv.SecretKey) || strings.Contains(err.Error(), "not-the-secret-key") {
 				t.Errorf("message reveals a secret key: %s", err)
 			}
@@ -458,7 +409,7 @@ func TestAWSProviderCredentialChain(t *testing.T) {
 	src := &Source{}
 	req := request(sourcev1.BucketSpec{Provider: sourcev1.BucketProviderAmazon, BucketName: "testbucket", Endpoint: srv.Endpoint,
 		Insecure: true, Region: "us-east-1"})
-	_, content, got, err := fetch(t, src, req)
+	_, content, got, err := sourcetest.Fetch(t, src, req)
 	must(t, err)
 	if want := map[string]string{"TESTFILE.md": "11111"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("files = %v, want %v", got, want)
@@ -469,8 +420,8 @@ func TestAWSProviderCredentialChain(t *testing.T) {
 
 	// The same spec as generic is anonymous: the bucket is private.
 	req.Bucket.Provider = sourcev1.BucketProviderGeneric
-	_, _, _, err = fetch(t, src, req)
-	checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Transient, "Access Denied")
+	_, _, _, err = sourcetest.Fetch(t, src, req)
+	sourcetest.CheckFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Transient, "Access Denied")
 }
 
 // TestUnsafeKeys checks the path of every key before anything is fetched.
@@ -516,9 +467,9 @@ func TestUnsafeKeys(t *testing.T) {
 		"fine.yaml": {etag: "1"}, "../escape.yaml": {etag: "2"},
 	}}
 	_, err = r.Download(context.Background(), dir)
-	checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Final,
+	sourcetest.CheckFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Final,
 		"fetch from bucket 'hostile' failed: unsafe object key '../escape.yaml': '..' element")
-	if left := files(t, parent); len(left) != 0 {
+	if left := sourcetest.Files(t, parent, nil); len(left) != 0 {
 		t.Errorf("files written: %v", left)
 	}
 }
@@ -550,20 +501,20 @@ func TestClashingKeysAreFinal(t *testing.T) {
 	r := &resolved{bucket: "bkt"}
 	for _, cause := range []error{syscall.ENOTDIR, syscall.EISDIR, fs.ErrExist} {
 		err := r.fileError("a/b", &fs.PathError{Op: "openat", Path: "a/b", Err: cause})
-		checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Final, "fetch from bucket 'bkt' failed: failed to write 'a/b' object: openat a/b: ")
+		sourcetest.CheckFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Final, "fetch from bucket 'bkt' failed: failed to write 'a/b' object: openat a/b: ")
 	}
-	checkFailure(t, r.fileError("a", syscall.ENOSPC), sourcev1.BucketOperationFailedReason, failure.Transient, "no space left on device")
+	sourcetest.CheckFailure(t, r.fileError("a", syscall.ENOSPC), sourcev1.BucketOperationFailedReason, failure.Transient, "no space left on device")
 }
 
 func TestNoCluster(t *testing.T) {
 	src := &Source{Secrets: secrets.Unavailable{Err: errors.New("no kubeconfig")}}
 	req := request(sourcev1.BucketSpec{BucketName: "bkt", Endpoint: "127.0.0.1:1", SecretRef: &meta.LocalObjectReference{Name: "creds"}})
 	_, err := src.Resolve(context.Background(), req)
-	checkFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Transient,
+	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Transient,
 		"failed to get secret 'default/creds': no Kubernetes API server is configured: no kubeconfig")
 	req.Bucket = nil
 	_, err = src.Resolve(context.Background(), req)
-	checkFailure(t, err, source.InvalidSpecReason, failure.Stalling, "fetch request for Bucket 'default/podinfo' has no Bucket spec")
+	sourcetest.CheckFailure(t, err, source.InvalidSpecReason, failure.Stalling, "fetch request for Bucket 'default/podinfo' has no Bucket spec")
 }
 
 func TestTimeout(t *testing.T) {

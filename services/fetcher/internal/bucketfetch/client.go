@@ -4,11 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
-	"strings"
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -19,17 +16,11 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
-// Secret keys Flux reads for a Bucket.
+// Secret keys Flux reads for a Bucket's keys.
 const (
 	keyAccessKey = "accesskey"
 	keySecretKey = "secretkey"
-	keyAddress   = "address"
-	keyUsername  = "username"
-	keyPassword  = "password"
 )
-
-// proxySchemes are the proxy URL schemes Flux accepts.
-var proxySchemes = []string{"http", "https", "socks5"}
 
 // customIdleTimeout bounds how long the idle connections of a job's own
 // transport (one with a CA, a client certificate or a proxy) outlive it.
@@ -88,7 +79,7 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 				"failed to get proxy URL: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
 		}
 		proxyData = data
-		if proxy, err = proxyURL(data, namespace+"/"+ref.Name); err != nil {
+		if proxy, err = secrets.ProxyURL(data, namespace+"/"+ref.Name); err != nil {
 			return nil, "", source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get proxy URL: %w", err)
 		}
 	}
@@ -195,34 +186,4 @@ func awsCredentials(ctx context.Context, transport http.RoundTripper) (*credenti
 		return nil, source.Failed(sourcev1.AuthenticationFailedReason, "AWS authentication failed: %w", err)
 	}
 	return creds, nil
-}
-
-// proxyURL builds the proxy URL of a proxySecretRef's data with Flux's
-// rules: address (http, https or socks5), with username and password.
-func proxyURL(data map[string][]byte, ref string) (*url.URL, error) {
-	address, ok := data[keyAddress]
-	if !ok {
-		return nil, fmt.Errorf("secret '%s' has no '%s' key", ref, keyAddress)
-	}
-	if len(address) == 0 {
-		return nil, fmt.Errorf("secret '%s': proxy address is empty", ref)
-	}
-	u, err := url.Parse(string(address))
-	if err != nil {
-		// The parse error quotes the address, which may hold a password.
-		return nil, fmt.Errorf("secret '%s': failed to parse proxy address", ref)
-	}
-	if !slices.Contains(proxySchemes, u.Scheme) {
-		return nil, fmt.Errorf("secret '%s': proxy URL must use one of the supported schemes (%s), got '%s'",
-			ref, strings.Join(proxySchemes, ", "), u.Scheme)
-	}
-	username, hasUsername := data[keyUsername]
-	password, hasPassword := data[keyPassword]
-	switch {
-	case hasUsername && hasPassword:
-		u.User = url.UserPassword(string(username), string(password))
-	case hasUsername:
-		u.User = url.User(string(username))
-	}
-	return u, nil
 }

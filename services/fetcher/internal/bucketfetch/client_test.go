@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
+
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
@@ -113,9 +115,9 @@ func TestTLS(t *testing.T) {
 			if tc.secret != "" {
 				req.Bucket.CertSecretRef = &meta.LocalObjectReference{Name: tc.secret}
 			}
-			_, _, got, err := fetch(t, src, req)
+			_, _, got, err := sourcetest.Fetch(t, src, req)
 			if tc.reason != "" {
-				checkFailure(t, err, tc.reason, tc.handling, tc.message)
+				sourcetest.CheckFailure(t, err, tc.reason, tc.handling, tc.message)
 				return
 			}
 			must(t, err)
@@ -165,7 +167,7 @@ func TestProxy(t *testing.T) {
 			SecretRef: &meta.LocalObjectReference{Name: "creds"}, ProxySecretRef: &meta.LocalObjectReference{Name: secret}})
 	}
 
-	_, _, got, err := fetch(t, src, withProxy("proxy"))
+	_, _, got, err := sourcetest.Fetch(t, src, withProxy("proxy"))
 	must(t, err)
 	if want := map[string]string{"TESTFILE.md": "11111"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("files = %v, want %v", got, want)
@@ -174,42 +176,12 @@ func TestProxy(t *testing.T) {
 		t.Error("no request went through the proxy")
 	}
 
-	_, _, _, err = fetch(t, src, withProxy("anonymous"))
-	checkFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Transient, "failed to confirm existence of 'testbucket' bucket: ")
+	_, _, _, err = sourcetest.Fetch(t, src, withProxy("anonymous"))
+	sourcetest.CheckFailure(t, err, sourcev1.BucketOperationFailedReason, failure.Transient, "failed to confirm existence of 'testbucket' bucket: ")
 	if refused.Load() == 0 {
 		t.Error("the proxy refused no request")
 	}
-	_, _, _, err = fetch(t, src, withProxy("socks4"))
-	checkFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Stalling,
+	_, _, _, err = sourcetest.Fetch(t, src, withProxy("socks4"))
+	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Stalling,
 		"failed to get proxy URL: secret 'default/socks4': proxy URL must use one of the supported schemes (http, https, socks5), got 'socks4'")
-}
-
-func TestProxyURL(t *testing.T) {
-	cases := []struct {
-		data    map[string]string
-		want    string
-		message string
-	}{
-		{data: map[string]string{"address": "http://proxy:3128"}, want: "http://proxy:3128"},
-		{data: map[string]string{"address": "https://proxy:3128", "username": "u"}, want: "https://u@proxy:3128"},
-		{data: map[string]string{"address": "socks5://proxy:1080", "username": "u", "password": "p"}, want: "socks5://u:p@proxy:1080"},
-		{data: map[string]string{"address": ""}, message: "secret 'ns/p': proxy address is empty"},
-		// The address may hold a password: it is not quoted.
-		{data: map[string]string{"address": "http://u:s3cr3t@proxy:port"}, message: "secret 'ns/p': failed to parse proxy address"},
-	}
-	for _, tc := range cases {
-		data := map[string][]byte{}
-		for k, v := range tc.data {
-			data[k] = []byte(v)
-		}
-		u, err := proxyURL(data, "ns/p")
-		switch {
-		case tc.message != "":
-			if err == nil || err.Error() != tc.message {
-				t.Errorf("proxyURL(%v) error = %v, want %q", tc.data, err, tc.message)
-			}
-		case err != nil || u.String() != tc.want:
-			t.Errorf("proxyURL(%v) = %v, %v; want %s", tc.data, u, err, tc.want)
-		}
-	}
 }

@@ -228,6 +228,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		Revision:     content.Revision,
 		Staging:      key,
 		ArtifactName: content.ArtifactName,
+		Metadata:     content.Metadata,
 		EventMessage: content.EventMessage,
 		Notices:      notices,
 		Verification: content.Verification,
@@ -315,6 +316,7 @@ func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, r
 		// earlier attempt of the job may have staged.
 		Staging:      storage.StagingKey(req.Job.ID),
 		ArtifactName: idx.ArtifactName,
+		Metadata:     idx.Metadata,
 		EventMessage: idx.EventMessage,
 		Notices:      notices,
 		Includes:     req.Includes,
@@ -350,8 +352,9 @@ func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Noti
 	}
 }
 
-// stage streams the tar of content into storage at key and returns its
-// size. An archiving failure is a *failure.Error; a storage failure is not.
+// stage streams the tar of content, or its file, into storage at key and
+// returns its size. An archiving failure is a *failure.Error; a storage
+// failure is not.
 func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
 	if content.File != "" {
 		return h.stageFile(ctx, key, content.File)
@@ -376,14 +379,12 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 				werr = cause
 			}
 		}
-		return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-			Handling: handling, Err: fmt.Errorf("unable to archive artifact to storage: %w", werr)}
+		return 0, stageFailure(handling, "archive", werr)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// The spec's timeout ran out while staging.
-			return 0, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-				Err: fmt.Errorf("unable to archive artifact to storage: %w", ctx.Err())}
+			return 0, stageFailure(failure.Transient, "archive", ctx.Err())
 		}
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
@@ -404,6 +405,13 @@ func (h *Handler) stageFile(ctx context.Context, key, file string) (int64, error
 		return 0, fmt.Errorf("stage %s: %w", key, err)
 	}
 	return info.Size, nil
+}
+
+// stageFailure is a failure to stage content, in Flux's words ("unable to
+// archive artifact to storage", "unable to copy ...").
+func stageFailure(h failure.Handling, verb string, err error) *failure.Error {
+	return &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+		Handling: h, Err: fmt.Errorf("unable to %s artifact to storage: %w", verb, err)}
 }
 
 func (h *Handler) observe(kind, result string, start time.Time) {

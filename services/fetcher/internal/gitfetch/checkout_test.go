@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -388,5 +389,68 @@ func TestSymlinks(t *testing.T) {
 	}
 	if want := []string{"conf/", "deploy/", "up/"}; !reflect.DeepEqual(dirs, want) {
 		t.Errorf("archived directories = %v, want %v", dirs, want)
+	}
+}
+
+// TestSymlinkFarmIsBounded builds a link farm whose size doubles with every
+// level (each level links twice to the one below): resolving it stops at
+// the bound instead of filling the disk, and says why.
+func TestSymlinkFarmIsBounded(t *testing.T) {
+	root := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	const levels = 12 // 16 KiB * 2^12 = 64 MiB unbounded
+	// Level i is named so that it is resolved before level i+1 (links are
+	// resolved in reverse walk order), as an attacker would name them.
+	level := func(i int) string {
+		if i == 0 {
+			return "base"
+		}
+		return fmt.Sprintf("l%02d", levels-i)
+	}
+	must(os.MkdirAll(filepath.Join(root, level(0)), 0o755))
+	must(os.WriteFile(filepath.Join(root, level(0), "blob"), make([]byte, 16<<10), 0o644))
+	for i := 1; i <= levels; i++ {
+		dir := filepath.Join(root, level(i))
+		must(os.MkdirAll(dir, 0o755))
+		for _, name := range []string{"a", "b"} {
+			must(os.Symlink("../"+level(i-1), filepath.Join(dir, name)))
+		}
+	}
+	const maxBytes = 1 << 20
+	err := resolveSymlinksWithin(context.Background(), root, maxBytes, MaxLinkCopyFiles)
+	if !errors.Is(err, ErrLinksTooLarge) {
+		t.Fatalf("resolving the farm: %v, want ErrLinksTooLarge", err)
+	}
+	var total int64
+	must(filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err == nil {
+				total += fi.Size()
+			}
+		}
+		return err
+	}))
+	if total > maxBytes+16<<10 {
+		t.Errorf("the farm grew the tree to %d bytes, over the bound of %d", total, maxBytes)
+	}
+
+	// A cancelled fetch stops resolving at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := resolveSymlinks(ctx, t.TempDir()); err != nil {
+		t.Errorf("a tree without links: %v", err)
+	}
+	farm := t.TempDir()
+	must(os.MkdirAll(filepath.Join(farm, "d"), 0o755))
+	must(os.WriteFile(filepath.Join(farm, "d", "f"), []byte("x"), 0o644))
+	must(os.Symlink("d", filepath.Join(farm, "link")))
+	if err := resolveSymlinks(ctx, farm); !errors.Is(err, context.Canceled) {
+		t.Errorf("resolving after cancellation: %v, want context.Canceled", err)
 	}
 }

@@ -359,8 +359,13 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err := os.Remove(filepath.Join(tree, git.GitDirName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to unlink work tree: %w", err)
 	}
-	if err := resolveSymlinks(tree); err != nil {
-		return nil, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
+	if err := resolveSymlinks(ctx, tree); err != nil {
+		// Links that copy too much do so again: no retry helps.
+		h := failure.Transient
+		if errors.Is(err, ErrLinksTooLarge) {
+			h = failure.Final
+		}
+		return nil, &failure.Error{Handling: h, Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
 			Err: fmt.Errorf("failed to resolve symlinks in repository: %w", err)}
 	}
 	filter, err := ignore.Load(tree, r.ignore)

@@ -106,6 +106,32 @@ func TestCheck(t *testing.T) {
 	if err := checker.Check(ctx, job()); err != nil {
 		t.Errorf("the job of the new generation: %v", err)
 	}
+	// An OCIRepository's job is checked the same way.
+	oci := &sourcev1.OCIRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default"},
+		Spec: sourcev1.OCIRepositorySpec{URL: "oci://registry.example/podinfo", Interval: metav1.Duration{Duration: time.Minute},
+			SecretRef: &meta.LocalObjectReference{Name: "podinfo-pull"}},
+	}
+	if err := c.Create(ctx, oci); err != nil {
+		t.Fatal(err)
+	}
+	liveOCI := &sourcev1.OCIRepository{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(oci), liveOCI); err != nil {
+		t.Fatal(err)
+	}
+	ociJob := &events.FetchRequested{
+		Job: events.Job{ID: "job", Object: events.ObjectRef{Kind: sourcev1.OCIRepositoryKind, Namespace: liveOCI.Namespace,
+			Name: liveOCI.Name, UID: string(liveOCI.UID), Generation: liveOCI.Generation}},
+		OCIRepository: liveOCI.Spec.DeepCopy(),
+	}
+	if err := checker.Check(ctx, ociJob); err != nil {
+		t.Errorf("the job of a live OCIRepository: %v", err)
+	}
+	ociJob.OCIRepository.URL = "oci://attacker.example/x"
+	if err := checker.Check(ctx, ociJob); !errors.Is(err, ErrForged) {
+		t.Errorf("an OCIRepository job with another URL: %v, want a forged job", err)
+	}
+
 	current := job()
 	if err := c.Delete(ctx, repo); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 // Package secrets reads the Secrets that sources name for their
-// credentials, straight from the Kubernetes API (no cache, no watch): a
-// fetcher reads a few Secrets per job and must see a changed Secret at once.
+// credentials (and the image pull secrets of the ServiceAccounts they
+// name), straight from the Kubernetes API (no cache, no watch): a fetcher
+// reads a few Secrets per job and must see a changed Secret at once.
 package secrets
 
 import (
@@ -28,6 +29,9 @@ import (
 type Reader interface {
 	// Get returns the data of the Secret namespace/name.
 	Get(ctx context.Context, namespace, name string) (map[string][]byte, error)
+	// ImagePullSecrets returns the names of the image pull secrets of the
+	// ServiceAccount namespace/name, in order.
+	ImagePullSecrets(ctx context.Context, namespace, name string) ([]string, error)
 }
 
 // Options locate the Kubernetes API server.
@@ -124,6 +128,20 @@ func (k *Kube) Get(ctx context.Context, namespace, name string) (map[string][]by
 	return s.Data, nil
 }
 
+// ImagePullSecrets returns the names of the ServiceAccount's
+// imagePullSecrets, in order.
+func (k *Kube) ImagePullSecrets(ctx context.Context, namespace, name string) ([]string, error) {
+	var sa corev1.ServiceAccount
+	if err := k.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &sa); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(sa.ImagePullSecrets))
+	for _, ref := range sa.ImagePullSecrets {
+		names = append(names, ref.Name)
+	}
+	return names, nil
+}
+
 // Unavailable is the Reader of a fetcher that has no cluster to read from.
 type Unavailable struct {
 	// Err says why there is no cluster.
@@ -135,6 +153,11 @@ var ErrNoCluster = errors.New("no Kubernetes API server is configured")
 
 // Get always fails.
 func (u Unavailable) Get(context.Context, string, string) (map[string][]byte, error) {
+	return nil, fmt.Errorf("%w: %w", ErrNoCluster, u.Err)
+}
+
+// ImagePullSecrets always fails.
+func (u Unavailable) ImagePullSecrets(context.Context, string, string) ([]string, error) {
 	return nil, fmt.Errorf("%w: %w", ErrNoCluster, u.Err)
 }
 

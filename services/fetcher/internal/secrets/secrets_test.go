@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -64,8 +65,17 @@ func TestKubeGet(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(&corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "creds"},
 		Data:       map[string][]byte{"username": []byte("flux")},
+	}, &corev1.ServiceAccount{
+		ObjectMeta:       metav1.ObjectMeta{Namespace: "apps", Name: "puller"},
+		ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}, {Name: "other"}},
 	}).Build()
 	k := NewKube(c)
+	if names, err := k.ImagePullSecrets(context.Background(), "apps", "puller"); err != nil || !slices.Equal(names, []string{"regcred", "other"}) {
+		t.Errorf("ImagePullSecrets = %v, %v; want the account's pull secrets in order", names, err)
+	}
+	if _, err := k.ImagePullSecrets(context.Background(), "apps", "absent"); !apierrors.IsNotFound(err) {
+		t.Errorf("ImagePullSecrets of a missing account = %v, want not found", err)
+	}
 	data, err := k.Get(context.Background(), "apps", "creds")
 	if err != nil || string(data["username"]) != "flux" {
 		t.Errorf("Get = %v, %v; want the secret's data", data, err)

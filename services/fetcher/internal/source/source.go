@@ -79,6 +79,8 @@ type Content struct {
 	ArtifactName string
 	// EventMessage is the message of the NewArtifact event, in Flux's words.
 	EventMessage string
+	// Metadata is the artifact's metadata (an OCI artifact's annotations).
+	Metadata map[string]string
 	// Verification is the result of checking the content's signatures
 	// (a GitRepository's spec.verify); nil when none were asked for.
 	Verification *events.Verification

@@ -5,7 +5,7 @@
 //
 //	content in  -> the job's input writes the artifact to storage, with
 //	               its digest (input: staged content canonicalised, a
-//	               cached artifact copied, ...)
+//	               staged blob stored as it is, a cached artifact copied)
 //	latest      -> the source's latest pointer moves to it
 //	record      -> the content cache learns of it
 //	announce    -> Packaged is published
@@ -274,6 +274,7 @@ func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Arti
 		Revision:     j.Revision,
 		ArtifactName: j.ArtifactName,
 		EventMessage: j.EventMessage,
+		Metadata:     j.Metadata,
 	}
 	if j.reused {
 		if err := contentcache.Refresh(ctx, p.store, idx, p.now()); err != nil {
@@ -297,6 +298,7 @@ func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Arti
 // is the bus's.
 func (p *Packager) announce(ctx context.Context, j *packaging, artifact *meta.Artifact) error {
 	artifact.Revision = j.Revision
+	artifact.Metadata = j.Metadata
 	out := events.Outcome{
 		Job:               j.Job,
 		Revision:          j.Revision,

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -92,7 +93,7 @@ func TestContentCacheRecordAndReuse(t *testing.T) {
 	idx := h.readIndex(key)
 	want := contentcache.Index{Key: key, Artifact: contentcache.ArtifactKey(key), Digest: first.Artifact.Digest, Algorithm: "sha256",
 		Size: *first.Artifact.Size, Revision: f.Revision, ArtifactName: "abc.tar.gz", EventMessage: f.EventMessage}
-	if idx != want {
+	if !reflect.DeepEqual(idx, want) {
 		t.Fatalf("index = %+v\nwant    %+v", idx, want)
 	}
 	if !h.sameFile(idx.Artifact, first.Artifact.Path) {
@@ -256,7 +257,7 @@ func TestReuseRefreshesTheIndex(t *testing.T) {
 	if got := indexTime(); !got.After(old) {
 		t.Errorf("index written at %s after a reuse, want it refreshed (it was written at %s)", got, old)
 	}
-	if got := h.readIndex(key); got != idx {
+	if got := h.readIndex(key); !reflect.DeepEqual(got, idx) {
 		t.Errorf("refreshed index = %+v\nwant %+v", got, idx)
 	}
 
@@ -272,7 +273,7 @@ func TestReuseRefreshesTheIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	reuse("job-4", "fourth")
-	if got := h.readIndex(key); got != idx {
+	if got := h.readIndex(key); !reflect.DeepEqual(got, idx) {
 		t.Errorf("index written again = %+v\nwant %+v", got, idx)
 	}
 }

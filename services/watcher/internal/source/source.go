@@ -114,7 +114,7 @@ func (k Kind) ReadyMessage(revision string) string { return fmt.Sprintf(k.ReadyF
 
 // Kinds lists every kind the watcher reconciles.
 func Kinds() []Kind {
-	return []Kind{GitRepository(), Bucket(), HelmRepository(), HelmChart()}
+	return []Kind{GitRepository(), Bucket(), OCIRepository(), HelmRepository(), HelmChart()}
 }
 
 // ByName returns the kind with the given name.

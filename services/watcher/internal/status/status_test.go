@@ -1,6 +1,7 @@
 package status
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -473,4 +474,94 @@ func TestApplyHelmChart(t *testing.T) {
 	Apply(kind, c, events.TypeArtifactUnchanged, &events.Outcome{Job: o.Job, Revision: "6.1.0", Artifact: a})
 	Summarize(kind, c)
 	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionTrue, sourcev1.ChartPullSucceededReason, "pulled 'podinfo' chart with version '6.1.0'")
+}
+
+func TestApplyOCIRepository(t *testing.T) {
+	kind := source.OCIRepository()
+	r := &sourcev1.OCIRepository{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default", UID: "u", Generation: 1}}
+	r.Status.ObservedGeneration = -1
+	ignore := "*.md"
+	r.Spec.Ignore = &ignore
+	r.Spec.LayerSelector = &sourcev1.OCILayerSelector{MediaType: "application/vnd.cncf.flux.content.v1.tar+gzip", Operation: sourcev1.OCILayerExtract}
+	digest := "sha256:" + strings.Repeat("cd", 32)
+	rev := "v1@" + digest
+	a := artifact(rev, "sha256:d", time.Now())
+	a.Path = "ocirepository/default/app/" + digest + ".tar.gz"
+	a.URL = "http://srv/" + a.Path
+	msg := "stored artifact with revision '" + rev + "' from 'oci://registry/app'"
+	o := &events.Outcome{Job: job(1, ""), Revision: rev, Artifact: a, EventMessage: msg}
+	o.Job.Object.Kind = sourcev1.OCIRepositoryKind
+
+	got := Apply(kind, r, events.TypeArtifactStored, o)
+	Summarize(kind, r)
+
+	if c := conditions.Get(r, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != "stored artifact for digest '"+rev+"'" {
+		t.Errorf("Ready = %+v, want Flux's OCIRepository message", c)
+	}
+	if r.Status.URL != "http://srv/ocirepository/default/app/latest.tar.gz" {
+		t.Errorf("status.url = %q", r.Status.URL)
+	}
+	if r.Status.ObservedIgnore == nil || *r.Status.ObservedIgnore != ignore ||
+		r.Status.ObservedLayerSelector == nil || *r.Status.ObservedLayerSelector != *r.Spec.LayerSelector {
+		t.Errorf("observedIgnore %v, observedLayerSelector %v", r.Status.ObservedIgnore, r.Status.ObservedLayerSelector)
+	}
+	if want := (Event{corev1.EventTypeNormal, NewArtifactReason, msg}); len(got) != 1 || got[0] != want {
+		t.Errorf("events = %+v, want %+v", got, want)
+	}
+
+	// A changed layer selector or ignore rule forces a rebuild of the same digest.
+	req := &events.FetchRequested{}
+	force, err := kind.Request(context.Background(), nil, r, req)
+	if err != nil || force || req.OCIRepository == nil || req.OCIRepository.URL != r.Spec.URL {
+		t.Fatalf("Request = %v, %v, spec %v; want the spec and no rebuild", force, err, req.OCIRepository)
+	}
+	r.Spec.LayerSelector = &sourcev1.OCILayerSelector{MediaType: "application/x-other"}
+	if force, _ := kind.Request(context.Background(), nil, r, req); !force {
+		t.Error("a changed layer selector does not force a rebuild")
+	}
+	r.Spec.LayerSelector = r.Status.ObservedLayerSelector.DeepCopy()
+	r.Spec.Ignore = nil
+	if force, _ := kind.Request(context.Background(), nil, r, req); !force {
+		t.Error("a changed ignore rule does not force a rebuild")
+	}
+}
+
+func TestApplyOCIVerification(t *testing.T) {
+	kind := source.OCIRepository()
+	r := &sourcev1.OCIRepository{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default", UID: "u", Generation: 1}}
+	r.Status.ObservedGeneration = -1
+	r.Spec.Verify = &sourcev1.OCIRepositoryVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "cosign"}}
+	rev := "v1@sha256:" + strings.Repeat("ab", 32)
+	o := &events.Outcome{Job: job(1, ""), Revision: rev, Artifact: artifact(rev, "sha256:d", time.Now()),
+		Verification: &events.Verification{Mode: "cosign", Verified: true, Reason: meta.SucceededReason, Message: "verified signature of revision " + rev}}
+	o.Job.Object.Kind = sourcev1.OCIRepositoryKind
+	Apply(kind, r, events.TypeArtifactStored, o)
+	Summarize(kind, r)
+	if c := conditions.Get(r, sourcev1.SourceVerifiedCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != "verified signature of revision "+rev {
+		t.Errorf("SourceVerified = %+v", c)
+	}
+	if force, _ := kind.Request(context.Background(), nil, r, &events.FetchRequested{}); force {
+		t.Error("a verified artifact is rebuilt")
+	}
+
+	failed := &events.Outcome{Job: job(2, ""), Revision: "v2@sha256:" + strings.Repeat("cd", 32),
+		Failure:      &events.Failure{Reason: sourcev1.VerificationError, Message: "no matching signatures were found"},
+		Verification: &events.Verification{Mode: "cosign", Reason: sourcev1.VerificationError, Message: "no matching signatures were found"}}
+	failed.Job.Object.Kind = sourcev1.OCIRepositoryKind
+	Apply(kind, r, events.TypeArtifactFailed, failed)
+	Summarize(kind, r)
+	if c := conditions.Get(r, sourcev1.SourceVerifiedCondition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != sourcev1.VerificationError {
+		t.Errorf("SourceVerified = %+v, want False VerificationError", c)
+	}
+	if c := conditions.Get(r, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != sourcev1.VerificationError {
+		t.Errorf("Ready = %+v, want False VerificationError", c)
+	}
+	if force, _ := kind.Request(context.Background(), nil, r, &events.FetchRequested{}); !force {
+		t.Error("an artifact whose verification failed is not fetched again")
+	}
+	r.Spec.Verify = nil
+	Apply(kind, r, events.TypeArtifactUnchanged, &events.Outcome{Job: job(2, ""), Revision: rev, Artifact: r.Status.Artifact})
+	if c := conditions.Get(r, sourcev1.SourceVerifiedCondition); c != nil {
+		t.Errorf("SourceVerified %+v stays after spec.verify is removed", c)
+	}
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package miniotest
+package process
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package miniotest
+package process
 
 import "syscall"
 

@@ -1,0 +1,83 @@
+package source
+
+import (
+	"context"
+	"reflect"
+
+	"github.com/fluxcd/pkg/runtime/conditions"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+)
+
+// OCIRepository adapts sourcev1.OCIRepository.
+func OCIRepository() Kind {
+	return Kind{
+		Name:      sourcev1.OCIRepositoryKind,
+		New:       func() Object { return &sourcev1.OCIRepository{} },
+		Suspended: func(o Object) bool { return o.(*sourcev1.OCIRepository).Spec.Suspend },
+		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
+			r := o.(*sourcev1.OCIRepository)
+			req.OCIRepository = r.Spec.DeepCopy()
+			// An artifact not verified as spec.verify asks is fetched and
+			// verified again, as Flux verifies again after a failure.
+			unverified := r.Spec.Verify != nil && !conditions.IsTrue(r, sourcev1.SourceVerifiedCondition)
+			return r.Status.Artifact != nil && (ociContentConfigChanged(r) || unverified), nil
+		},
+		Record: ociRecord,
+		Observe: func(o Object) {
+			r := o.(*sourcev1.OCIRepository)
+			r.Status.ObservedIgnore = r.Spec.Ignore
+			r.Status.ObservedLayerSelector = r.Spec.LayerSelector.DeepCopy()
+			if a := r.Status.Artifact; a != nil && a.URL != "" {
+				// Flux's status.url: the stable URL of the latest artifact.
+				r.Status.URL = latestURL(a.URL)
+			}
+		},
+		ReadyFormat:    "stored artifact for digest '%s'",
+		UpToDateReason: sourcev1.ArtifactUpToDateReason,
+		Status: func(o Object) Status {
+			st := &o.(*sourcev1.OCIRepository).Status
+			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
+		},
+		// Flux's order (ociRepositoryReadyCondition), but, as for a
+		// GitRepository, a failed verification is named before the
+		// outdated artifact it causes.
+		Conditions: []string{
+			sourcev1.StorageOperationFailedCondition,
+			sourcev1.FetchFailedCondition,
+			sourcev1.SourceVerifiedCondition,
+			sourcev1.ArtifactOutdatedCondition,
+		},
+	}
+}
+
+// ociContentConfigChanged reports whether the stored artifact was built
+// with other content-affecting fields (spec.ignore, spec.layerSelector)
+// than the spec has now, as Flux's status.observedIgnore and
+// status.observedLayerSelector record them.
+func ociContentConfigChanged(r *sourcev1.OCIRepository) bool {
+	return !reflect.DeepEqual(r.Spec.Ignore, r.Status.ObservedIgnore) ||
+		!reflect.DeepEqual(r.Spec.LayerSelector, r.Status.ObservedLayerSelector)
+}
+
+// ociRecord writes SourceVerified from an outcome.
+//
+// SourceVerified (normal polarity) is True with Flux's message once the
+// signature of the fetched revision verified, False with reason
+// VerificationError when it did not, and absent when spec.verify is unset.
+func ociRecord(o Object, _ string, out *events.Outcome) {
+	r := o.(*sourcev1.OCIRepository)
+	if r.Spec.Verify == nil {
+		conditions.Delete(r, sourcev1.SourceVerifiedCondition)
+		return
+	}
+	switch v := out.Verification; {
+	case v == nil:
+	case v.Verified:
+		conditions.MarkTrue(r, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	default:
+		conditions.MarkFalse(r, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	}
+}

@@ -1,0 +1,171 @@
+// Package process runs the binary of a test server (MinIO, the OCI
+// registry) as a child process: its output kept for failure messages, a
+// graceful stop, and no process left behind when the test process dies.
+package process
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	// stopTimeout is how long Stop waits after SIGTERM before killing.
+	stopTimeout = 10 * time.Second
+	// outputLimit is how much of the server's output is kept, for failures.
+	outputLimit = 64 << 10
+)
+
+// ErrExited marks a server that exited before it was ready, which a free
+// port taken in the meantime explains: the caller may start it again.
+var ErrExited = errors.New("server exited before it was ready")
+
+// Process is a running server process.
+type Process struct {
+	name     string
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when the process has exited
+	output   *tailBuffer
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start starts cmd; name prefixes its errors. The process's combined output
+// is kept (its tail) and also written to tee when not nil.
+func Start(name string, cmd *exec.Cmd, tee io.Writer) (*Process, error) {
+	p := &Process{name: name, cmd: cmd, exited: make(chan struct{}), output: &tailBuffer{limit: outputLimit}}
+	var out io.Writer = p.output
+	if tee != nil {
+		out = io.MultiWriter(p.output, tee)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: start %s: %w", name, cmd.Path, err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// Exited is closed when the process has exited.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// ExitError is the error of a process that exited before it was ready,
+// wrapping ErrExited, with its output.
+func (p *Process) ExitError() error {
+	return fmt.Errorf("%s: %w (%s):\n%s", p.name, ErrExited, p.cmd.ProcessState, p.Output())
+}
+
+// Output is the tail of the process's combined output.
+func (p *Process) Output() string { return p.output.String() }
+
+// Stop terminates the process: SIGTERM, then a kill if it has not exited
+// within 10 seconds. It is safe to call more than once.
+func (p *Process) Stop() error {
+	p.stopOnce.Do(func() {
+		select {
+		case <-p.exited:
+			return
+		default:
+		}
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			p.stopErr = fmt.Errorf("%s: stop: %w", p.name, err)
+		}
+		select {
+		case <-p.exited:
+		case <-time.After(stopTimeout):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+			p.stopErr = fmt.Errorf("%s: server did not stop within %s of SIGTERM; killed", p.name, stopTimeout)
+		}
+	})
+	return p.stopErr
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port that was free a moment
+// ago.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// tailBuffer keeps the last limit bytes written to it.
+type tailBuffer struct {
+	mu    sync.Mutex
+	limit int
+	buf   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.limit; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
+
+// Binary returns the path of the binary the environment variable env
+// names; what names the server in errors ("MinIO").
+func Binary(env, what string) (string, error) {
+	bin := os.Getenv(env)
+	if bin == "" {
+		return "", fmt.Errorf("%s is not set: run `make test` (it builds %s)", env, what)
+	}
+	if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
+		return "", fmt.Errorf("%s binary %s (from %s) is missing: run `make test` (it builds %s)", what, bin, env, what)
+	}
+	return bin, nil
+}
+
+// Server is a test server built on a Process.
+type Server interface {
+	Stop() error
+	Output() string
+}
+
+// ForTest starts a server for tb with start, on the binary env names and a
+// temporary directory, and stops it when the test ends, logging the tail
+// of its output if the test failed. It fails the test when the binary is
+// not available or the server does not start.
+func ForTest[S Server](tb testing.TB, env, what string, start func(bin, dir string) (S, error)) S {
+	tb.Helper()
+	bin, err := Binary(env, what)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := start(bin, tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			tb.Error(err)
+		}
+		if tb.Failed() {
+			tb.Logf("%s output (tail):\n%s", what, s.Output())
+		}
+	})
+	return s
+}
