@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,11 +13,13 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"helm.sh/helm/v3/pkg/chart/loader"
+	helmregistry "helm.sh/helm/v3/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
+	ociregistry "github.com/headwater-gitops/headwater/testsupport/registry"
 )
 
 // TestHelmRepositoryAndChart is Flux's HelmRepository and HelmChart
@@ -317,5 +320,54 @@ func TestHelmRepositoriesTogether(t *testing.T) {
 	}
 	if d, nm, _ := srv.Counts(); d != 1 {
 		t.Errorf("%d index downloads (%d 304s) for %d HelmRepositories of one URL, want 1", d, nm, n)
+	}
+}
+
+// TestHelmChartFromOCI pulls a chart from a HelmRepository of type oci
+// (the CNCF distribution registry, basic auth): the repository stays
+// static as in Flux, the chart is pulled as is.
+func TestHelmChartFromOCI(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	reg := ociregistry.New(t, ociregistry.Options{Username: "helm", Password: "oci"})
+	push, err := helmregistry.NewClient(helmregistry.ClientOptPlainHTTP(), helmregistry.ClientOptWriter(io.Discard),
+		helmregistry.ClientOptBasicAuth("helm", "oci"), helmregistry.ClientOptCredentialsFile(filepath.Join(t.TempDir(), "creds.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"6.0.0", "6.1.0"} {
+		p, err := chartrepo.Package(t.TempDir(), chartrepo.Chart{Name: "podinfo", Version: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := push.Push(data, reg.Host+"/charts/podinfo:"+v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	createSecret(t, "oci-charts-auth", map[string]string{"username": "helm", "password": "oci"})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "oci-charts", Namespace: namespace},
+		Spec: sourcev1.HelmRepositorySpec{URL: reg.URL("charts"), Type: sourcev1.HelmRepositoryTypeOCI, Insecure: true,
+			Interval: metav1.Duration{Duration: 5 * time.Minute}, SecretRef: &meta.LocalObjectReference{Name: "oci-charts-auth"}},
+	})
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo-oci", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: "6.x", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: "oci-charts"}},
+	})
+	chart := waitHelmChart(t, "podinfo-oci", "6.1.0")
+	if c := conditionOf(t, chart, meta.ReadyCondition); c.Message != "pulled 'podinfo' chart with version '6.1.0'" {
+		t.Errorf("Ready message %q", c.Message)
+	}
+	if _, err := loader.LoadArchive(bytes.NewReader(download(t, chart.Status.Artifact.URL))); err != nil {
+		t.Fatal(err)
+	}
+	repo := getObject(t, "oci-charts", &sourcev1.HelmRepository{})
+	if len(repo.Finalizers) != 0 || repo.Status.Artifact != nil || len(repo.Status.Conditions) != 0 {
+		t.Errorf("an OCI HelmRepository is static in Flux; got finalizers %v, status %+v", repo.Finalizers, repo.Status)
 	}
 }

@@ -125,6 +125,8 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	switch {
 	case cs.Kind == sourcev1.GitRepositoryKind || cs.Kind == sourcev1.BucketKind:
 		return s.resolveTarball(ctx, req)
+	case cs.Kind == sourcev1.HelmRepositoryKind && cs.HelmRepository != nil && cs.HelmRepository.Type == sourcev1.HelmRepositoryTypeOCI:
+		return s.resolveOCI(ctx, req)
 	case cs.Kind != sourcev1.HelmRepositoryKind || cs.HelmRepository == nil:
 		return nil, source.StalledError("UnsupportedSourceKind", "charts from %s sources are not supported", cs.Kind)
 	}

@@ -127,8 +127,13 @@ func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.Fe
 		return false, waiting(sourcev1.FetchFailedCondition, SourceUnavailableReason, false, "failed to get source: %s", err.Error())
 	}
 	if repo, ok := src.(*sourcev1.HelmRepository); ok && repo.Spec.Type == sourcev1.HelmRepositoryTypeOCI {
-		return false, waiting(sourcev1.FetchFailedCondition, UnsupportedSourceKindReason, true,
-			"charts from HelmRepositories of type 'oci' are not supported yet")
+		// An OCI repository has no artifact: the fetcher pulls from the
+		// registry itself.
+		if err := refuseCredentials("the URL of HelmRepository '"+repo.Name+"'", repo.Spec.URL); err != nil {
+			return false, err
+		}
+		req.ChartSource = &events.ChartSource{Kind: ref.Kind, Name: ref.Name, HelmRepository: repo.Spec.DeepCopy()}
+		return chartForce(c), nil
 	}
 	a := src.GetArtifact()
 	if a == nil {
@@ -152,10 +157,17 @@ func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.Fe
 		}
 		req.ChartSource.Repositories = repos
 	}
+	return chartForce(c), nil
+}
+
+// chartForce reports whether the stored chart was built with other spec
+// fields than the current ones (Flux's observed chart name and values
+// files), so it is rebuilt even if its version is unchanged.
+func chartForce(c *sourcev1.HelmChart) bool {
 	if c.Status.Artifact == nil {
-		return false, nil
+		return false
 	}
-	return c.Status.ObservedChartName != c.Spec.Chart || !equalOrEmpty(c.Status.ObservedValuesFiles, c.Spec.ValuesFiles), nil
+	return c.Status.ObservedChartName != c.Spec.Chart || !equalOrEmpty(c.Status.ObservedValuesFiles, c.Spec.ValuesFiles)
 }
 
 // chartRepositories lists the HelmRepositories of namespace that have an
