@@ -41,6 +41,13 @@ type ociResolved struct {
 // otherwise the registry's tags are listed and the highest match picked.
 func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
 	spec, repoSpec := req.HelmChart, req.ChartSource.HelmRepository
+	if v := spec.Verify; v != nil && v.Provider != "" {
+		// Flux verifies OCI charts' signatures; a chart must not be served
+		// as if it had been.
+		return nil, source.StalledError(sourcev1.VerificationError,
+			"verifying charts' signatures (spec.verify, provider '%s') is not supported yet: remove spec.verify to pull without verification",
+			v.Provider)
+	}
 	if !strings.HasPrefix(repoSpec.URL, "oci://") {
 		return nil, source.StalledError(sourcev1.URLInvalidReason, "invalid OCI registry URL: %s", failure.RedactURL(repoSpec.URL))
 	}

@@ -82,6 +82,12 @@ func TestFetchChartOCI(t *testing.T) {
 			t.Fatalf("failure %v", err)
 		}
 	})
+	t.Run("verify", func(t *testing.T) {
+		_, err := s.Resolve(ctx, request(sourcev1.HelmChartSpec{Chart: "podinfo", Verify: &sourcev1.HelmChartVerification{Provider: "cosign"}}, cs))
+		if f := failure.As(err); f == nil || f.Handling != failure.Stalling || !strings.Contains(f.Error(), "not supported yet") {
+			t.Fatalf("failure %v", err)
+		}
+	})
 	t.Run("no match", func(t *testing.T) {
 		_, err := s.Resolve(ctx, request(sourcev1.HelmChartSpec{Chart: "podinfo", Version: "9.x"}, cs))
 		if f := failure.As(err); f == nil || f.Reason != ReasonChartReference || f.Handling != failure.Stalling {
