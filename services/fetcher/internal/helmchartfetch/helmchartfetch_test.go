@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"sigs.k8s.io/yaml"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets/secretstest"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
 )
 
@@ -63,7 +66,6 @@ func request(spec sourcev1.HelmChartSpec, cs *events.ChartSource) *events.FetchR
 
 func TestFetchChart(t *testing.T) {
 	srv, s, cs := setup(t)
-	ctx := context.Background()
 	for _, tc := range []struct {
 		name     string
 		spec     sourcev1.HelmChartSpec
@@ -86,28 +88,13 @@ func TestFetchChart(t *testing.T) {
 			values:  map[string]any{"message": "prod", "nested": map[string]any{"b": float64(2)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := s.Resolve(ctx, request(tc.spec, cs))
-			must(t, err)
-			if res.Revision() != tc.revision {
-				t.Fatalf("revision %s, want %s", res.Revision(), tc.revision)
-			}
-			dir := t.TempDir()
-			content, err := res.Download(ctx, dir)
-			must(t, err)
-			if content.ArtifactName != "podinfo-"+tc.revision+".tgz" || content.EventMessage != tc.message || content.File != filepath.Join(dir, ChartFile) {
-				t.Fatalf("content = %+v", content)
-			}
-			ch, err := loader.Load(filepath.Join(dir, ChartFile))
-			must(t, err)
-			if ch.Metadata.Version != tc.revision {
-				t.Fatalf("chart version %s, want %s", ch.Metadata.Version, tc.revision)
-			}
+			content, ch := fetchChart(t, s, request(tc.spec, cs), "podinfo", tc.revision, tc.message)
 			if tc.values != nil && !equalJSON(ch.Values, tc.values) {
 				t.Fatalf("values %v, want %v", ch.Values, tc.values)
 			}
 			if tc.values == nil {
 				// Pulled as is: the bytes the repository serves.
-				got, err := os.ReadFile(filepath.Join(dir, ChartFile))
+				got, err := os.ReadFile(content.File)
 				must(t, err)
 				want, err := os.ReadFile(filepath.Join(srv.Dir, "podinfo-"+tc.revision+".tgz"))
 				must(t, err)
@@ -221,4 +208,32 @@ func toYAML(m map[string]any) string {
 		return err.Error()
 	}
 	return string(b)
+}
+
+// fetchChart resolves and downloads a HelmChart job with s, checks the
+// revision, the artifact name (<chart>-<revision>.tgz) and the message,
+// and returns the content and the chart it holds.
+func fetchChart(t *testing.T, s *Source, req *events.FetchRequested, chartName, revision, message string) (*source.Content, *chart.Chart) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := s.Resolve(ctx, req)
+	must(t, err)
+	if c, ok := res.(io.Closer); ok {
+		defer c.Close()
+	}
+	if res.Revision() != revision {
+		t.Fatalf("revision %s, want %s", res.Revision(), revision)
+	}
+	dir := t.TempDir()
+	content, err := res.Download(ctx, dir)
+	must(t, err)
+	if content.ArtifactName != chartName+"-"+revision+".tgz" || content.EventMessage != message || content.File != filepath.Join(dir, ChartFile) {
+		t.Fatalf("content = %+v", content)
+	}
+	ch, err := loader.Load(content.File)
+	must(t, err)
+	if ch.Metadata.Version != revision {
+		t.Fatalf("chart version %s, want %s", ch.Metadata.Version, revision)
+	}
+	return content, ch
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/registry"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -54,23 +53,7 @@ func TestFetchChartOCI(t *testing.T) {
 			"6.1.0+3", "packaged 'podinfo' chart with version '6.1.0+3' and merged values files [values.yaml values-prod.yaml]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := s.Resolve(ctx, request(tc.spec, cs))
-			must(t, err)
-			defer res.(io.Closer).Close()
-			if res.Revision() != tc.revision {
-				t.Fatalf("revision %s, want %s", res.Revision(), tc.revision)
-			}
-			dir := t.TempDir()
-			c, err := res.Download(ctx, dir)
-			must(t, err)
-			if c.EventMessage != tc.message || c.ArtifactName != "podinfo-"+tc.revision+".tgz" {
-				t.Fatalf("content %+v", c)
-			}
-			ch, err := loader.Load(c.File)
-			must(t, err)
-			if ch.Metadata.Version != tc.revision {
-				t.Fatalf("chart version %s", ch.Metadata.Version)
-			}
+			fetchChart(t, s, request(tc.spec, cs), "podinfo", tc.revision, tc.message)
 		})
 	}
 	t.Run("wrong credentials", func(t *testing.T) {

@@ -5,14 +5,12 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	"helm.sh/helm/v3/pkg/chart/loader"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
@@ -70,19 +68,7 @@ func TestFetchChartFromSource(t *testing.T) {
 			message: "packaged 'app' chart with version '1.2.3+0123456789ab' and merged values files [values.yaml values-prod.yaml]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := s.Resolve(ctx, request(tc.spec, cs))
-			must(t, err)
-			if res.Revision() != tc.revision {
-				t.Fatalf("revision %s, want %s", res.Revision(), tc.revision)
-			}
-			dir := t.TempDir()
-			content, err := res.Download(ctx, dir)
-			must(t, err)
-			if content.EventMessage != tc.message || content.ArtifactName != "app-"+tc.revision+".tgz" {
-				t.Fatalf("content = %+v", content)
-			}
-			ch, err := loader.Load(filepath.Join(dir, ChartFile))
-			must(t, err)
+			_, ch := fetchChart(t, s, request(tc.spec, cs), "app", tc.revision, tc.message)
 			var deps []string
 			for _, d := range ch.Dependencies() {
 				deps = append(deps, d.Name()+"@"+d.Metadata.Version)
