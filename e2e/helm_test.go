@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -285,7 +286,8 @@ func TestHelmChartFromGit(t *testing.T) {
 	for _, d := range ch.Dependencies() {
 		deps = append(deps, d.Name()+"@"+d.Metadata.Version)
 	}
-	if strings.Join(deps, ",") != "redis@1.1.0,common@0.1.0" {
+	sort.Strings(deps)
+	if strings.Join(deps, ",") != "common@0.1.0,redis@1.1.0" {
 		t.Errorf("dependencies %v, want redis@1.1.0 (from the HelmRepository) and common@0.1.0 (file://)", deps)
 	}
 
