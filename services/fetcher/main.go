@@ -139,7 +139,7 @@ func run(ctx context.Context, o options) error {
 				MaxFileSize: o.maxFileSize},
 			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize},
 			helmfetch.Kind:      helmSource,
-			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize},
+			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize, Indexes: helmSource},
 		},
 		Storage:      store,
 		Publisher:    conn.NewPublisher(service),

@@ -75,6 +75,9 @@ type Source struct {
 	// MaxChartSize bounds a chart archive; DefaultMaxChartSize when not
 	// positive.
 	MaxChartSize int64
+	// Indexes fetch the index of a dependency's repository that is no
+	// HelmRepository of the namespace; nil refuses such dependencies.
+	Indexes *helmfetch.Source
 
 	transports helmfetch.Transports
 }

@@ -16,11 +16,13 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/repo"
 	"sigs.k8s.io/yaml"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -264,8 +266,7 @@ func (b *depBuilder) remote(ctx context.Context, dep *chart.Dependency) (*chart.
 		}
 	}
 	if found == nil {
-		return nil, b.fail(failure.Final, fmt.Errorf("dependency '%s': no HelmRepository with an index in namespace '%s' has the URL '%s'",
-			dep.Name, b.r.namespace, failure.RedactURL(dep.Repository)))
+		return b.anonymous(ctx, dep)
 	}
 	access, err := helmfetch.NewAccess(ctx, b.r.src.Secrets, &b.r.src.transports, b.r.namespace, &found.Spec)
 	if err != nil {
@@ -275,6 +276,45 @@ func (b *depBuilder) remote(ctx context.Context, dep *chart.Dependency) (*chart.
 	if err != nil {
 		return nil, b.fail(failure.Final, fmt.Errorf("dependency '%s': %w", dep.Name, err))
 	}
+	return b.pull(ctx, access, cv)
+}
+
+// anonymous pulls a dependency from a repository that is no HelmRepository
+// of the namespace, without credentials, as Flux does: its index is
+// downloaded (checked, within the size limit) for the job.
+func (b *depBuilder) anonymous(ctx context.Context, dep *chart.Dependency) (*chart.Chart, error) {
+	if b.r.src.Indexes == nil {
+		return nil, b.fail(failure.Final, fmt.Errorf("dependency '%s': no HelmRepository with an index in namespace '%s' has the URL '%s'",
+			dep.Name, b.r.namespace, failure.RedactURL(dep.Repository)))
+	}
+	spec := &sourcev1.HelmRepositorySpec{URL: dep.Repository}
+	access, err := helmfetch.NewAccess(ctx, nil, &b.r.src.transports, b.r.namespace, spec)
+	if err != nil {
+		return nil, err
+	}
+	p, err := b.r.src.Indexes.FetchIndex(ctx, b.r.namespace, spec, b.work)
+	if err != nil {
+		return nil, b.fail(failure.Transient, fmt.Errorf("dependency '%s': %w", dep.Name, err))
+	}
+	defer os.Remove(p)
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, b.fail(failure.Transient, err)
+	}
+	defer f.Close()
+	cvs, err := helmindex.Versions(f, dep.Name)
+	if err != nil {
+		return nil, b.fail(failure.Final, fmt.Errorf("dependency '%s': %w", dep.Name, err))
+	}
+	cv, err := pickVersion(cvs, dep.Name, dep.Version)
+	if err != nil {
+		return nil, b.fail(failure.Final, fmt.Errorf("dependency '%s': %w", dep.Name, err))
+	}
+	return b.pull(ctx, access, cv)
+}
+
+// pull downloads a dependency's chart with access.
+func (b *depBuilder) pull(ctx context.Context, access *helmfetch.Access, cv *repo.ChartVersion) (*chart.Chart, error) {
 	b.n++
 	p := filepath.Join(b.work, fmt.Sprintf("dependency-%d.tgz", b.n))
 	defer os.Remove(p)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
+	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
 )
 
 // sourceArtifact stores files as a source's tar.gz artifact and returns
@@ -87,6 +89,22 @@ func TestFetchChartFromSource(t *testing.T) {
 	unknownRepo := map[string]string{
 		"a/Chart.yaml": "apiVersion: v2\nname: a\nversion: 1.0.0\ndependencies:\n- name: x\n  version: 1.0.0\n  repository: https://charts.example.com\n",
 	}
+	t.Run("dependency from a repository that is no HelmRepository", func(t *testing.T) {
+		public := &chartrepo.Server{Dir: t.TempDir()}
+		must(t, public.Start("127.0.0.1:0"))
+		t.Cleanup(func() { _ = public.Stop() })
+		must(t, public.Add(chartrepo.Chart{Name: "redis", Version: "1.0.0"}, chartrepo.Chart{Name: "redis", Version: "1.1.0"}))
+		files := map[string]string{"a/Chart.yaml": "apiVersion: v2\nname: a\nversion: 1.0.0\ndependencies:\n" +
+			"- name: redis\n  version: 1.x\n  repository: " + public.URL() + "\n"}
+		c := sourceArtifact(t, s, "gitrepository/default/public/a.tar.gz", files, repos)
+		s.Indexes = helmfetch.NewSource(nil, 0, nil, nil)
+		defer func() { s.Indexes = nil }()
+		_, ch := fetchChart(t, s, request(sourcev1.HelmChartSpec{Chart: "a"}, c), "a", "1.0.0", "packaged 'a' chart with version '1.0.0'")
+		if deps := ch.Dependencies(); len(deps) != 1 || deps[0].Metadata.Version != "1.1.0" {
+			t.Fatalf("dependencies %v", deps)
+		}
+	})
+
 	for _, tc := range []struct {
 		name      string
 		files     map[string]string

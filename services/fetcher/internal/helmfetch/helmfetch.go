@@ -328,3 +328,20 @@ func HumanSize(size int64) string {
 	}
 	return strconv.FormatFloat(f, 'g', 4, 64) + units[i]
 }
+
+// FetchIndex downloads the index of the chart repository spec describes
+// into a new file in dir, checked and within the size limit, as Resolve
+// does but without validators: for a chart dependency whose repository is
+// no HelmRepository (Flux fetches those anonymously). It returns the
+// file's path.
+func (s *Source) FetchIndex(ctx context.Context, namespace string, spec *sourcev1.HelmRepositorySpec, dir string) (string, error) {
+	access, err := NewAccess(ctx, s.Secrets, &s.transports, namespace, spec)
+	if err != nil {
+		return "", err
+	}
+	r := &resolved{src: &Source{MaxIndexSize: s.MaxIndexSize, TempDir: dir}, access: access, specURL: failure.RedactURL(spec.URL)}
+	if err := r.fetch(ctx, http.Header{}); err != nil {
+		return "", err
+	}
+	return r.file, nil
+}
