@@ -143,7 +143,7 @@ test-unit: ## Run the tests that need no built tools (fast).
 	@for m in $(MODULES); do (cd $$m && go test -short $(GO_TEST_FLAGS) ./...) || exit 1; done
 
 .PHONY: bench
-bench: kube-tools build ## Run the benchmarks and print a table (BENCH_RUNS=n repeats scenario a; default 2).
+bench: kube-tools registry build ## Run the benchmarks and print a table (BENCH_RUNS=n repeats scenario a; default 2).
 	cd e2e && go test -run '^$$' -bench '^BenchmarkSources$$' -benchtime 1x -timeout 30m ./bench/ -args -many-small-runs $(or $(BENCH_RUNS),2)
 
 ##@ Quality

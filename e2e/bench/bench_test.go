@@ -71,10 +71,18 @@ func BenchmarkSources(b *testing.B) {
 		}
 		report(b, m)
 	})
+	b.Run("many-oci", func(b *testing.B) {
+		m, err := ManyOCI(b.Context(), o, b)
+		rows = append(rows, row("e. 1000 OCIRepositories over 10 artifacts (Flux: its own benchmark, 16 cores, not side by side)", FluxManyOCI, m, err))
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, m)
+	})
 	b.Run("helm-same-url", func(b *testing.B) {
 		created, requested, err := HelmSameURL(b.Context(), o)
-		rows = append(rows, row("e. 100 HelmRepositories of one URL", Reference{}, created, err),
-			row("e'. reconcile request to all 100 (index unchanged)", Reference{}, requested, err))
+		rows = append(rows, row("f. 100 HelmRepositories of one URL", Reference{}, created, err),
+			row("f'. reconcile request to all 100 (index unchanged)", Reference{}, requested, err))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -123,10 +123,10 @@ func waitReady(ctx context.Context, c client.Client, obj readyObject, name strin
 	}
 }
 
-// helmSameURL is the number of HelmRepositories of scenario e.
+// helmSameURL is the number of HelmRepositories of scenario f.
 const helmSameURL = 100
 
-// HelmSameURL runs scenario e: 100 HelmRepositories of one URL created at
+// HelmSameURL runs scenario f: 100 HelmRepositories of one URL created at
 // once, awaited Ready; then a reconcile request to all of them with the
 // index unchanged, awaited handled. The notes count what the repository
 // served: index downloads (target 1) and 304s.
@@ -174,15 +174,15 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 			Spec:       sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: smallInterval}},
 		})
 	}); err != nil {
-		return nil, nil, fmt.Errorf("scenario e: %w", err)
+		return nil, nil, fmt.Errorf("scenario f: %w", err)
 	}
 	for _, name := range names {
 		if err := waitReady(sctx, c, &sourcev1.HelmRepository{}, name); err != nil {
-			return nil, nil, errors.Join(fmt.Errorf("scenario e: %w", err), serviceState(env))
+			return nil, nil, errors.Join(fmt.Errorf("scenario f: %w", err), serviceState(env))
 		}
 	}
 	at := time.Now()
-	o.progress("e: %d HelmRepositories Ready", helmSameURL)
+	o.progress("f: %d HelmRepositories Ready", helmSameURL)
 	settle(sctx, env)
 	if created, err = meter.stop(sctx, at); err != nil {
 		return created, nil, err
@@ -203,7 +203,7 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 		obj.SetAnnotations(map[string]string{meta.ReconcileRequestAnnotation: token})
 		return c.Patch(ctx, obj, base)
 	}); err != nil {
-		return created, nil, fmt.Errorf("scenario e: %w", err)
+		return created, nil, fmt.Errorf("scenario f: %w", err)
 	}
 	for _, name := range names {
 		for {
@@ -212,7 +212,7 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 				break
 			}
 			if !sleep(sctx, 100*time.Millisecond) {
-				return created, nil, fmt.Errorf("scenario e: %s did not handle the reconcile request: %w", name, sctx.Err())
+				return created, nil, fmt.Errorf("scenario f: %s did not handle the reconcile request: %w", name, sctx.Err())
 			}
 		}
 	}

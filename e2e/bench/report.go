@@ -31,6 +31,9 @@ var (
 	FluxLargeTree = Reference{Wall: 19700 * time.Millisecond}
 	// FluxHelmIndex: one 48 MiB Helm repository index.
 	FluxHelmIndex = Reference{PeakRSS: 1280 * mib}
+	// FluxManyOCI: 1000 OCIRepositories, from Flux's own benchmark of
+	// Flux 2.8 on a 16-core runner (not measured here).
+	FluxManyOCI = Reference{Wall: 85 * time.Second, PeakRSS: 67 * mib}
 )
 
 // Headwater's targets: a quarter of Flux's times, a tenth of its memory.

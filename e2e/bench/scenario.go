@@ -85,7 +85,7 @@ func ManySmall(ctx context.Context, o Options) (created, requested *Measurement,
 	sctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
 	defer cancel()
 	o.progress("a: creating %d GitRepositories over %d repositories", smallSources, smallRepos)
-	created, err = measure(sctx, o, "a", env, c, readyWithArtifact, len(names), func(ctx context.Context) error {
+	created, err = measure(sctx, o, "a", env, c, readyWithArtifact[*sourcev1.GitRepository], len(names), func(ctx context.Context) error {
 		return forEach(ctx, names, func(ctx context.Context, i int, name string) error {
 			obj := &sourcev1.GitRepository{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
@@ -151,7 +151,7 @@ func LargeTree(ctx context.Context, o Options) (m *Measurement, err error) {
 		},
 	}
 	o.progress("b: creating one GitRepository of a %d MiB tree", bigTreeSize>>20)
-	m, err = measure(sctx, o, "b", env, c, readyWithArtifact, 1, func(ctx context.Context) error {
+	m, err = measure(sctx, o, "b", env, c, readyWithArtifact[*sourcev1.GitRepository], 1, func(ctx context.Context) error {
 		return c.Create(ctx, obj)
 	})
 	if err != nil {
@@ -166,10 +166,18 @@ func LargeTree(ctx context.Context, o Options) (m *Measurement, err error) {
 	return m, nil
 }
 
-// measure starts measuring, applies, and waits until want objects match.
+// measure starts measuring GitRepositories, applies, and waits until want
+// of them match.
 func measure(ctx context.Context, o Options, scenario string, env *harness.Env, c client.WithWatch,
 	match func(*sourcev1.GitRepository) bool, want int, apply func(context.Context) error) (*Measurement, error) {
-	t := newTracker(c, namespace, want, match)
+	gitRepositories := func() client.ObjectList { return &sourcev1.GitRepositoryList{} }
+	return measureKind(ctx, o, scenario, env, newTracker(c, namespace, want, gitRepositories, match), want, apply)
+}
+
+// measureKind starts measuring, applies, and waits until t has seen want
+// objects match.
+func measureKind[T fluxSource](ctx context.Context, o Options, scenario string, env *harness.Env, t *tracker[T], want int,
+	apply func(context.Context) error) (*Measurement, error) {
 	m, err := startMeter(ctx, env)
 	if err != nil {
 		return nil, err

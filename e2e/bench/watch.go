@@ -14,42 +14,51 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
+// fluxSource is a Flux source object the benchmark waits for.
+type fluxSource interface {
+	client.Object
+	GetArtifact() *meta.Artifact
+	GetConditions() []metav1.Condition
+}
+
 // readyWithArtifact is the end of a new object's first reconcile: Ready=True
 // for its current generation, with status.artifact set.
-func readyWithArtifact(o *sourcev1.GitRepository) bool {
-	return o.Status.ObservedGeneration == o.Generation && o.Status.Artifact != nil &&
-		apimeta.IsStatusConditionTrue(o.Status.Conditions, meta.ReadyCondition)
+func readyWithArtifact[T fluxSource](o T) bool {
+	ready := apimeta.FindStatusCondition(o.GetConditions(), meta.ReadyCondition)
+	return o.GetArtifact() != nil && ready != nil && ready.Status == metav1.ConditionTrue && ready.ObservedGeneration == o.GetGeneration()
 }
 
 // handled returns the end of a requested reconcile: token handled, and the
 // object still Ready with an artifact.
 func handled(token string) func(*sourcev1.GitRepository) bool {
 	return func(o *sourcev1.GitRepository) bool {
-		return o.Status.LastHandledReconcileAt == token && readyWithArtifact(o)
+		return o.Status.LastHandledReconcileAt == token && readyWithArtifact(o) && o.Status.ObservedGeneration == o.Generation
 	}
 }
 
-// tracker follows the GitRepositories of a namespace with one list and
+// tracker follows the sources of one kind in a namespace with one list and
 // watch (no polling, so it adds little load to the API server) and tells
 // when want of them match.
-type tracker struct {
-	c     client.WithWatch
-	ns    string
-	want  int
-	match func(*sourcev1.GitRepository) bool
+type tracker[T fluxSource] struct {
+	c       client.WithWatch
+	ns      string
+	want    int
+	match   func(T) bool
+	newList func() client.ObjectList
 
 	mu      sync.Mutex
 	matched map[string]bool
 	last    time.Time // when the last matching object was seen
 }
 
-// newTracker returns a tracker waiting for want objects in ns to match.
-func newTracker(c client.WithWatch, ns string, want int, match func(*sourcev1.GitRepository) bool) *tracker {
-	return &tracker{c: c, ns: ns, want: want, match: match, matched: map[string]bool{}}
+// newTracker returns a tracker waiting for want objects of the kind
+// newList lists in ns to match.
+func newTracker[T fluxSource](c client.WithWatch, ns string, want int, newList func() client.ObjectList, match func(T) bool) *tracker[T] {
+	return &tracker[T]{c: c, ns: ns, want: want, match: match, newList: newList, matched: map[string]bool{}}
 }
 
 // count is how many objects match now.
-func (t *tracker) count() int {
+func (t *tracker[T]) count() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.matched)
@@ -57,23 +66,29 @@ func (t *tracker) count() int {
 
 // run lists and watches until want objects match (returning when that was
 // first seen) or ctx ends.
-func (t *tracker) run(ctx context.Context) (time.Time, error) {
+func (t *tracker[T]) run(ctx context.Context) (time.Time, error) {
 	for {
-		var list sourcev1.GitRepositoryList
-		if err := t.c.List(ctx, &list, client.InNamespace(t.ns)); err != nil {
+		list := t.newList()
+		if err := t.c.List(ctx, list, client.InNamespace(t.ns)); err != nil {
 			if !sleep(ctx, time.Second) {
 				return time.Time{}, fmt.Errorf("waiting for %d objects (%d matched; last list error: %w): %w", t.want, t.count(), err, ctx.Err())
 			}
 			continue
 		}
-		for i := range list.Items {
-			t.update(&list.Items[i], false)
+		items, err := apimeta.ExtractList(list)
+		if err != nil {
+			return time.Time{}, err
+		}
+		for _, item := range items {
+			if o, ok := item.(T); ok {
+				t.update(o, false)
+			}
 		}
 		if at, ok := t.reached(); ok {
 			return at, nil
 		}
-		w, err := t.c.Watch(ctx, &sourcev1.GitRepositoryList{}, client.InNamespace(t.ns),
-			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+		w, err := t.c.Watch(ctx, t.newList(), client.InNamespace(t.ns),
+			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.GetResourceVersion()}})
 		if err != nil {
 			sleep(ctx, time.Second)
 			continue
@@ -90,9 +105,9 @@ func (t *tracker) run(ctx context.Context) (time.Time, error) {
 }
 
 // follow applies watch events until want objects match or the watch ends.
-func (t *tracker) follow(w watch.Interface) (time.Time, bool) {
+func (t *tracker[T]) follow(w watch.Interface) (time.Time, bool) {
 	for ev := range w.ResultChan() {
-		o, ok := ev.Object.(*sourcev1.GitRepository)
+		o, ok := ev.Object.(T)
 		switch {
 		case ev.Type == watch.Error, !ok:
 			return time.Time{}, false // relist
@@ -108,20 +123,20 @@ func (t *tracker) follow(w watch.Interface) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-func (t *tracker) update(o *sourcev1.GitRepository, deleted bool) {
+func (t *tracker[T]) update(o T, deleted bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !deleted && t.match(o) {
-		if !t.matched[o.Name] {
-			t.matched[o.Name] = true
+		if !t.matched[o.GetName()] {
+			t.matched[o.GetName()] = true
 			t.last = time.Now()
 		}
 		return
 	}
-	delete(t.matched, o.Name)
+	delete(t.matched, o.GetName())
 }
 
-func (t *tracker) reached() (time.Time, bool) {
+func (t *tracker[T]) reached() (time.Time, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.last, len(t.matched) >= t.want

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -64,6 +65,8 @@ type Handler struct {
 	// and asks the packager to record new artifacts for reuse (see package
 	// contentcache).
 	ContentCache bool
+	// flights joins concurrent fetches of the same content (see inflight).
+	flights inflight
 	// Provenance, when set, checks each job against the live object it
 	// names before anything is read or fetched for it: a stale job is
 	// dropped, a forged one rejected. Nil without a cluster.
@@ -199,6 +202,29 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		}
 	}
 
+	// Fetches of the same content that run now join the first: it
+	// downloads, the others copy what it staged.
+	var lead func(staged *events.Fetched)
+	if share := h.shareable(res); share != nil {
+		identity, _ := share.ContentIdentity()
+		flightKey := contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
+		fl, leader := h.flights.join(flightKey)
+		if !leader {
+			if result, done, err := h.follow(ctx, work, req, fl, share, notices); done || err != nil {
+				return result, err
+			}
+		} else {
+			landed := false
+			lead = func(staged *events.Fetched) {
+				if !landed {
+					landed = true
+					h.flights.land(flightKey, fl, staged)
+				}
+			}
+			defer lead(nil)
+		}
+	}
+
 	dir, err := os.MkdirTemp(h.TempDir, "fetch-")
 	if err != nil {
 		return "", &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
@@ -243,6 +269,11 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 			out.ContentKey = contentcache.Key(kind, identity, content.Revision, req.Includes, h.MaxFileSize)
 		}
 	}
+	if lead != nil {
+		// The followers copy the staged content before the packager,
+		// once it has the job, deletes it.
+		lead(out)
+	}
 	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
 		return "", err
 	}
@@ -274,6 +305,39 @@ func (h *Handler) shareable(res source.Resolved) source.Shareable {
 		return nil
 	}
 	return share
+}
+
+// follow waits for the fetch leading the flight of the same content and
+// hands what it staged to the packager as this job's: a copy of it at the
+// job's own staging key, after this source's own credentials proved they
+// can read the upstream. done is false when the leader failed or the copy
+// could not be made: the caller then fetches itself.
+func (h *Handler) follow(ctx, work context.Context, req *events.FetchRequested, fl *flight, share source.Shareable,
+	notices []events.Notice) (result string, done bool, err error) {
+	release := sync.OnceFunc(fl.copied)
+	defer release()
+	log := logr.FromContextOrDiscard(ctx)
+	// Proven while the leader downloads.
+	if err := share.ProveAccess(work); err != nil {
+		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
+	}
+	staged := fl.wait(work)
+	if staged == nil {
+		return "", false, nil
+	}
+	key := storage.StagingKey(req.Job.ID)
+	if _, err := h.Storage.Copy(work, staged.Staging, key); err != nil {
+		log.Info("copying the content another fetch staged failed: fetching", "error", err.Error())
+		return "", false, nil
+	}
+	release()
+	out := *staged
+	out.Job, out.Staging, out.Notices, out.Includes = req.Job, key, notices, req.Includes
+	if err := h.Publisher.Publish(ctx, events.PackageSubject(req.Job.Object.Kind), events.TypeFetched, req.Job, &out); err != nil {
+		return "", false, err
+	}
+	log.Info("content staged by another fetch of the same content", "revision", out.Revision, "staging", key)
+	return ResultJoined, true, nil
 }
 
 // reuse looks the content of res up in the content cache and, on a hit,

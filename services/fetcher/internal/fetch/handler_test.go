@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,12 +47,15 @@ type env struct {
 	repoURL  string
 	commit   string
 	uploads  atomic.Int64 // git-upload-pack requests: clones, not listings
-	packages jetstream.Consumer
-	results  jetstream.Consumer
-	mu       sync.Mutex
-	attempts []attempt
-	ctx      context.Context
-	tempDir  string
+	listings atomic.Int64 // info/refs requests: listings
+	// beforeClone, when set, runs before a clone is passed on upstream.
+	beforeClone atomic.Pointer[func()]
+	packages    jetstream.Consumer
+	results     jetstream.Consumer
+	mu          sync.Mutex
+	attempts    []attempt
+	ctx         context.Context
+	tempDir     string
 }
 
 // attempt is one call of the handler and what it returned.
@@ -103,6 +107,12 @@ func newEnv(t *testing.T, maxAttempts int, opts ...func(*Handler)) *env {
 	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
 			e.uploads.Add(1)
+			if hook := e.beforeClone.Load(); hook != nil {
+				(*hook)()
+			}
+		}
+		if strings.HasSuffix(r.URL.Path, "/info/refs") {
+			e.listings.Add(1)
 		}
 		proxy.ServeHTTP(w, r)
 	}))
@@ -576,5 +586,38 @@ func TestIntegrityCheckedWhileUpstreamIsDown(t *testing.T) {
 				t.Errorf("notices %+v, want one Warning %s saying %q", out.Notices, tc.notice, tc.inMessage)
 			}
 		})
+	}
+}
+
+// TestConcurrentFetchesOfOneContentDownloadOnce starts two fetches of the
+// same content at once: the first clones; the second, which resolved the
+// same revision with its own credentials, waits for it and hands a copy of
+// what it staged to the packager. One clone, two jobs, the same bytes.
+func TestConcurrentFetchesOfOneContentDownloadOnce(t *testing.T) {
+	e := newEnv(t, 5, func(h *Handler) { h.ContentCache = true })
+	// The clone waits until both fetches have listed the remote, so the
+	// second is sure to find the first under way.
+	hold := func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for e.listings.Load() < 2 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	e.beforeClone.Store(&hold)
+	e.request(t, "job-a", nil)
+	e.request(t, "job-b", func(r *events.FetchRequested) { r.Job.Object.Name, r.Job.Object.UID = "podinfo-b", "uid-b" })
+	first, second := e.fetched(t), e.fetched(t)
+	if n := e.uploads.Load(); n != 1 {
+		t.Errorf("%d clones for two fetches of one content, want 1", n)
+	}
+	if first.Staging == second.Staging || first.ContentKey == "" || first.ContentKey != second.ContentKey || first.Revision != second.Revision {
+		t.Fatalf("jobs %+v and %+v: want their own staging keys, one content key and revision", first, second)
+	}
+	a, b := e.staged(t, first.Staging), e.staged(t, second.Staging)
+	if len(a) == 0 || !slices.Equal(a, b) {
+		t.Errorf("staged %q and %q, want the same content", a, b)
+	}
+	if n := histogramCount(t, e.reg, "headwater_fetch_duration_seconds", ResultJoined); n != 1 {
+		t.Errorf("%d fetches joined another, want 1", n)
 	}
 }

@@ -14,6 +14,9 @@ const (
 	// ResultReused: the content cache held the content; nothing was
 	// downloaded.
 	ResultReused = "reused"
+	// ResultJoined: another fetch of the same content was under way in
+	// this fetcher; its staged content was copied, nothing downloaded.
+	ResultJoined = "joined"
 )
 
 // Metrics are the fetcher's own families:
