@@ -40,7 +40,8 @@ GO_TEST_FLAGS ?= -count=1
 # Fuzz targets, as <module dir>:<package>:<target>. `make test` runs each
 # for FUZZ_SHORT; `make fuzz` for FUZZTIME.
 FUZZ_TARGETS := pkg:./archive:FuzzCanonicalize pkg:./events:FuzzDecode \
-	services/fetcher:./internal/ignore:FuzzFilter services/fetcher:./internal/gitfetch:FuzzRevision
+	services/fetcher:./internal/ignore:FuzzFilter services/fetcher:./internal/gitfetch:FuzzRevision \
+	services/fetcher:./internal/helmindex:FuzzIndex
 FUZZ_SHORT ?= 5s
 FUZZTIME   ?= 1m
 
@@ -130,7 +131,7 @@ test: kube-tools minio registry build ## Run every test: unit, integration and e
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
 
 .PHONY: fuzz
-fuzz: ## Fuzz the archive writer, event decoding, ignore rules and revisions (FUZZTIME each; default 1m).
+fuzz: ## Fuzz the archive writer, event decoding, ignore rules, revisions and Helm indexes (FUZZTIME each; default 1m).
 	@for t in $(FUZZ_TARGETS); do \
 		IFS=: read -r dir pkg target <<< "$$t"; \
 		echo "==> fuzz $$dir $$pkg $$target for $(FUZZTIME)"; \

@@ -63,7 +63,14 @@ func BenchmarkSources(b *testing.B) {
 		}
 		report(b, m)
 	})
-	rows = append(rows, Row{Scenario: "c. one 48 MiB Helm index", Flux: FluxHelmIndex, Status: "not implemented (no HelmRepository yet)"})
+	b.Run("helm-index", func(b *testing.B) {
+		m, err := HelmIndex(b.Context(), o)
+		rows = append(rows, row("c. one 48 MiB Helm index, then one HelmChart", FluxHelmIndex, m, err))
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, m)
+	})
 	b.Run("many-oci", func(b *testing.B) {
 		m, err := ManyOCI(b.Context(), o, b)
 		rows = append(rows, row("e. 1000 OCIRepositories over 10 artifacts (Flux: its own benchmark, 16 cores, not side by side)", FluxManyOCI, m, err))
@@ -71,6 +78,15 @@ func BenchmarkSources(b *testing.B) {
 			b.Fatal(err)
 		}
 		report(b, m)
+	})
+	b.Run("helm-same-url", func(b *testing.B) {
+		created, requested, err := HelmSameURL(b.Context(), o)
+		rows = append(rows, row("f. 100 HelmRepositories of one URL", Reference{}, created, err),
+			row("f'. reconcile request to all 100 (index unchanged)", Reference{}, requested, err))
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, created)
 	})
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {

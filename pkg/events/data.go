@@ -50,6 +50,14 @@ type FetchRequested struct {
 	Bucket *sourcev1.BucketSpec `json:"bucket,omitempty"`
 	// OCIRepository is the spec of an OCIRepository.
 	OCIRepository *sourcev1.OCIRepositorySpec `json:"ociRepository,omitempty"`
+	// HelmRepository is the spec of a HelmRepository (type default; an OCI
+	// HelmRepository has no artifact and makes no job).
+	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
+	// HelmChart is the spec of a HelmChart; ChartSource is its source.
+	HelmChart *sourcev1.HelmChartSpec `json:"helmChart,omitempty"`
+	// ChartSource is the source a HelmChart's chart comes from, resolved
+	// by the watcher; set with HelmChart.
+	ChartSource *ChartSource `json:"chartSource,omitempty"`
 	// Previous is the artifact recorded in the object's status, if any. The
 	// fetcher answers FetchUnchanged when the upstream revision equals its
 	// revision and the stored file is intact.
@@ -75,6 +83,10 @@ func (r *FetchRequested) Spec() any {
 		return r.Bucket
 	case r.OCIRepository != nil:
 		return r.OCIRepository
+	case r.HelmRepository != nil:
+		return r.HelmRepository
+	case r.HelmChart != nil:
+		return r.HelmChart
 	}
 	return nil
 }
@@ -92,6 +104,35 @@ type Include struct {
 	// ToPath is where the copy goes in this artifact; never empty (Flux
 	// defaults it to the included source's name).
 	ToPath string `json:"toPath"`
+}
+
+// ChartSource is the object a HelmChart's spec.sourceRef names, as the
+// watcher found it.
+type ChartSource struct {
+	// Kind and Name of the source (same namespace as the HelmChart).
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	// Artifact is the source's artifact: a HelmRepository's index, a
+	// GitRepository's or Bucket's tarball.
+	Artifact meta.Artifact `json:"artifact"`
+	// HelmRepository is the spec of a HelmRepository source: where charts
+	// are downloaded from and the Secrets to download them with.
+	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
+	// Repositories are the HelmRepositories (type default, with an index)
+	// of the HelmChart's namespace, for the dependencies of a chart from a
+	// GitRepository or a Bucket: a dependency's repository URL is looked
+	// up among them, for its index and credentials.
+	Repositories []ChartRepository `json:"repositories,omitempty"`
+}
+
+// ChartRepository is a HelmRepository a chart's dependencies may come from.
+type ChartRepository struct {
+	// Name of the HelmRepository.
+	Name string `json:"name"`
+	// Spec is its spec (URL, Secrets).
+	Spec sourcev1.HelmRepositorySpec `json:"spec"`
+	// Artifact is its stored index.
+	Artifact meta.Artifact `json:"artifact"`
 }
 
 // Verification is the result of checking a source's signatures (a

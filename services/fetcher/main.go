@@ -1,5 +1,5 @@
 // Command fetcher takes fetch jobs off NATS JetStream, fetches the sources
-// they name (GitRepository, Bucket and OCIRepository), stages their content in the shared
+// they name (GitRepository, Bucket, OCIRepository, HelmRepository and HelmChart), stages their content in the shared
 // storage and publishes the result: Fetched for the packager, or
 // FetchUnchanged / FetchFailed for the artifact-server. Any number of
 // replicas share the work.
@@ -22,6 +22,8 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/fetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmchartfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ocifetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -46,6 +48,11 @@ type options struct {
 	refCacheTTL time.Duration
 	// contentCache reuses the artifacts of identical content.
 	contentCache bool
+	// helmIndexMaxSize bounds a Helm repository index.
+	helmIndexMaxSize int64
+	// helmChartMaxSize bounds a chart archive, helmChartFileMaxSize a file
+	// in it.
+	helmChartMaxSize, helmChartFileMaxSize int64
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -61,6 +68,10 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"How long a Git remote's reference listing answers other fetches of the same remote with the same credentials; 0 disables sharing.")
 	fs.BoolVar(&o.contentCache, "content-cache", true,
 		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again.")
+	fs.Int64Var(&o.helmIndexMaxSize, "helm-index-max-size", helmfetch.DefaultMaxIndexSize, "Largest Helm repository index fetched, in bytes.")
+	fs.Int64Var(&o.helmChartMaxSize, "helm-chart-max-size", helmchartfetch.DefaultMaxChartSize, "Largest Helm chart archive fetched, in bytes.")
+	fs.Int64Var(&o.helmChartFileMaxSize, "helm-chart-file-max-size", helmchartfetch.DefaultMaxChartFileSize,
+		"Largest file in a Helm chart, decompressed, in bytes.")
 }
 
 func main() {
@@ -81,6 +92,10 @@ func run(ctx context.Context, o options) error {
 	if o.bucketConcurrency < 1 {
 		return errors.New("--bucket-concurrency must be at least 1")
 	}
+	if o.helmIndexMaxSize < 1 || o.helmChartMaxSize < 1 || o.helmChartFileMaxSize < 1 {
+		return errors.New("--helm-index-max-size, --helm-chart-max-size and --helm-chart-file-max-size must be positive")
+	}
+	helmchartfetch.SetMaxChartFileSize(o.helmChartFileMaxSize)
 	if o.refCacheTTL < 0 {
 		return errors.New("--ref-cache-ttl must not be negative")
 	}
@@ -111,13 +126,20 @@ func run(ctx context.Context, o options) error {
 
 	reg := telemetry.NewRegistry()
 	telemetry.RegisterBuildInfo(reg, service)
+	helmSource := helmfetch.NewSource(secretReader, o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
+	if helmSource.Recent, err = helmfetch.NewRecent("", helmfetch.DefaultRecentTTL, helmfetch.DefaultRecentEntries); err != nil {
+		return err
+	}
+	defer helmSource.Recent.Close()
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
 			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
 				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg)},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
 				MaxFileSize: o.maxFileSize},
-			ocifetch.Kind: &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize},
+			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize},
+			helmfetch.Kind:      helmSource,
+			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize, Indexes: helmSource},
 		},
 		Storage:      store,
 		Publisher:    conn.NewPublisher(service),
@@ -138,7 +160,7 @@ func run(ctx context.Context, o options) error {
 	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
 		return err
 	}
-	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind},
+	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind, helmfetch.Kind, helmchartfetch.Kind},
 		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache)
 	return worker.Run(ctx)
 }

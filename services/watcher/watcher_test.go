@@ -156,6 +156,8 @@ func TestWatcher(t *testing.T) {
 	t.Run("suspend", func(t *testing.T) { testSuspend(t, e) })
 	t.Run("include", func(t *testing.T) { testInclude(t, e) })
 	t.Run("status patch conflict", func(t *testing.T) { testStatusPatchConflict(t, e) })
+	t.Run("helm repository", func(t *testing.T) { testHelmRepository(t, e) })
+	t.Run("helm chart", func(t *testing.T) { testHelmChart(t, e) })
 	t.Run("build info", testBuildInfo)
 }
 

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -111,4 +112,78 @@ func template(name, commonName string) (*x509.Certificate, error) {
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(24 * time.Hour),
 	}, nil
+}
+
+// ServerConfig returns a TLS configuration serving a certificate for the
+// loopback addresses; with clientCerts, it requires a client certificate
+// issued by the authority (mutual TLS).
+func (a *Authority) ServerConfig(commonName string, clientCerts bool) (*tls.Config, error) {
+	leaf, err := a.Issue(x509.ExtKeyUsageServerAuth, commonName, Loopback)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{leaf.Pair}, MinVersion: tls.VersionTLS12}
+	if clientCerts {
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		cfg.ClientCAs = x509.NewCertPool()
+		cfg.ClientCAs.AddCert(a.Cert)
+	}
+	return cfg, nil
+}
+
+// Lazy is the authority of one test server, made on first use: embedded
+// in a server, it gives it CACert and ClientCert.
+type Lazy struct {
+	// Name names the authority (see New).
+	Name string
+
+	mu sync.Mutex
+	ca *Authority
+}
+
+// Authority returns the authority, making it on first use.
+func (l *Lazy) Authority() (*Authority, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ca == nil {
+		ca, err := New(l.Name)
+		if err != nil {
+			return nil, err
+		}
+		l.ca = ca
+	}
+	return l.ca, nil
+}
+
+// ServerConfig is Authority.ServerConfig of the authority.
+func (l *Lazy) ServerConfig(commonName string, clientCerts bool) (*tls.Config, error) {
+	ca, err := l.Authority()
+	if err != nil {
+		return nil, err
+	}
+	return ca.ServerConfig(commonName, clientCerts)
+}
+
+// CACert is the PEM certificate of the authority, as a client's ca.crt.
+func (l *Lazy) CACert() ([]byte, error) {
+	ca, err := l.Authority()
+	if err != nil {
+		return nil, err
+	}
+	return ca.CertPEM, nil
+}
+
+// ClientCert issues a client certificate for commonName from the
+// authority and returns it and its private key in PEM, as a client's
+// tls.crt and tls.key.
+func (l *Lazy) ClientCert(commonName string) (certPEM, keyPEM []byte, err error) {
+	ca, err := l.Authority()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := ca.Issue(x509.ExtKeyUsageClientAuth, commonName, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.CertPEM, c.KeyPEM, nil
 }

@@ -158,6 +158,14 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		}
 		return "", f
 	}
+	if c, ok := res.(io.Closer); ok {
+		// What resolving downloaded (a Helm index) is removed with the job.
+		defer func() {
+			if err := c.Close(); err != nil {
+				log.Error(err, "removing resolved content")
+			}
+		}()
+	}
 	revision := res.Revision()
 	// A failure from here on happened with a new upstream revision known.
 	defer func() {

@@ -74,8 +74,8 @@ var (
 
 // Timeout is spec.timeout, 60s when unset.
 func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
-	if spec := req.GitRepository; spec != nil && spec.Timeout != nil && spec.Timeout.Duration > 0 {
-		return spec.Timeout.Duration
+	if spec := req.GitRepository; spec != nil {
+		return source.TimeoutOf(spec.Timeout)
 	}
 	return source.DefaultTimeout
 }

@@ -73,9 +73,17 @@ func (c *Checker) Check(ctx context.Context, req *events.FetchRequested) error {
 	case live.GetGeneration() < ref.Generation:
 		return fmt.Errorf("%w: generation %d, the object is at %d", ErrForged, ref.Generation, live.GetGeneration())
 	}
-	// The live spec, read into the job's spec type, must encode as the
-	// job's does (the encoding makes an empty list and no list alike, as
-	// the bus did for the job).
+	if err := sameSpec(live, spec); err != nil {
+		return fmt.Errorf("%w: the spec of %s %s/%s differs from the job's", err, ref.Kind, ref.Namespace, ref.Name)
+	}
+	return c.checkChartSource(ctx, req)
+}
+
+// sameSpec returns nil when the live object's spec, read into spec's
+// type, encodes as spec does (the encoding makes an empty list and no
+// list alike, as the bus did for the job); else an error wrapping
+// ErrForged.
+func sameSpec(live *unstructured.Unstructured, spec any) error {
 	raw, err := json.Marshal(live.Object["spec"])
 	if err != nil {
 		return fmt.Errorf("%w: live spec: %w", ErrForged, err)
@@ -90,7 +98,62 @@ func (c *Checker) Check(ctx context.Context, req *events.FetchRequested) error {
 	}
 	got, err := json.Marshal(spec)
 	if err != nil || !bytes.Equal(got, want) {
-		return fmt.Errorf("%w: the spec of %s %s/%s differs from the job's", ErrForged, ref.Kind, ref.Namespace, ref.Name)
+		return ErrForged
 	}
+	return nil
+}
+
+// checkChartSource checks what a HelmChart's job says of other objects:
+// its source must be the one spec.sourceRef names, and every
+// HelmRepository spec it carries (whose Secrets the fetcher reads) must be
+// that of the live HelmRepository of that name in the chart's namespace:
+// a source repository that differs makes the job stale; a dependency
+// repository that differs is dropped from the job. The source's artifact
+// is not checked: it is only read from storage.
+func (c *Checker) checkChartSource(ctx context.Context, req *events.FetchRequested) error {
+	cs := req.ChartSource
+	if req.HelmChart == nil || cs == nil {
+		return nil
+	}
+	ns := req.Job.Object.Namespace
+	if cs.Kind != req.HelmChart.SourceRef.Kind || cs.Name != req.HelmChart.SourceRef.Name {
+		return fmt.Errorf("%w: source %s/%s is not the chart's sourceRef", ErrForged, cs.Kind, cs.Name)
+	}
+	check := func(name string, spec *sourcev1.HelmRepositorySpec) error {
+		live := &unstructured.Unstructured{}
+		live.SetGroupVersionKind(sourcev1.GroupVersion.WithKind(sourcev1.HelmRepositoryKind))
+		err := c.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, live)
+		switch {
+		case apierrors.IsNotFound(err):
+			return fmt.Errorf("%w: HelmRepository %s/%s no longer exists", ErrStale, ns, name)
+		case err != nil:
+			return fmt.Errorf("read HelmRepository %s/%s: %w", ns, name, err)
+		}
+		if err := sameSpec(live, spec); err != nil {
+			// The repository may have changed since the job was made: its
+			// own change reconciles the chart again.
+			return fmt.Errorf("%w: the spec of HelmRepository %s/%s differs from the job's", ErrStale, ns, name)
+		}
+		return nil
+	}
+	if cs.HelmRepository != nil {
+		if err := check(cs.Name, cs.HelmRepository); err != nil {
+			return err
+		}
+	}
+	// The namespace's repositories (for a chart's dependencies) that are
+	// not as the job says are left out: a dependency on one fails and
+	// says so, and the rest of the job goes on.
+	kept := cs.Repositories[:0]
+	for i := range cs.Repositories {
+		err := check(cs.Repositories[i].Name, &cs.Repositories[i].Spec)
+		switch {
+		case err == nil:
+			kept = append(kept, cs.Repositories[i])
+		case !errors.Is(err, ErrStale):
+			return err
+		}
+	}
+	cs.Repositories = kept
 	return nil
 }

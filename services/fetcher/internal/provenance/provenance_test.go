@@ -139,4 +139,65 @@ func TestCheck(t *testing.T) {
 	if err := checker.Check(ctx, current); !errors.Is(err, ErrStale) {
 		t.Errorf("the job of a deleted object: %v, want stale", err)
 	}
+	testChartSource(t, c, checker)
+}
+
+// testChartSource checks a HelmChart's job against its live source: the
+// HelmRepository specs it carries (whose Secrets the fetcher reads) must
+// be the live ones, and its source the chart's sourceRef.
+func testChartSource(t *testing.T, c client.Client, checker *Checker) {
+	ctx := context.Background()
+	hr := &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "charts", Namespace: "default"},
+		Spec: sourcev1.HelmRepositorySpec{URL: "https://charts.example.com", Interval: metav1.Duration{Duration: time.Minute},
+			SecretRef: &meta.LocalObjectReference{Name: "charts-auth"}},
+	}
+	hc := &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default"},
+		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Interval: metav1.Duration{Duration: time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: "charts"}},
+	}
+	for _, o := range []client.Object{hr, hc} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := func() *events.FetchRequested {
+		var liveRepo sourcev1.HelmRepository
+		var liveChart sourcev1.HelmChart
+		if err := c.Get(ctx, client.ObjectKeyFromObject(hr), &liveRepo); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(hc), &liveChart); err != nil {
+			t.Fatal(err)
+		}
+		return &events.FetchRequested{
+			Job: events.Job{ID: "job", Object: events.ObjectRef{Kind: sourcev1.HelmChartKind, Namespace: "default",
+				Name: liveChart.Name, UID: string(liveChart.UID), Generation: liveChart.Generation}},
+			HelmChart:   liveChart.Spec.DeepCopy(),
+			ChartSource: &events.ChartSource{Kind: sourcev1.HelmRepositoryKind, Name: "charts", HelmRepository: liveRepo.Spec.DeepCopy()},
+		}
+	}
+	if err := checker.Check(ctx, job()); err != nil {
+		t.Fatalf("the job of the live chart and repository: %v", err)
+	}
+	r := job()
+	r.ChartSource.HelmRepository.SecretRef = &meta.LocalObjectReference{Name: "someone-elses-credentials"}
+	if err := checker.Check(ctx, r); err == nil {
+		t.Error("a job with another repository Secret passed")
+	}
+	r = job()
+	r.ChartSource.Name = "other"
+	if err := checker.Check(ctx, r); !errors.Is(err, ErrForged) {
+		t.Errorf("a job with another source: %v, want forged", err)
+	}
+	r = job()
+	live := *r.ChartSource.HelmRepository
+	r.ChartSource.Repositories = []events.ChartRepository{
+		{Name: "charts", Spec: sourcev1.HelmRepositorySpec{URL: "https://attacker.example"}},
+		{Name: "charts", Spec: live},
+	}
+	if err := checker.Check(ctx, r); err != nil || len(r.ChartSource.Repositories) != 1 || r.ChartSource.Repositories[0].Spec.URL != live.URL {
+		t.Errorf("dependency repositories %+v (%v), want only the live one kept", r.ChartSource.Repositories, err)
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"context"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
@@ -15,14 +17,24 @@ import (
 // as in Flux.
 const DefaultTimeout = 60 * time.Second
 
+// TimeoutOf is a spec's timeout, DefaultTimeout when it sets none.
+func TimeoutOf(d *metav1.Duration) time.Duration {
+	if d != nil && d.Duration > 0 {
+		return d.Duration
+	}
+	return DefaultTimeout
+}
+
 // Source fetches sources of one kind.
 type Source interface {
 	// Timeout is the deadline of the whole fetch of req, from resolving the
 	// revision to staging the content.
 	Timeout(req *events.FetchRequested) time.Duration
 	// Resolve checks req, reads the credentials it names and asks the
-	// upstream for its current revision without downloading any content.
-	// Errors are *Error values.
+	// upstream for its current revision without downloading any content
+	// (but where the revision is the content's digest, as a Helm index's,
+	// which is downloaded only when it changed). A Resolved that is an
+	// io.Closer is closed when the job ends. Errors are *Error values.
 	Resolve(ctx context.Context, req *events.FetchRequested) (Resolved, error)
 }
 

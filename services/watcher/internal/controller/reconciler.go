@@ -18,6 +18,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -88,6 +89,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !obj.GetDeletionTimestamp().IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, obj)
 	}
+	if r.Kind.Static != nil && r.Kind.Static(obj) {
+		return ctrl.Result{}, r.makeStatic(ctx, obj)
+	}
 	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
 		if err := patchFinalizers(ctx, r.Client, obj, controllerutil.AddFinalizer); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
@@ -122,6 +126,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			status.MarkProgressing(o, st)
 		}
 		conditions.Delete(o, sourcev1.IncludeUnavailableCondition)
+		if r.Kind.Progress != nil {
+			r.Kind.Progress(o, fetch)
+		}
 		return true
 	})
 	if err != nil {
@@ -170,6 +177,30 @@ func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.
 		return ctrl.Result{RequeueAfter: f.RetryAfter}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.RequeueDependency}, nil
+}
+
+// makeStatic turns an object of a kind Flux leaves alone (a HelmRepository
+// of type oci) into what Flux makes of it: its artifacts deleted, no
+// finalizer, an empty status. A suspended object is left as it is.
+func (r *Reconciler) makeStatic(ctx context.Context, obj source.Object) error {
+	if r.Kind.Suspended(obj) {
+		return nil
+	}
+	if controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
+		// finalize deletes the artifacts and removes the finalizer.
+		if err := r.finalize(ctx, obj); err != nil {
+			return err
+		}
+	}
+	if obj.GetArtifact() == nil && len(obj.GetConditions()) == 0 && *r.Kind.Status(obj).ObservedGeneration == 0 {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"status":null}`)),
+		client.FieldOwner(status.FieldOwner)); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("reset status: %w", err))
+	}
+	log.FromContext(ctx).Info("static object: artifacts deleted, status reset")
+	return nil
 }
 
 // finalize asks the packagers to remove the object's artifacts, then removes
@@ -223,6 +254,9 @@ func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events
 	}
 	for _, inc := range fetch.Includes {
 		fmt.Fprintf(h, "include=%s:%s\n", inc.Name, inc.Artifact.Digest)
+	}
+	if cs := fetch.ChartSource; cs != nil {
+		fmt.Fprintf(h, "source=%s/%s:%s\n", cs.Kind, cs.Name, cs.Artifact.Digest)
 	}
 	return events.Job{
 		ID:             fmt.Sprintf("%s/%d/%s/%d/%x", obj.GetUID(), obj.GetGeneration(), token, now.Unix(), h.Sum(nil)[:6]),

@@ -45,6 +45,10 @@ type Kind struct {
 	New func() Object
 	// Suspended reports spec.suspend.
 	Suspended func(Object) bool
+	// Static, when set, reports an object Flux leaves alone: no artifact,
+	// no finalizer, an empty status (a HelmRepository of type oci). Its
+	// artifacts, if it had any, are deleted. Nil for kinds always fetched.
+	Static func(Object) bool
 	// Request copies the spec into a fetch request, resolving references
 	// to other objects with r, and reports whether the content-affecting
 	// part of the spec differs from what the stored artifact was built with
@@ -67,6 +71,16 @@ type Kind struct {
 	// ReadyFormat formats Flux's Ready and ArtifactInStorage message for a
 	// stored revision (one %s), which differs between kinds.
 	ReadyFormat string
+	// StoredCondition, when set, gives the reason and message of
+	// ArtifactInStorage (and so of Ready) for an outcome with an artifact,
+	// and of the Event for a new one, where they are not Succeeded,
+	// ReadyFormat and NewArtifact (a HelmChart's ChartPullSucceeded
+	// "pulled '<chart>' chart with version '<version>'").
+	StoredCondition func(obj Object, o *events.Outcome) (reason, message string)
+	// Progress, when set, records what a new job is made from in status
+	// before the job is published (a HelmChart's
+	// observedSourceArtifactRevision, which Flux records before building).
+	Progress func(obj Object, req *events.FetchRequested)
 	// UpToDateReason is the reason Flux logs when nothing changed upstream.
 	UpToDateReason string
 	// Status returns the object's common status fields.
@@ -82,13 +96,13 @@ type Kind struct {
 
 // NegativePolarity reports whether a condition type is abnormal-true: True
 // means something is wrong (FetchFailed, StorageOperationFailed,
-// IncludeUnavailable, ArtifactOutdated, Reconciling, Stalled). Every other
+// IncludeUnavailable, BuildFailed, ArtifactOutdated, Reconciling, Stalled). Every other
 // condition a source has (Ready, ArtifactInStorage, SourceVerified) is
 // normal-polarity: True means all is well.
 func NegativePolarity(conditionType string) bool {
 	switch conditionType {
 	case sourcev1.FetchFailedCondition, sourcev1.StorageOperationFailedCondition, sourcev1.IncludeUnavailableCondition,
-		sourcev1.ArtifactOutdatedCondition, meta.ReconcilingCondition, meta.StalledCondition:
+		sourcev1.BuildFailedCondition, sourcev1.ArtifactOutdatedCondition, meta.ReconcilingCondition, meta.StalledCondition:
 		return true
 	}
 	return false
@@ -100,7 +114,7 @@ func (k Kind) ReadyMessage(revision string) string { return fmt.Sprintf(k.ReadyF
 
 // Kinds lists every kind the watcher reconciles.
 func Kinds() []Kind {
-	return []Kind{GitRepository(), Bucket(), OCIRepository()}
+	return []Kind{GitRepository(), Bucket(), OCIRepository(), HelmRepository(), HelmChart()}
 }
 
 // ByName returns the kind with the given name.

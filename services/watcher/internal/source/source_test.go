@@ -1,11 +1,13 @@
 package source
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
+	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 )
 
@@ -39,5 +41,16 @@ func TestRefuseCredentials(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "spec.secretRef") {
 			t.Errorf("%q: message %q must not repeat the credentials and must name spec.secretRef", tc.raw, err.Error())
 		}
+	}
+}
+
+// TestHelmRepositoryRefusesCredentials checks that a HelmRepository whose
+// URL carries credentials makes no job.
+func TestHelmRepositoryRefusesCredentials(t *testing.T) {
+	h := &sourcev1.HelmRepository{Spec: sourcev1.HelmRepositorySpec{URL: "https://user:s3cr3t@charts.example.com"}}
+	req := &events.FetchRequested{}
+	_, err := HelmRepository().Request(context.Background(), nil, h, req)
+	if f := failure.As(err); f == nil || f.Reason != sourcev1.URLInvalidReason || req.HelmRepository != nil {
+		t.Fatalf("Request = %v with spec %v, want URLInvalid and no spec", err, req.HelmRepository)
 	}
 }

@@ -163,8 +163,11 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		if !stale {
 			*st.Artifact = o.Artifact.DeepCopy()
 		}
-		msg := kind.ReadyMessage((*st.Artifact).Revision)
-		conditions.MarkTrue(obj, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "%s", msg)
+		reason, msg := meta.SucceededReason, kind.ReadyMessage((*st.Artifact).Revision)
+		if kind.StoredCondition != nil {
+			reason, msg = kind.StoredCondition(obj, o)
+		}
+		conditions.MarkTrue(obj, sourcev1.ArtifactInStorageCondition, reason, "%s", msg)
 		for _, c := range kind.Conditions {
 			if source.NegativePolarity(c) {
 				conditions.Delete(obj, c)
@@ -180,9 +183,13 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 			if m == "" {
 				m = msg
 			}
-			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: m})
+			r := NewArtifactReason
+			if kind.StoredCondition != nil {
+				r = reason
+			}
+			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: r, Message: m})
 		case wasFailing:
-			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: meta.SucceededReason, Message: msg})
+			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg})
 		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:
 			// Flux records a no-change reconcile of a GitRepository as a
 			// Normal Event (Kubernetes aggregates the repeats); for the

@@ -268,7 +268,7 @@ func TestApply(t *testing.T) {
 	}
 }
 
-func wantCondition(t *testing.T, g *sourcev1.GitRepository, typ string, status metav1.ConditionStatus, reason, message string) {
+func wantCondition(t *testing.T, g conditions.Getter, typ string, status metav1.ConditionStatus, reason, message string) {
 	t.Helper()
 	c := conditions.Get(g, typ)
 	if c == nil {
@@ -280,7 +280,7 @@ func wantCondition(t *testing.T, g *sourcev1.GitRepository, typ string, status m
 	}
 }
 
-func wantNoCondition(t *testing.T, g *sourcev1.GitRepository, typ string) {
+func wantNoCondition(t *testing.T, g conditions.Getter, typ string) {
 	t.Helper()
 	if c := conditions.Get(g, typ); c != nil {
 		t.Errorf("condition %s present: %+v", typ, c)
@@ -449,6 +449,31 @@ func TestMarkFailure(t *testing.T) {
 	Summarize(kind, g)
 	wantNoCondition(t, g, meta.StalledCondition)
 	wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, "NoArtifact", "no artifact available for include 'b'")
+}
+
+// TestApplyHelmChart checks Flux's ArtifactInStorage for a chart: the
+// build's reason and summary, kept by an unchanged outcome.
+func TestApplyHelmChart(t *testing.T) {
+	kind := source.HelmChart()
+	c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+	c.Spec.Chart = "podinfo"
+	c.Status.ObservedGeneration = -1
+	a := artifact("6.1.0", "sha256:c", time.Now())
+	a.URL = "http://srv/helmchart/default/podinfo/podinfo-6.1.0.tgz"
+	o := &events.Outcome{Job: job(1, ""), Revision: "6.1.0", Artifact: a, EventMessage: "pulled 'podinfo' chart with version '6.1.0'"}
+	o.Job.Object.Kind = sourcev1.HelmChartKind
+	got := Apply(kind, c, events.TypeArtifactStored, o)
+	Summarize(kind, c)
+	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionTrue, sourcev1.ChartPullSucceededReason, "pulled 'podinfo' chart with version '6.1.0'")
+	if len(got) != 1 || got[0].Reason != sourcev1.ChartPullSucceededReason {
+		t.Errorf("events = %+v", got)
+	}
+	if c.Status.URL != a.URL {
+		t.Errorf("status.url = %q", c.Status.URL)
+	}
+	Apply(kind, c, events.TypeArtifactUnchanged, &events.Outcome{Job: o.Job, Revision: "6.1.0", Artifact: a})
+	Summarize(kind, c)
+	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionTrue, sourcev1.ChartPullSucceededReason, "pulled 'podinfo' chart with version '6.1.0'")
 }
 
 func TestApplyOCIRepository(t *testing.T) {
