@@ -92,8 +92,7 @@ func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
 func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
 	spec := req.Bucket
 	if spec == nil {
-		return nil, source.StalledError(source.InvalidSpecReason, "fetch request for %s '%s/%s' has no Bucket spec",
-			req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name)
+		return nil, source.MissingSpec(req, "Bucket spec")
 	}
 	if err := checkSpec(spec); err != nil {
 		return nil, err

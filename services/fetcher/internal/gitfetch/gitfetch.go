@@ -85,8 +85,7 @@ func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
 func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
 	spec := req.GitRepository
 	if spec == nil {
-		return nil, source.StalledError(source.InvalidSpecReason, "fetch request for %s '%s/%s' has no GitRepository spec",
-			req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name)
+		return nil, source.MissingSpec(req, "GitRepository spec")
 	}
 	u, err := url.Parse(spec.URL)
 	if err != nil {

@@ -122,8 +122,7 @@ func buildFailure(h failure.Handling, condition, reason, summary string, err err
 func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
 	spec, cs := req.HelmChart, req.ChartSource
 	if spec == nil || cs == nil {
-		return nil, source.StalledError(source.InvalidSpecReason, "fetch request for %s '%s/%s' has no HelmChart spec or source",
-			req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name)
+		return nil, source.MissingSpec(req, "HelmChart spec or source")
 	}
 	switch {
 	case cs.Kind == sourcev1.GitRepositoryKind || cs.Kind == sourcev1.BucketKind:

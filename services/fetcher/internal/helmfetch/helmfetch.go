@@ -122,8 +122,7 @@ func (s *Source) maxIndexSize() int64 {
 func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
 	spec := req.HelmRepository
 	if spec == nil {
-		return nil, source.StalledError(source.InvalidSpecReason, "fetch request for %s '%s/%s' has no HelmRepository spec",
-			req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name)
+		return nil, source.MissingSpec(req, "HelmRepository spec")
 	}
 	if spec.Type == sourcev1.HelmRepositoryTypeOCI {
 		return nil, source.StalledError(source.InvalidSpecReason, "a HelmRepository of type 'oci' has no artifact to fetch")

@@ -75,8 +75,8 @@ var (
 
 // Timeout is spec.timeout, 60s when unset.
 func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
-	if spec := req.OCIRepository; spec != nil && spec.Timeout != nil && spec.Timeout.Duration > 0 {
-		return spec.Timeout.Duration
+	if spec := req.OCIRepository; spec != nil {
+		return source.TimeoutOf(spec.Timeout)
 	}
 	return source.DefaultTimeout
 }
@@ -86,8 +86,7 @@ func (s *Source) Timeout(req *events.FetchRequested) time.Duration {
 func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
 	spec := req.OCIRepository
 	if spec == nil {
-		return nil, source.StalledError(source.InvalidSpecReason, "fetch request for %s '%s/%s' has no OCIRepository spec",
-			req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name)
+		return nil, source.MissingSpec(req, "OCIRepository spec")
 	}
 	if err := checkSpec(spec); err != nil {
 		return nil, err

@@ -41,6 +41,13 @@ func StalledError(reason, format string, args ...any) *failure.Error {
 	return failure.New(failure.Stalling, sourcev1.FetchFailedCondition, reason, format, args...)
 }
 
+// MissingSpec is the stalling failure of a job that carries no spec of the
+// kind it names (want, e.g. "GitRepository spec").
+func MissingSpec(req *events.FetchRequested, want string) *failure.Error {
+	return StalledError(InvalidSpecReason, "fetch request for %s '%s/%s' has no %s",
+		req.Job.Object.Kind, req.Job.Object.Namespace, req.Job.Object.Name, want)
+}
+
 // AsError returns err as a *failure.Error: itself if it is one, else a
 // transient FetchFailed failure with reason.
 func AsError(err error, reason string) *failure.Error {
