@@ -192,23 +192,26 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		notices = append(notices, *notice)
 	}
 
-	if share := h.shareable(res); share != nil {
+	// Content that may be shared is known by one key: the content cache's
+	// and the one concurrent fetches of it join on.
+	share, identity := h.shareable(res)
+	var contentKey string
+	if share != nil {
+		contentKey = contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
+	}
+
+	var lead func(staged *events.Fetched)
+	if share != nil {
 		// A stored artifact that no longer matches its digest may be the
 		// very file the content cache shares (a hard link): the cache's
 		// copy is reused only if it checks out.
 		verify := hasNotice(notices, ArtifactVerificationFailedReason)
-		if result, done, err := h.reuse(ctx, work, req, res, share, notices, verify); done || err != nil {
+		if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
 			return result, err
 		}
-	}
-
-	// Fetches of the same content that run now join the first: it
-	// downloads, the others copy what it staged.
-	var lead func(staged *events.Fetched)
-	if share := h.shareable(res); share != nil {
-		identity, _ := share.ContentIdentity()
-		flightKey := contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
-		fl, leader := h.flights.join(flightKey)
+		// Fetches of the same content that run now join the first: it
+		// downloads, the others copy what it staged.
+		fl, leader := h.flights.join(contentKey)
 		if !leader {
 			if result, done, err := h.follow(ctx, work, req, fl, share, notices); done || err != nil {
 				return result, err
@@ -218,7 +221,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 			lead = func(staged *events.Fetched) {
 				if !landed {
 					landed = true
-					h.flights.land(flightKey, fl, staged)
+					h.flights.land(contentKey, fl, staged)
 				}
 			}
 			defer lead(nil)
@@ -235,7 +238,6 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 			log.Error(err, "removing temporary working directory", "dir", dir)
 		}
 	}()
-	share := h.shareable(res)
 	content, err := res.Download(work, dir)
 	if err != nil {
 		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
@@ -265,9 +267,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 	}
 	if share != nil {
 		// The content downloaded may be of a newer revision than resolved.
-		if identity, ok := share.ContentIdentity(); ok {
-			out.ContentKey = contentcache.Key(kind, identity, content.Revision, req.Includes, h.MaxFileSize)
-		}
+		out.ContentKey = contentcache.Key(kind, identity, content.Revision, req.Includes, h.MaxFileSize)
 	}
 	if lead != nil {
 		// The followers copy the staged content before the packager,
@@ -291,20 +291,22 @@ func hasNotice(notices []events.Notice, reason string) bool {
 	return false
 }
 
-// shareable returns res as a source.Shareable when the content cache is on
-// and res's content may be shared; nil otherwise.
-func (h *Handler) shareable(res source.Resolved) source.Shareable {
+// shareable returns res as a source.Shareable, with its content identity,
+// when the content cache is on and res's content may be shared; nil
+// otherwise.
+func (h *Handler) shareable(res source.Resolved) (source.Shareable, []string) {
 	if !h.ContentCache {
-		return nil
+		return nil, nil
 	}
 	share, ok := res.(source.Shareable)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	if _, ok := share.ContentIdentity(); !ok {
-		return nil
+	identity, ok := share.ContentIdentity()
+	if !ok {
+		return nil, nil
 	}
-	return share
+	return share, identity
 }
 
 // follow waits for the fetch leading the flight of the same content and
@@ -340,18 +342,15 @@ func (h *Handler) follow(ctx, work context.Context, req *events.FetchRequested, 
 	return ResultJoined, true, nil
 }
 
-// reuse looks the content of res up in the content cache and, on a hit,
+// reuse looks the content of key (of revision) up in the content cache and, on a hit,
 // hands the cached artifact to the packager instead of downloading: done
 // is true when it published the Fetched job. A cache that cannot be read
 // is a miss; the content is downloaded. With verify, the cached artifact
 // must match its digest.
-func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, res source.Resolved, share source.Shareable,
+func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, revision, key string, share source.Shareable,
 	notices []events.Notice, verify bool) (result string, done bool, err error) {
 	kind := req.Job.Object.Kind
 	log := logr.FromContextOrDiscard(ctx)
-	identity, _ := share.ContentIdentity()
-	revision := res.Revision()
-	key := contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
 	idx, err := contentcache.Lookup(work, h.Storage, key, revision)
 	if err != nil {
 		if work.Err() == nil {
