@@ -11,7 +11,6 @@ import (
 
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nkeys"
 )
 
 func TestCompose(t *testing.T) {
@@ -46,14 +45,7 @@ func TestCompose(t *testing.T) {
 			}
 		}
 	}
-	for _, id := range []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "SUBSCRIBER"} {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub, _ := kp.PublicKey()
-		t.Setenv(id+"_NKEY", pub)
-	}
+	setNATSUserKeys(t)
 	for k, v := range nats.Environment {
 		if v != nil {
 			t.Setenv(k, *v)
@@ -71,7 +63,7 @@ func TestCompose(t *testing.T) {
 	}) {
 		t.Errorf("nats: the JetStream store %q is not on a volume", opts.StoreDir)
 	}
-	if len(opts.Nkeys) != 5 || opts.NoAuthUser != "" {
+	if len(opts.Nkeys) != len(natsIdentities) || opts.NoAuthUser != "" {
 		t.Errorf("nats: %d NKey users (no-auth user %q), want Headwater's five identities only", len(opts.Nkeys), opts.NoAuthUser)
 	}
 	if nats.HealthCheck == nil || len(nats.HealthCheck.Test) == 0 {

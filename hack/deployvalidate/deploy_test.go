@@ -25,6 +25,25 @@ const namespace = "headwater-system"
 // s3Secret is the Secret the S3 overlay reads; the user creates it.
 const s3Secret = "headwater-s3"
 
+// natsIdentities are the bus identities whose public keys the NATS
+// configuration reads from <IDENTITY>_NKEY (see e2e/cmd/headwater-nats).
+var natsIdentities = []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "SUBSCRIBER"}
+
+// setNATSUserKeys puts a fresh public key for every identity in the
+// environment, as the Secret headwater-nats-users (or compose's users.env)
+// does for the NATS server.
+func setNATSUserKeys(t *testing.T) {
+	t.Helper()
+	for _, id := range natsIdentities {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		t.Setenv(id+"_NKEY", pub)
+	}
+}
+
 // natsSecrets are the Secrets `headwater-nats keys` creates at install
 // (e2e/cmd/headwater-nats): the users' public keys for the NATS server, and
 // each service's own key.
@@ -410,23 +429,15 @@ func checkNATS(t *testing.T, m *Manifests) {
 	}) {
 		t.Errorf("nats: the users' keys (Secret headwater-nats-users) are not in its environment")
 	}
-	identities := []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "SUBSCRIBER"}
-	for _, id := range identities {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub, _ := kp.PublicKey()
-		t.Setenv(id+"_NKEY", pub)
-	}
+	setNATSUserKeys(t)
 	t.Setenv("POD_NAME", "nats-0")
 	opts, err := server.ProcessConfigFile(file)
 	if err != nil {
 		t.Fatalf("nats-server rejects the configuration: %v", err)
 	}
-	if len(opts.Nkeys) != len(identities) || len(opts.Users) != 0 || opts.NoAuthUser != "" {
+	if len(opts.Nkeys) != len(natsIdentities) || len(opts.Users) != 0 || opts.NoAuthUser != "" {
 		t.Errorf("nats: %d NKey users, %d other users, no-auth user %q; want exactly Headwater's %d identities",
-			len(opts.Nkeys), len(opts.Users), opts.NoAuthUser, len(identities))
+			len(opts.Nkeys), len(opts.Users), opts.NoAuthUser, len(natsIdentities))
 	}
 	for _, u := range opts.Nkeys {
 		if u.Permissions == nil || u.Permissions.Publish == nil {
