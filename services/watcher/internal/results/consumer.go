@@ -83,6 +83,11 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	if !ok {
 		return fmt.Errorf("%w: unknown kind %q", events.ErrMalformed, o.Job.Object.Kind)
 	}
+	if msg.Event.Type() == events.TypeArtifactDeleted {
+		// The object's artifacts are gone; its status has nothing to say.
+		c.garbageCollected(o)
+		return nil
+	}
 	obj := kind.New()
 	key := types.NamespacedName{Namespace: o.Job.Object.Namespace, Name: o.Job.Object.Name}
 	err := c.Client.Get(ctx, key, obj)
@@ -98,11 +103,6 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	}
 	if string(obj.GetUID()) != o.Job.Object.UID {
 		log.V(1).Info("ignoring outcome for a previous object with the same name")
-		c.garbageCollected(msg.Event.Type(), o)
-		return nil
-	}
-	if msg.Event.Type() == events.TypeArtifactDeleted {
-		c.garbageCollected(msg.Event.Type(), o)
 		return nil
 	}
 
@@ -132,7 +132,6 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 // artifact stored after the object's deletion job ran is removed too.
 func (c *Consumer) orphaned(ctx context.Context, eventType string, o *events.Outcome) error {
 	if eventType != events.TypeArtifactStored {
-		c.garbageCollected(eventType, o)
 		return nil
 	}
 	job := events.Job{ID: events.DeletionJobID(o.Job.Object.UID) + "/" + o.Job.ID, Object: o.Job.Object, RequestedAt: o.Job.RequestedAt}
@@ -145,8 +144,8 @@ func (c *Consumer) orphaned(ctx context.Context, eventType string, o *events.Out
 // the finalizer made (not of the clean-up of an artifact stored after it).
 // The object is usually gone by then; the Event names it by kind,
 // namespace, name and UID.
-func (c *Consumer) garbageCollected(eventType string, o *events.Outcome) {
-	if eventType != events.TypeArtifactDeleted || o.Job.ID != events.DeletionJobID(o.Job.Object.UID) || c.Recorder == nil {
+func (c *Consumer) garbageCollected(o *events.Outcome) {
+	if o.Job.ID != events.DeletionJobID(o.Job.Object.UID) || c.Recorder == nil {
 		return
 	}
 	kind, ok := source.ByName(o.Job.Object.Kind)
