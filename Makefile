@@ -38,12 +38,16 @@ export HEADWATER_BIN_DIR   := $(BIN_DIR)
 GO_TEST_FLAGS ?= -count=1
 
 # Fuzz targets, as <module dir>:<package>:<target>. `make test` runs each
-# for FUZZ_SHORT; `make fuzz` for FUZZTIME.
+# for FUZZ_SHORT executions; `make fuzz` for FUZZTIME executions. Both are
+# counts (`Nx`), not durations: Go 1.26's fuzz coordinator can report a
+# spurious "context deadline exceeded" when a duration runs out while a
+# worker is mid-call on a loaded machine (golang/go#75804, fixed in Go 1.27),
+# and a count has no deadline to race.
 FUZZ_TARGETS := pkg:./archive:FuzzCanonicalize pkg:./events:FuzzDecode \
 	services/fetcher:./internal/ignore:FuzzFilter services/fetcher:./internal/gitfetch:FuzzRevision \
 	services/fetcher:./internal/helmindex:FuzzIndex
-FUZZ_SHORT ?= 5s
-FUZZTIME   ?= 1m
+FUZZ_SHORT ?= 2000x
+FUZZTIME   ?= 500000x
 
 # Build information stamped into every service (pkg/buildinfo; -version, the
 # start-up log line and headwater_build_info). A clone without tags describes
@@ -131,7 +135,7 @@ test: kube-tools minio registry build ## Run every test: unit, integration and e
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
 
 .PHONY: fuzz
-fuzz: ## Fuzz the archive writer, event decoding, ignore rules, revisions and Helm indexes (FUZZTIME each; default 1m).
+fuzz: ## Fuzz the archive writer, event decoding, ignore rules, revisions and Helm indexes (FUZZTIME executions each; default 500000x).
 	@for t in $(FUZZ_TARGETS); do \
 		IFS=: read -r dir pkg target <<< "$$t"; \
 		echo "==> fuzz $$dir $$pkg $$target for $(FUZZTIME)"; \
