@@ -4,7 +4,13 @@
 # server and the CNCF distribution registry -- from the Go module proxy, and
 # caches them by version.
 #
-# Usage: hack/build-tools.sh <tools-dir> [kube|etcd|minio|registry|controller-gen ...]
+# Usage: hack/build-tools.sh <tools-dir> [kube|etcd|minio|registry|controller-gen|flux ...]
+#
+# flux is Flux's source-controller, the peer `make bench` measures Headwater
+# against side by side. It is built from its module as published, never
+# copied into this repository: the module zip leaves out the api/ directory
+# its go.mod replaces with ./api, so the API module of the same version is
+# put there first.
 #
 # Binaries land in <tools-dir>/<name>-<version>/ and are reused when present,
 # so a warm run costs nothing. A cold run takes a few minutes on two cores.
@@ -23,6 +29,7 @@ ETCD_VERSION=v3.6.16
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION=v0.23.0
 REGISTRY_VERSION=v3.1.2
+FLUX_SOURCE_CONTROLLER_VERSION=v1.9.1
 
 export GOWORK=off CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
@@ -70,12 +77,28 @@ controller_gen() {
 	GOBIN=$1 go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION"
 }
 
+flux() {
+	local out=$1 src
+	local mod=github.com/fluxcd/source-controller
+	src=$(mktemp -d)
+	# shellcheck disable=SC2064
+	trap "chmod -R u+w '$src'; rm -rf '$src'" RETURN
+	cp -r "$(go mod download -json "$mod@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/." "$src/"
+	chmod -R u+w "$src"
+	rm -rf "$src/api"
+	mkdir "$src/api"
+	cp -r "$(go mod download -json "$mod/api@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/." "$src/api/"
+	chmod -R u+w "$src/api"
+	(cd "$src" && go build -trimpath -ldflags "-s -w" -o "$out/source-controller" .)
+}
+
 for c in "${components[@]}"; do
 	case $c in
 	kube) build_once "$tools_dir/kube-$KUBE_VERSION" "kube-apiserver and kubectl $KUBE_VERSION" kube ;;
 	etcd) build_once "$tools_dir/etcd-$ETCD_VERSION" "etcd $ETCD_VERSION" etcd ;;
 	minio) build_once "$tools_dir/minio-$MINIO_VERSION" "minio $MINIO_VERSION" minio ;;
 	registry) build_once "$tools_dir/registry-$REGISTRY_VERSION" "registry $REGISTRY_VERSION" registry ;;
+	flux) build_once "$tools_dir/flux-source-controller-$FLUX_SOURCE_CONTROLLER_VERSION" "Flux source-controller $FLUX_SOURCE_CONTROLLER_VERSION" flux ;;
 	controller-gen) build_once "$tools_dir/controller-gen-$CONTROLLER_GEN_VERSION" "controller-gen $CONTROLLER_GEN_VERSION" controller_gen ;;
 	*) echo "unknown component: $c" >&2; exit 2 ;;
 	esac

@@ -34,7 +34,7 @@ type Source interface {
 	// upstream for its current revision without downloading any content
 	// (but where the revision is the content's digest, as a Helm index's,
 	// which is downloaded only when it changed). A Resolved that is an
-	// io.Closer is closed when the job ends. Errors are *Error values.
+	// io.Closer is closed when the job ends. Errors are *failure.Error values.
 	Resolve(ctx context.Context, req *events.FetchRequested) (Resolved, error)
 }
 
@@ -44,7 +44,7 @@ type Resolved interface {
 	// "main@sha1:<commit>".
 	Revision() string
 	// Download writes the content into dir, an empty directory the caller
-	// removes afterwards, and describes it. Errors are *Error values.
+	// removes afterwards, and describes it. Errors are *failure.Error values.
 	Download(ctx context.Context, dir string) (*Content, error)
 }
 
@@ -58,7 +58,7 @@ type Shareable interface {
 	ContentIdentity() (parts []string, ok bool)
 	// ProveAccess confirms that this source's own credentials can read the
 	// upstream (when resolving did not already), before content another
-	// source fetched is handed to it. Errors are *Error values.
+	// source fetched is handed to it. Errors are *failure.Error values.
 	ProveAccess(ctx context.Context) error
 }
 
