@@ -23,12 +23,14 @@ ETCD_VERSION           := v3.6.16
 MINIO_VERSION          := v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION := v0.23.0
 REGISTRY_VERSION       := v3.1.2
+FLUX_SOURCE_CONTROLLER_VERSION := v1.9.1
 
 # The directory envtest reads kube-apiserver, etcd and kubectl from.
 KUBEBUILDER_ASSETS := $(BIN_DIR)/k8s
 CONTROLLER_GEN     := $(TOOLS_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 MINIO              := $(TOOLS_DIR)/minio-$(MINIO_VERSION)/minio
 REGISTRY           := $(TOOLS_DIR)/registry-$(REGISTRY_VERSION)/registry
+FLUX_SOURCE_CONTROLLER := $(TOOLS_DIR)/flux-source-controller-$(FLUX_SOURCE_CONTROLLER_VERSION)/source-controller
 
 export KUBEBUILDER_ASSETS
 export HEADWATER_MINIO_BIN := $(MINIO)
@@ -76,15 +78,16 @@ run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C st
 ##@ Build
 
 .PHONY: build
-build: ## Build the four services (stamped with VERSION, REVISION, BUILD_DATE) and the local runner into bin/.
+build: ## Build the four services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
 	@mkdir -p $(BIN_DIR)
 	@echo "==> version $(VERSION), revision $(REVISION)"
 	@for s in $(SERVICES); do \
 		echo "==> building $$s"; \
 		(cd services/$$s && go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/$$s .) || exit 1; \
 	done
-	@echo "==> building headwater-local"
+	@echo "==> building headwater-local and headwater-nats"
 	@cd e2e && go build -trimpath -o $(BIN_DIR)/headwater-local ./cmd/headwater-local
+	@cd e2e && go build -trimpath -o $(BIN_DIR)/headwater-nats ./cmd/headwater-nats
 
 .PHONY: tools
 tools: kube-tools minio registry controller-gen ## Build and cache every real component used by tests.
@@ -147,8 +150,13 @@ test-unit: ## Run the tests that need no built tools (fast).
 	@for m in $(MODULES); do (cd $$m && go test -short $(GO_TEST_FLAGS) ./...) || exit 1; done
 
 .PHONY: bench
-bench: kube-tools registry build ## Run the benchmarks and print a table (BENCH_RUNS=n repeats scenario a; default 2).
-	cd e2e && go test -run '^$$' -bench '^BenchmarkSources$$' -benchtime 1x -timeout 30m ./bench/ -args -many-small-runs $(or $(BENCH_RUNS),2)
+bench: kube-tools registry minio build flux ## Run every scenario on Headwater and on Flux's source-controller side by side and print a table (BENCH_SCENARIOS='a|d' runs some).
+	cd e2e && go test -run '^$$' -bench '^BenchmarkSources$$' -benchtime 1x -timeout 150m ./bench/ \
+		-args -flux-bin $(FLUX_SOURCE_CONTROLLER) -scenarios '$(BENCH_SCENARIOS)'
+
+.PHONY: flux
+flux: ## Flux's source-controller, built from its module for the side-by-side benchmark (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) flux
 
 ##@ Quality
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -15,19 +16,46 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
 var (
-	manySmallRuns = flag.Int("many-small-runs", 1, "How many times scenario a (and d after it) runs, each on a fresh Env.")
-	serviceArgs   = flag.String("service-args", "",
+	scenarios   = flag.String("scenarios", "", "Run only the scenarios whose letter this regular expression matches, e.g. 'a|d'; all when empty.")
+	fluxBin     = flag.String("flux-bin", os.Getenv("HEADWATER_FLUX_BIN"), "Flux's source-controller binary, run side by side; Headwater alone when empty.")
+	natsBin     = flag.String("nats-bin", "", "The headwater-nats binary, to run NATS in a process of its own (default: bin/headwater-nats).")
+	s3          = flag.Bool("s3", true, "Run scenario g (Headwater on MinIO; needs HEADWATER_MINIO_BIN).")
+	serviceArgs = flag.String("service-args", "",
 		"Service flags added for an experiment, space-separated <service>:<flag>, e.g. 'fetcher:-concurrency=8'.")
 )
 
-// BenchmarkSources runs every scenario once, each on a fresh Env, and
-// prints the comparison table. Run it with `make bench` (which builds the
-// services and the control-plane binaries first):
+// Sizes of the Git scenarios.
+var (
+	loadA = GitLoad{Name: "a", Repos: 10, Sources: 1000, Request: true}
+	loadB = GitLoad{Name: "b", Repos: 1000, Sources: 1000}
+	loadE = GitLoad{Name: "e", Repos: 100, Sources: 10000}
+)
+
+// The targets of issue 11 (and of the Helm and OCI issues for h, i, j):
+// ratios to Flux measured in the same run.
+var (
+	sameMemory = Target{Memory: 1}
+	targetA    = Target{Wall: 0.25, CPU: 0.25, Memory: 1, MaxCounters: map[string]int64{CounterGitFetches: 10}}
+	targetB    = Target{Wall: 0.5, CPU: 1, Memory: 1}
+	targetC    = Target{Wall: 0.25, Memory: 1}
+	targetD    = Target{CPU: 0.5, Memory: 1, MaxCounters: map[string]int64{CounterGitFetches: 0, CounterSourceWrites: 0}}
+	targetG    = Target{Wall: 1.5, CPU: 1.5}
+	targetH    = Target{Wall: 1, Memory: 1, MaxRSS: map[string]uint64{"fetcher": 100 * mib, "packager": 100 * mib}}
+	targetI    = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 1}}
+	targetI2   = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 0}}
+	targetJ    = Target{Memory: 1, MaxWall: 15 * time.Second, MaxCounters: map[string]int64{CounterLayerDownloads: ociArtifacts}}
+)
+
+// BenchmarkSources runs every scenario on Headwater and, with -flux-bin,
+// on Flux's source-controller, each on a fresh Env, and prints the
+// comparison table. Run it with `make bench` (which builds the services,
+// Flux and the control-plane binaries first):
 //
-//	go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/ [-args -many-small-runs 2]
+//	go test -run '^$' -bench . -benchtime 1x -timeout 120m ./bench/ -args -flux-bin PATH [-scenarios 'a|b']
 func BenchmarkSources(b *testing.B) {
 	o, err := options()
 	if err != nil {
@@ -36,62 +64,141 @@ func BenchmarkSources(b *testing.B) {
 	if o.Harness.ExtraArgs, err = parseServiceArgs(*serviceArgs); err != nil {
 		b.Fatal(err)
 	}
+	only, err := regexp.Compile("^(" + *scenarios + ")$")
+	if err != nil {
+		b.Fatalf("-scenarios: %v", err)
+	}
+	if *scenarios == "" {
+		only = regexp.MustCompile(".")
+	}
 	ctrllog.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	if o.FluxBin == "" {
+		fmt.Fprintln(os.Stderr, "bench: no -flux-bin (HEADWATER_FLUX_BIN): Headwater only, nothing to compare with")
+	}
 
 	var rows []Row
-	for i := range *manySmallRuns {
-		suffix := ""
-		if *manySmallRuns > 1 {
-			suffix = fmt.Sprintf(" (run %d)", i+1)
+	byName := map[string]*Measurement{} // Headwater's, for scenario g's baseline
+	compare := func(o Options, id string, names []string, targets []Target, run func(sys System) ([]*Measurement, error)) {
+		if !only.MatchString(id) {
+			return
 		}
-		aName := "a. 1000 GitRepositories over 10 small repositories" + suffix
-		dName := "d. steady state: reconcile request to all 1000 (unchanged)" + suffix
-		b.Run(fmt.Sprintf("many-small-run-%d", i+1), func(b *testing.B) {
-			created, requested, err := ManySmall(b.Context(), o)
-			rows = append(rows, row(aName, FluxManySmall, created, err), row(dName, Reference{}, requested, err))
-			if err != nil {
-				b.Fatal(err)
+		got := map[System][]*Measurement{}
+		errs := map[System]error{}
+		for _, sys := range o.systems() {
+			b.Run(id+"-"+string(sys), func(b *testing.B) {
+				ms, err := run(sys)
+				got[sys], errs[sys] = ms, err
+				if err != nil {
+					b.Error(err)
+				}
+				if len(ms) > 0 && ms[0] != nil {
+					report(b, ms[0])
+				}
+			})
+		}
+		for i, name := range names {
+			r := Row{Scenario: name, Target: targets[i], Headwater: at(got[Headwater], i), HeadwaterErr: errs[Headwater]}
+			if o.FluxBin != "" {
+				r.BaseName, r.Base, r.BaseErr = "Flux "+FluxVersion, at(got[Flux], i), errs[Flux]
 			}
-			report(b, created)
-		})
+			byName[id+fmt.Sprint(i)] = r.Headwater
+			rows = append(rows, r)
+		}
 	}
-	b.Run("large-tree", func(b *testing.B) {
-		m, err := LargeTree(b.Context(), o)
-		rows = append(rows, row("b. one repository with a 256 MiB tree", FluxLargeTree, m, err))
-		if err != nil {
-			b.Fatal(err)
+	git := func(o Options, load GitLoad) func(System) ([]*Measurement, error) {
+		return func(sys System) ([]*Measurement, error) {
+			created, requested, err := ManyGit(b.Context(), o, sys, load)
+			return []*Measurement{created, requested}, err
 		}
-		report(b, m)
+	}
+
+	compare(o, "a", []string{"a. 1000 GitRepositories over 10 repositories", "a'. reconcile request to all 1000 (unchanged)"},
+		[]Target{targetA, sameMemory}, git(o, loadA))
+	compare(o, "b", []string{"b. 1000 GitRepositories over 1000 repositories"}, []Target{targetB}, git(o, loadB))
+	compare(o, "c", []string{"c. one repository with a 256 MiB tree"}, []Target{targetC}, func(sys System) ([]*Measurement, error) {
+		m, err := LargeTree(b.Context(), o, sys)
+		return []*Measurement{m}, err
 	})
-	b.Run("helm-index", func(b *testing.B) {
-		m, err := HelmIndex(b.Context(), o)
-		rows = append(rows, row("c. one 48 MiB Helm index, then one HelmChart", FluxHelmIndex, m, err))
-		if err != nil {
-			b.Fatal(err)
-		}
-		report(b, m)
+	compare(o, "d", []string{"d. 200 sources at 1m, 3 min of steady state"}, []Target{targetD}, func(sys System) ([]*Measurement, error) {
+		m, err := SteadyState(b.Context(), o, sys)
+		return []*Measurement{m}, err
 	})
-	b.Run("many-oci", func(b *testing.B) {
-		m, err := ManyOCI(b.Context(), o, b)
-		rows = append(rows, row("e. 1000 OCIRepositories over 10 artifacts (Flux: its own benchmark, 16 cores, not side by side)", FluxManyOCI, m, err))
-		if err != nil {
-			b.Fatal(err)
-		}
-		report(b, m)
+	headwaterOnly := o
+	headwaterOnly.FluxBin = ""
+	before := len(rows)
+	compare(headwaterOnly, "e", []string{"e. 10,000 GitRepositories over 100 repositories (Headwater only)"}, []Target{{}}, git(headwaterOnly, loadE))
+	for _, r := range rows[before:] {
+		growth(r.Headwater, byName["a0"])
+	}
+	if *s3 && only.MatchString("g") {
+		rows = append(rows, s3Rows(b, headwaterOnly, byName)...)
+	}
+	compare(o, "h", []string{"h. one 48 MiB Helm index, then one HelmChart"}, []Target{targetH}, func(sys System) ([]*Measurement, error) {
+		m, err := HelmIndex(b.Context(), o, sys)
+		return []*Measurement{m}, err
 	})
-	b.Run("helm-same-url", func(b *testing.B) {
-		created, requested, err := HelmSameURL(b.Context(), o)
-		rows = append(rows, row("f. 100 HelmRepositories of one URL", Reference{}, created, err),
-			row("f'. reconcile request to all 100 (index unchanged)", Reference{}, requested, err))
-		if err != nil {
-			b.Fatal(err)
-		}
-		report(b, created)
+	compare(o, "i", []string{"i. 100 HelmRepositories of one URL", "i'. reconcile request to all 100 (index unchanged)"},
+		[]Target{targetI, targetI2}, func(sys System) ([]*Measurement, error) {
+			created, requested, err := HelmSameURL(b.Context(), o, sys)
+			return []*Measurement{created, requested}, err
+		})
+	compare(o, "j", []string{"j. 1000 OCIRepositories over 10 artifacts"}, []Target{targetJ}, func(sys System) ([]*Measurement, error) {
+		m, err := ManyOCI(b.Context(), o, sys, b)
+		return []*Measurement{m}, err
 	})
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)
 	}
+}
+
+// at is ms[i], or nil.
+func at(ms []*Measurement, i int) *Measurement {
+	if i < len(ms) {
+		return ms[i]
+	}
+	return nil
+}
+
+// growth notes on e how it grew from a (ten times the sources).
+func growth(e, a *Measurement) {
+	if e == nil || a == nil {
+		return
+	}
+	e.Notes = append(e.Notes, fmt.Sprintf("from a (1000 over 10) to e (10,000 over 100): wall %s, CPU %s, peak RSS %s",
+		ratioString(e.Wall, a.Wall), ratioString(e.ServiceCPU(), a.ServiceCPU()),
+		ratioString(time.Duration(e.ServicePeakRSS()), time.Duration(a.ServicePeakRSS()))))
+}
+
+// s3Rows runs scenario g: a, c and d with Headwater on MinIO, compared
+// with Headwater on directory storage (byName's a, c and d).
+func s3Rows(b *testing.B, o Options, byName map[string]*Measurement) []Row {
+	srv := miniotest.New(b)
+	var rows []Row
+	for _, sc := range []struct {
+		id, name string
+		run      func(o Options) (*Measurement, error)
+	}{
+		{"a0", "g. a on S3 (MinIO)", func(o Options) (*Measurement, error) {
+			m, _, err := ManyGit(b.Context(), o, Headwater, GitLoad{Name: "g-a", Repos: loadA.Repos, Sources: loadA.Sources})
+			return m, err
+		}},
+		{"c0", "g. c on S3 (MinIO)", func(o Options) (*Measurement, error) { return LargeTree(b.Context(), o, Headwater) }},
+		{"d0", "g. d on S3 (MinIO)", func(o Options) (*Measurement, error) { return SteadyState(b.Context(), o, Headwater) }},
+	} {
+		o := o
+		o.Harness.S3 = &harness.S3Storage{Endpoint: srv.Endpoint, Bucket: "headwater-bench", Prefix: "g-" + sc.id[:1],
+			AccessKey: srv.AccessKey, SecretKey: srv.SecretKey}
+		r := Row{Scenario: sc.name, Target: targetG, BaseName: "Headwater, directory storage", Base: byName[sc.id]}
+		b.Run("g-"+sc.id[:1], func(b *testing.B) {
+			r.Headwater, r.HeadwaterErr = sc.run(o)
+			if r.HeadwaterErr != nil {
+				b.Error(r.HeadwaterErr)
+			}
+		})
+		rows = append(rows, r)
+	}
+	return rows
 }
 
 // parseServiceArgs parses -service-args.
@@ -105,18 +212,6 @@ func parseServiceArgs(s string) (map[string][]string, error) {
 		out[name] = append(out[name], arg)
 	}
 	return out, nil
-}
-
-// row is the table row of a scenario's outcome.
-func row(name string, ref Reference, m *Measurement, err error) Row {
-	r := Row{Scenario: name, Flux: ref, Measured: m}
-	if m == nil {
-		r.Status = "failed"
-		if err != nil {
-			r.Status = "failed: " + err.Error()
-		}
-	}
-	return r
 }
 
 // report makes the go test output carry the headline numbers too; ns/op is
@@ -147,11 +242,23 @@ func options() (Options, error) {
 	if cfg.AssetsDir == "" {
 		cfg.AssetsDir = filepath.Join(root, "bin", "k8s")
 	}
+	cfg.NATSBin = *natsBin
+	if cfg.NATSBin == "" {
+		cfg.NATSBin = filepath.Join(cfg.BinDir, "headwater-nats")
+	}
 	if err := cfg.Check(); err != nil {
 		return Options{}, fmt.Errorf("%w (run `make bench`, which builds them)", err)
 	}
+	if _, err := os.Stat(cfg.NATSBin); err != nil {
+		return Options{}, fmt.Errorf("NATS in its own process: %w (run `make bench`, which builds it)", err)
+	}
+	if *fluxBin != "" {
+		if _, err := os.Stat(*fluxBin); err != nil {
+			return Options{}, fmt.Errorf("-flux-bin: %w", err)
+		}
+	}
 	start := time.Now()
-	return Options{Harness: cfg, Progress: func(msg string) {
+	return Options{Harness: cfg, FluxBin: *fluxBin, Progress: func(msg string) {
 		fmt.Fprintf(os.Stderr, "bench %6.1fs %s\n", time.Since(start).Seconds(), msg)
 	}}, nil
 }

@@ -1,12 +1,14 @@
-// Package bench measures Headwater on real parts (the harness's Env: a local
-// kube-apiserver and etcd, embedded NATS, directory storage, a smart-HTTP
-// git server and the four service binaries) in the scenarios Flux's
-// source-controller v1.9 was measured in on this kind of machine, and
-// prints a table that puts Headwater's numbers beside Flux's reference
-// numbers.
+// Package bench measures Headwater and Flux's source-controller side by
+// side on real parts (the harness's Env: a local kube-apiserver and etcd, a
+// smart-HTTP git server, the CNCF distribution registry, a chart
+// repository, MinIO) and prints a table of both, their ratios and
+// Headwater's targets.
 //
-// Flux itself cannot be built here, so its column holds the reference
-// numbers measured earlier, not numbers measured in the same run.
+// Every scenario runs twice, each time on a fresh Env: once with
+// Headwater's four services and NATS (each its own process, so each is
+// measured), once with Flux's source-controller (built from its module by
+// `make flux`) and no Headwater process. The numbers of both columns come
+// from the same run on the same machine; nothing is typed in.
 //
 // The work runs only under `go test -bench` (`make bench`); a plain
 // `go test` runs the fast unit tests of the measuring helpers only.

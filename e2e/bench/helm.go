@@ -17,15 +17,15 @@ import (
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
 )
 
-// helmIndexSize is the size of scenario c's generated index: 48 MiB, about
+// helmIndexSize is the size of scenario h's generated index: 48 MiB, about
 // 80,000 chart versions over 2,000 charts.
 const helmIndexSize = 48 << 20
 
-// HelmIndex runs scenario c: one HelmRepository whose index is 48 MiB
+// HelmIndex runs scenario h on sys: one HelmRepository whose index is 48 MiB
 // (generated, served by the benchmark), awaited Ready, then one HelmChart
 // of a chart listed in it, awaited Ready. Flux holds the whole index in
 // memory to store it and again to pick the chart's version.
-func HelmIndex(ctx context.Context, o Options) (m *Measurement, err error) {
+func HelmIndex(ctx context.Context, o Options, sys System) (m *Measurement, err error) {
 	dir, err := os.MkdirTemp(o.Harness.Dir, "headwater-bench-charts-")
 	if err != nil {
 		return nil, err
@@ -52,9 +52,9 @@ func HelmIndex(ctx context.Context, o Options) (m *Measurement, err error) {
 	}
 	index.Write(real[i+len("entries:\n"):])
 	srv.SetIndex(index.Bytes())
-	o.progress("c: serving a %.1f MiB index", float64(index.Len())/(1<<20))
+	o.progress("h: serving a %.1f MiB index", float64(index.Len())/(1<<20))
 
-	env, stop, err := startEnv(ctx, o, "helm-index")
+	env, stop, err := startEnv(ctx, o, "helm-index", sys)
 	if err != nil {
 		return nil, err
 	}
@@ -80,20 +80,20 @@ func HelmIndex(ctx context.Context, o Options) (m *Measurement, err error) {
 	}
 	start := time.Now()
 	if err := c.Create(sctx, repo); err != nil {
-		return nil, fmt.Errorf("scenario c: %w", err)
+		return nil, fmt.Errorf("scenario h: %w", err)
 	}
 	if err := waitReady(sctx, c, &sourcev1.HelmRepository{}, repo.Name); err != nil {
-		return nil, errors.Join(fmt.Errorf("scenario c: %w", err), serviceState(env))
+		return nil, errors.Join(fmt.Errorf("scenario h: %w", err), serviceState(env))
 	}
-	o.progress("c: HelmRepository Ready after %.1f s", time.Since(start).Seconds())
+	o.progress("h (%s): HelmRepository Ready after %.1f s", sys, time.Since(start).Seconds())
 	if err := c.Create(sctx, chart); err != nil {
-		return nil, fmt.Errorf("scenario c: %w", err)
+		return nil, fmt.Errorf("scenario h: %w", err)
 	}
 	if err := waitReady(sctx, c, &sourcev1.HelmChart{}, chart.Name); err != nil {
-		return nil, errors.Join(fmt.Errorf("scenario c: %w", err), serviceState(env))
+		return nil, errors.Join(fmt.Errorf("scenario h: %w", err), serviceState(env))
 	}
 	at := time.Now()
-	o.progress("c: HelmChart Ready after %.1f s", at.Sub(start).Seconds())
+	o.progress("h (%s): HelmChart Ready after %.1f s", sys, at.Sub(start).Seconds())
 	settle(sctx, env)
 	m, err = meter.stop(sctx, at)
 	if err != nil {
@@ -123,14 +123,23 @@ func waitReady(ctx context.Context, c client.Client, obj readyObject, name strin
 	}
 }
 
-// helmSameURL is the number of HelmRepositories of scenario f.
+// Counter names of scenario i's measurements (Measurement.Counters).
+const (
+	// CounterIndexDownloads is the index downloads the chart repository
+	// served in full.
+	CounterIndexDownloads = "index downloads"
+	// CounterIndexNotModified is its 304 answers.
+	CounterIndexNotModified = "index 304s"
+)
+
+// helmSameURL is the number of HelmRepositories of scenario i.
 const helmSameURL = 100
 
-// HelmSameURL runs scenario f: 100 HelmRepositories of one URL created at
+// HelmSameURL runs scenario i on sys: 100 HelmRepositories of one URL created at
 // once, awaited Ready; then a reconcile request to all of them with the
 // index unchanged, awaited handled. The notes count what the repository
 // served: index downloads (target 1) and 304s.
-func HelmSameURL(ctx context.Context, o Options) (created, requested *Measurement, err error) {
+func HelmSameURL(ctx context.Context, o Options, sys System) (created, requested *Measurement, err error) {
 	dir, err := os.MkdirTemp(o.Harness.Dir, "headwater-bench-charts-")
 	if err != nil {
 		return nil, nil, err
@@ -144,7 +153,7 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 	if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.1.0"}); err != nil {
 		return nil, nil, err
 	}
-	env, stop, err := startEnv(ctx, o, "helm-same-url")
+	env, stop, err := startEnv(ctx, o, "helm-same-url", sys)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -159,9 +168,8 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 	for i := range names {
 		names[i] = fmt.Sprintf("same-url-%03d", i)
 	}
-	served := func(m *Measurement) {
-		d, nm, _ := srv.Counts()
-		m.Notes = append(m.Notes, fmt.Sprintf("the chart repository served the index %d times and answered 304 %d times", d, nm))
+	served := func(m *Measurement, d, nm int) {
+		m.Counters = map[string]int64{CounterIndexDownloads: int64(d), CounterIndexNotModified: int64(nm)}
 	}
 
 	meter, err := startMeter(sctx, env)
@@ -174,20 +182,21 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 			Spec:       sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: smallInterval}},
 		})
 	}); err != nil {
-		return nil, nil, fmt.Errorf("scenario f: %w", err)
+		return nil, nil, fmt.Errorf("scenario i: %w", err)
 	}
 	for _, name := range names {
 		if err := waitReady(sctx, c, &sourcev1.HelmRepository{}, name); err != nil {
-			return nil, nil, errors.Join(fmt.Errorf("scenario f: %w", err), serviceState(env))
+			return nil, nil, errors.Join(fmt.Errorf("scenario i: %w", err), serviceState(env))
 		}
 	}
 	at := time.Now()
-	o.progress("f: %d HelmRepositories Ready", helmSameURL)
+	o.progress("i: %d HelmRepositories Ready", helmSameURL)
 	settle(sctx, env)
 	if created, err = meter.stop(sctx, at); err != nil {
 		return created, nil, err
 	}
-	served(created)
+	d, nm, _ := srv.Counts()
+	served(created, d, nm)
 
 	d0, nm0, _ := srv.Counts()
 	if meter, err = startMeter(sctx, env); err != nil {
@@ -203,7 +212,7 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 		obj.SetAnnotations(map[string]string{meta.ReconcileRequestAnnotation: token})
 		return c.Patch(ctx, obj, base)
 	}); err != nil {
-		return created, nil, fmt.Errorf("scenario f: %w", err)
+		return created, nil, fmt.Errorf("scenario i: %w", err)
 	}
 	for _, name := range names {
 		for {
@@ -212,7 +221,7 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 				break
 			}
 			if !sleep(sctx, 100*time.Millisecond) {
-				return created, nil, fmt.Errorf("scenario f: %s did not handle the reconcile request: %w", name, sctx.Err())
+				return created, nil, fmt.Errorf("scenario i: %s did not handle the reconcile request: %w", name, sctx.Err())
 			}
 		}
 	}
@@ -222,7 +231,6 @@ func HelmSameURL(ctx context.Context, o Options) (created, requested *Measuremen
 		return created, requested, err
 	}
 	d1, nm1, _ := srv.Counts()
-	requested.Notes = append(requested.Notes,
-		fmt.Sprintf("the chart repository served the index %d times and answered 304 %d times", d1-d0, nm1-nm0))
+	served(requested, d1-d0, nm1-nm0)
 	return created, requested, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"time"
@@ -16,13 +17,18 @@ type Role int
 
 // The roles, in report order.
 const (
-	// RoleService is one of the four Headwater services: what Flux's
-	// source-controller numbers compare with.
+	// RoleService is a process of the system under test: one of
+	// Headwater's four services or its NATS server, or Flux's
+	// source-controller. Their sums are what the systems compare by.
 	RoleService Role = iota
 	// RoleControlPlane is kube-apiserver or etcd.
 	RoleControlPlane
-	// RoleBench is the benchmark process itself: embedded NATS, the git
-	// server with its git http-backend children, and the load generator.
+	// RoleStorage is the S3 server (MinIO) Headwater's storage is on, when
+	// it is: part of what Headwater needs, reported apart from the services.
+	RoleStorage
+	// RoleBench is the benchmark process itself (the git server with its
+	// git http-backend children, the load generator, and NATS when it is
+	// embedded) and the upstream servers it starts (the OCI registry).
 	RoleBench
 )
 
@@ -73,11 +79,14 @@ type Measurement struct {
 	CPUs int
 	// ArtifactBytes is the size of the artifact, when one is reported.
 	ArtifactBytes int64
+	// Counters are counts a scenario takes of what the system asked of
+	// others (e.g. CounterGitFetches), by name.
+	Counters map[string]int64
 	// Notes say what could not be measured.
 	Notes []string
 }
 
-// ServiceCPU is the CPU time of the four services together.
+// ServiceCPU is the CPU time of the system's processes together.
 func (m *Measurement) ServiceCPU() time.Duration {
 	var d time.Duration
 	for _, u := range m.Usage {
@@ -88,8 +97,8 @@ func (m *Measurement) ServiceCPU() time.Duration {
 	return d
 }
 
-// ServicePeakRSS is the sum of the four services' peak RSS: an upper bound
-// of their peak together.
+// ServicePeakRSS is the sum of the system's processes' peak RSS: an upper
+// bound of their peak together.
 func (m *Measurement) ServicePeakRSS() uint64 {
 	var n uint64
 	for _, u := range m.Usage {
@@ -125,13 +134,18 @@ func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
 	for _, s := range env.Services() {
 		m.procs = append(m.procs, &measuredProc{name: s.Name, role: RoleService, pid: s.Pid(), metrics: s.TelemetryAddr})
 	}
-	cp, err := childrenByName("kube-apiserver", "etcd")
+	children, err := childrenByName("kube-apiserver", "etcd")
 	if err != nil {
 		m.notes = append(m.notes, "control plane not measured: "+err.Error())
 	}
-	for _, name := range []string{"kube-apiserver", "etcd"} {
-		if pid, ok := cp[name]; ok {
-			m.procs = append(m.procs, &measuredProc{name: name, role: RoleControlPlane, pid: pid})
+	optional, _ := childrenByName("minio", "registry") // when the scenario runs them
+	maps.Copy(children, optional)
+	for _, c := range []struct {
+		name string
+		role Role
+	}{{"kube-apiserver", RoleControlPlane}, {"etcd", RoleControlPlane}, {"minio", RoleStorage}, {"registry", RoleBench}} {
+		if pid, ok := children[c.name]; ok {
+			m.procs = append(m.procs, &measuredProc{name: c.name, role: c.role, pid: pid})
 		}
 	}
 	m.procs = append(m.procs, &measuredProc{name: "bench process", role: RoleBench, pid: os.Getpid()})
@@ -195,7 +209,7 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if p.name == harness.Watcher {
+		if p.name == harness.Watcher || p.name == FluxSourceController {
 			for method, n := range diff(p.before.sumBy("rest_client_requests_total", "method", "code"), after.sumBy("rest_client_requests_total", "method", "code")) {
 				out.APIRequests[method] = n
 			}

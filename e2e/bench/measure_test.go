@@ -135,29 +135,47 @@ func TestMet(t *testing.T) {
 		{Name: "watcher", Role: RoleService, CPU: 5 * time.Second, PeakRSS: 40 * mib},
 		{Name: "fetcher", Role: RoleService, CPU: 5 * time.Second, PeakRSS: 40 * mib},
 		{Name: "etcd", Role: RoleControlPlane, CPU: 50 * time.Second, PeakRSS: 400 * mib},
-	}}
+	}, Counters: map[string]int64{CounterGitFetches: 10, CounterSourceWrites: 1}}
 	if got := m.ServiceCPU(); got != 10*time.Second {
 		t.Errorf("ServiceCPU = %v, want 10s (control plane excluded)", got)
 	}
+	flux := &Measurement{Wall: 60 * time.Second, Usage: []Usage{
+		{Name: FluxSourceController, Role: RoleService, CPU: 30 * time.Second, PeakRSS: 70 * mib},
+	}}
 	tests := []struct {
-		ref  Reference
-		want string
+		target Target
+		base   *Measurement
+		want   string
 	}{
-		{FluxManySmall, "wall yes, CPU yes, RSS no"},
-		{FluxLargeTree, "wall no"},
-		{Reference{}, "n/a"},
+		{targetA, flux, "wall yes, CPU no, memory no, git fetches yes"},
+		{Target{Wall: 0.1}, flux, "wall no"},
+		{Target{MaxWall: 10 * time.Second, MaxRSS: map[string]uint64{"fetcher": 40 * mib, "packager": mib}}, nil,
+			"wall yes, fetcher yes, packager no"},
+		{targetD, flux, "CPU yes, memory no, git fetches no, source writes no"},
+		{Target{Wall: 1}, nil, "n/a"},
+		{Target{}, flux, "n/a"},
 	}
 	for _, tt := range tests {
-		if got := tt.ref.met(m); got != tt.want {
-			t.Errorf("%v: met = %q, want %q", tt.ref, got, tt.want)
+		if got := tt.target.Met(m, tt.base); got != tt.want {
+			t.Errorf("%v: Met = %q, want %q", tt.target, got, tt.want)
 		}
 	}
+	if got := targetA.Met(nil, flux); got != "n/a" {
+		t.Errorf("Met without a measurement = %q", got)
+	}
 	var out strings.Builder
-	WriteTable(&out, []Row{{Scenario: "x", Flux: FluxManySmall, Measured: m}, {Scenario: "c", Flux: FluxHelmIndex, Status: "not implemented"}})
+	WriteTable(&out, []Row{
+		{Scenario: "x", Target: targetA, Headwater: m, BaseName: "Flux " + FluxVersion, Base: flux},
+		{Scenario: "y", Target: Target{}, Headwater: m},
+		{Scenario: "z", Target: targetB, HeadwaterErr: errors.New("boom"), BaseName: "Flux " + FluxVersion, Base: flux},
+	})
 	for _, want := range []string{
-		"| x | 10.0 | 10.0 | 80 | 61 s, 66 CPU-s, peak 126 MiB | ≤ 15.2 s, ≤ 16.5 CPU-s, ≤ 12.6 MiB | wall yes, CPU yes, RSS no |",
-		"| c | not implemented |  |  | peak 1.25 GiB | ≤ 128 MiB | n/a |",
+		"| x | Flux v1.9.1 | 60.0 | 30.0 | 70 | 10.0 | 10.0 | 80 | 0.17x | 0.33x | 1.14x | wall ≤ 0.25x, CPU ≤ 0.25x, memory ≤ 1x, git fetches ≤ 10 | wall yes, CPU no, memory no, git fetches yes |",
+		"| y | none |  |  |  | 10.0 | 10.0 | 80 |  |  |  | none set | n/a |",
+		"| z | Flux v1.9.1 | 60.0 | 30.0 | 70 | failed |  |  |  |  |  | ",
 		"kube-apiserver + etcd: CPU 50.0 s, peak RSS 400 MiB",
+		"counted: git fetches 10, source writes 1",
+		"z: error: boom",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())

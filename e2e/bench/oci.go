@@ -23,26 +23,50 @@ const (
 	ociRepoNameForm       = "apps/app-%02d"
 )
 
-// ManyOCI runs scenario e: 1000 OCIRepositories over 10 artifacts in a
+// Counter names of scenario j's measurement (Measurement.Counters).
+const (
+	// CounterRegistryRequests is every request the registry answered.
+	CounterRegistryRequests = "registry requests"
+	// CounterManifestRequests is the HEADs and GETs of manifests.
+	CounterManifestRequests = "manifest requests"
+	// CounterBlobDownloads is the GETs of blobs: layers and configs.
+	CounterBlobDownloads = "blob downloads"
+	// CounterLayerDownloads is the GETs of the artifacts' layers.
+	CounterLayerDownloads = "layer downloads"
+)
+
+// ManyOCI runs scenario j on sys: 1000 OCIRepositories over 10 artifacts in a
 // real registry (the CNCF distribution registry, as pushed by `flux push
 // artifact`) are created at once and awaited Ready with an artifact. It
 // notes the registry's requests: with content shared, each layer is
 // downloaded once.
-func ManyOCI(ctx context.Context, o Options, tb testing.TB) (m *Measurement, err error) {
-	env, stop, err := startEnv(ctx, o, "many-oci")
+func ManyOCI(ctx context.Context, o Options, sys System, tb testing.TB) (m *Measurement, err error) {
+	env, stop, err := startEnv(ctx, o, "many-oci", sys)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, stop()) }()
 	reg := registry.New(tb, registry.Options{})
+	layers := map[string]bool{}
 	for i := range ociArtifacts {
 		files := map[string]string{
 			"deploy/deployment.yaml": fmt.Sprintf("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: app-%02d\n", i),
 			"deploy/service.yaml":    fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata:\n  name: app-%02d\n", i),
 			"README.md":              fmt.Sprintf("# app %d\n", i),
 		}
-		reg.Push(tb, fmt.Sprintf(ociRepoNameForm, i), "v1.0.0",
-			registry.FluxArtifact(tb, files, "https://github.com/acme/apps", fmt.Sprintf("main@sha1:%040d", i)))
+		a := registry.FluxArtifact(tb, files, "https://github.com/acme/apps", fmt.Sprintf("main@sha1:%040d", i))
+		ls, err := a.Image(tb).Layers()
+		if err != nil {
+			return nil, fmt.Errorf("scenario j: %w", err)
+		}
+		for _, l := range ls {
+			d, err := l.Digest()
+			if err != nil {
+				return nil, fmt.Errorf("scenario j: %w", err)
+			}
+			layers[d.String()] = true
+		}
+		reg.Push(tb, fmt.Sprintf(ociRepoNameForm, i), "v1.0.0", a)
 	}
 	c, err := benchClient(ctx, env)
 	if err != nil {
@@ -55,10 +79,10 @@ func ManyOCI(ctx context.Context, o Options, tb testing.TB) (m *Measurement, err
 	before := len(reg.Requests())
 	sctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
 	defer cancel()
-	o.progress("e: creating %d OCIRepositories over %d artifacts", ociSources, ociArtifacts)
+	o.progress("j: creating %d OCIRepositories over %d artifacts", ociSources, ociArtifacts)
 	ociRepositories := func() client.ObjectList { return &sourcev1.OCIRepositoryList{} }
 	t := newTracker(c, namespace, len(names), ociRepositories, readyWithArtifact[*sourcev1.OCIRepository])
-	m, err = measureKind(sctx, o, "e", env, t, len(names), func(ctx context.Context) error {
+	m, err = measureKind(sctx, o, "j", env, t, len(names), func(ctx context.Context) error {
 		return forEach(ctx, names, func(ctx context.Context, i int, name string) error {
 			return c.Create(ctx, &sourcev1.OCIRepository{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
@@ -72,19 +96,26 @@ func ManyOCI(ctx context.Context, o Options, tb testing.TB) (m *Measurement, err
 		})
 	})
 	if err != nil {
-		return m, fmt.Errorf("scenario e: %w", err)
+		return m, fmt.Errorf("scenario j: %w", err)
 	}
 	reqs := reg.Requests()[before:]
-	var manifests, blobs int
+	var manifests, blobs, layerGets int64
 	for _, r := range reqs {
 		switch {
 		case r.Method == "GET" && strings.Contains(r.Path, "/blobs/"):
 			blobs++
+			if layers[r.Path[strings.LastIndex(r.Path, "/")+1:]] {
+				layerGets++
+			}
 		case strings.Contains(r.Path, "/manifests/"):
 			manifests++
 		}
 	}
-	m.Notes = append(m.Notes, fmt.Sprintf("registry: %d requests, %d of them manifest HEAD/GET, %d blob downloads (layers and configs) for %d artifacts",
-		len(reqs), manifests, blobs, ociArtifacts))
+	m.Counters = map[string]int64{
+		CounterRegistryRequests: int64(len(reqs)),
+		CounterManifestRequests: manifests,
+		CounterBlobDownloads:    blobs,
+		CounterLayerDownloads:   layerGets,
+	}
 	return m, nil
 }

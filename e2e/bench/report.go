@@ -11,111 +11,134 @@ import (
 
 const mib = 1 << 20
 
-// Reference is what Flux source-controller v1.9 measured in a scenario on
-// this kind of machine (2 cores, local API server, local git server). A
-// zero field was not measured.
-type Reference struct {
-	// Wall is the elapsed time.
-	Wall time.Duration
-	// CPU is the controller's CPU time.
-	CPU time.Duration
-	// PeakRSS is the controller's peak memory in bytes.
-	PeakRSS uint64
+// FluxVersion is the Flux source-controller the benchmark builds and runs
+// side by side (hack/build-tools.sh).
+const FluxVersion = "v1.9.1"
+
+// Target is what Headwater must reach in a scenario: ratios of its numbers
+// to its baseline's measured in the same run (0 sets none), and absolute
+// bounds.
+type Target struct {
+	// Wall, CPU and Memory bound Headwater's wall time, CPU time and peak
+	// RSS (the sums over its processes, NATS included) as ratios of the
+	// baseline's.
+	Wall, CPU, Memory float64
+	// MaxWall bounds Headwater's wall time.
+	MaxWall time.Duration
+	// MaxRSS bounds single processes' peak RSS, by process name.
+	MaxRSS map[string]uint64
+	// MaxCounters bounds counters of the measurement, by name.
+	MaxCounters map[string]int64
 }
 
-// The reference numbers of Flux source-controller v1.9.
-var (
-	// FluxManySmall: 1000 GitRepositories over 10 small repositories.
-	FluxManySmall = Reference{Wall: 61 * time.Second, CPU: 66 * time.Second, PeakRSS: 126 * mib}
-	// FluxLargeTree: one repository with a 256 MiB tree.
-	FluxLargeTree = Reference{Wall: 19700 * time.Millisecond}
-	// FluxHelmIndex: one 48 MiB Helm repository index.
-	FluxHelmIndex = Reference{PeakRSS: 1280 * mib}
-	// FluxManyOCI: 1000 OCIRepositories, from Flux's own benchmark of
-	// Flux 2.8 on a 16-core runner (not measured here).
-	FluxManyOCI = Reference{Wall: 85 * time.Second, PeakRSS: 67 * mib}
-)
-
-// Headwater's targets: a quarter of Flux's times, a tenth of its memory.
-const (
-	timeFactor   = 4
-	memoryFactor = 10
-)
-
-// Row is one line of the table.
+// Row is one scenario: Headwater's measurement and its baseline's (Flux's,
+// or for S3 storage Headwater's on directory storage).
 type Row struct {
 	// Scenario names the scenario.
 	Scenario string
-	// Flux is the reference.
-	Flux Reference
-	// Measured is Headwater's measurement, nil if there is none.
-	Measured *Measurement
-	// Status replaces the numbers when there are none ("not
-	// implemented", a failure).
-	Status string
+	// Target is what Headwater must reach.
+	Target Target
+	// Headwater is Headwater's measurement, and HeadwaterErr why it is
+	// missing or incomplete.
+	Headwater    *Measurement
+	HeadwaterErr error
+	// BaseName names the baseline ("Flux v1.9.1"); empty when the scenario
+	// has none.
+	BaseName string
+	// Base is the baseline's measurement, and BaseErr why it is missing.
+	Base    *Measurement
+	BaseErr error
 }
 
 // WriteTable writes rows as a markdown table, then the details of each
-// measured row.
+// measurement.
 func WriteTable(w io.Writer, rows []Row) {
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "## Headwater vs Flux source-controller v1.9")
+	fmt.Fprintf(w, "## Headwater vs Flux source-controller %s, side by side\n", FluxVersion)
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Flux could not be built here: its column holds reference numbers measured earlier on this kind of machine")
-	fmt.Fprintln(w, "(2 cores, local API server, local git server), not numbers from this run. Targets: a quarter of Flux's")
-	fmt.Fprintln(w, "times (wall and CPU), a tenth of its memory. Wall: from the first create (or annotate) until the last object")
-	fmt.Fprintln(w, "is seen in the awaited state. CPU: utime+stime of the four service processes over that interval. Peak RSS:")
-	fmt.Fprintln(w, "sum of the four services' VmHWM, reset when the scenario starts (an upper bound of their peak together).")
+	fmt.Fprintln(w, "Both systems ran in this process's run, one after the other, each on a fresh local kube-apiserver and etcd")
+	fmt.Fprintln(w, "and the same git server, registry and chart repository, on this machine. Wall: from the first create (or")
+	fmt.Fprintln(w, "annotate) until the last object is seen in the awaited state (d: a fixed window). CPU: utime+stime of the")
+	fmt.Fprintln(w, "system's processes (Headwater: the four services and NATS; Flux: source-controller) including waited-for")
+	fmt.Fprintln(w, "children. Peak RSS: the sum of those processes' VmHWM, reset when the scenario starts (an upper bound of their")
+	fmt.Fprintln(w, "peak together). Ratios are Headwater / baseline; lower is better.")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| scenario | Headwater wall s | Headwater CPU s | Headwater peak RSS MiB (sum of services) | Flux v1.9 reference | target | met? |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---|---|---|")
+	fmt.Fprintln(w, "| scenario | baseline | wall s | CPU s | peak MiB | Headwater wall s | CPU s | peak MiB | wall ratio | CPU ratio | memory ratio | target | met? |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 	for _, r := range rows {
-		wall, cpu, rss, met := r.Status, "", "", "n/a"
-		if r.Measured != nil {
-			wall = fmt.Sprintf("%.1f", r.Measured.Wall.Seconds())
-			cpu = fmt.Sprintf("%.1f", r.Measured.ServiceCPU().Seconds())
-			rss = fmt.Sprintf("%.0f", float64(r.Measured.ServicePeakRSS())/mib)
-			met = r.Flux.met(r.Measured)
+		base := r.BaseName
+		if base == "" {
+			base = "none"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", r.Scenario, wall, cpu, rss, r.Flux, r.Flux.target(), met)
+		bw, bc, br := numbers(r.Base, r.BaseErr, r.BaseName != "")
+		hw, hc, hr := numbers(r.Headwater, r.HeadwaterErr, true)
+		wr, cr, mr := "", "", ""
+		if r.Base != nil && r.Headwater != nil {
+			wr = ratioString(r.Headwater.Wall, r.Base.Wall)
+			cr = ratioString(r.Headwater.ServiceCPU(), r.Base.ServiceCPU())
+			mr = ratioString(time.Duration(r.Headwater.ServicePeakRSS()), time.Duration(r.Base.ServicePeakRSS()))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Scenario, base, bw, bc, br, hw, hc, hr, wr, cr, mr, r.Target.String(), r.Target.Met(r.Headwater, r.Base))
 	}
 	fmt.Fprintln(w)
 	for _, r := range rows {
-		if r.Measured != nil {
-			writeDetails(w, r.Scenario, r.Measured)
+		if r.Headwater != nil {
+			writeDetails(w, r.Scenario+", Headwater", r.Headwater)
+		}
+		if r.Base != nil {
+			writeDetails(w, r.Scenario+", "+r.BaseName, r.Base)
+		}
+		for _, e := range []error{r.HeadwaterErr, r.BaseErr} {
+			if e != nil {
+				fmt.Fprintf(w, "- %s: error: %v\n", r.Scenario, e)
+			}
 		}
 	}
 }
 
-// String describes the reference numbers.
-func (r Reference) String() string {
-	var parts []string
-	if r.Wall > 0 {
-		parts = append(parts, fmt.Sprintf("%.3g s", r.Wall.Seconds()))
+// numbers formats a measurement's wall, CPU and memory for the table, or
+// says why there is none.
+func numbers(m *Measurement, err error, expected bool) (wall, cpu, rss string) {
+	switch {
+	case m != nil:
+		return fmt.Sprintf("%.1f", m.Wall.Seconds()), fmt.Sprintf("%.1f", m.ServiceCPU().Seconds()),
+			fmt.Sprintf("%.0f", float64(m.ServicePeakRSS())/mib)
+	case err != nil:
+		return "failed", "", ""
+	case expected:
+		return "not run", "", ""
 	}
-	if r.CPU > 0 {
-		parts = append(parts, fmt.Sprintf("%.3g CPU-s", r.CPU.Seconds()))
-	}
-	if r.PeakRSS > 0 {
-		parts = append(parts, "peak "+bytesString(r.PeakRSS))
-	}
-	if len(parts) == 0 {
-		return "not measured"
-	}
-	return strings.Join(parts, ", ")
+	return "", "", ""
 }
 
-// target describes Headwater's target for the scenario.
-func (r Reference) target() string {
+// ratioString is a / b to two digits, "-" when b is zero.
+func ratioString(a, b time.Duration) string {
+	if b <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", float64(a)/float64(b))
+}
+
+// String describes the target.
+func (t Target) String() string {
 	var parts []string
-	if r.Wall > 0 {
-		parts = append(parts, fmt.Sprintf("≤ %.3g s", r.Wall.Seconds()/timeFactor))
+	ratio := func(what string, f float64) {
+		if f > 0 {
+			parts = append(parts, fmt.Sprintf("%s ≤ %.2gx", what, f))
+		}
 	}
-	if r.CPU > 0 {
-		parts = append(parts, fmt.Sprintf("≤ %.3g CPU-s", r.CPU.Seconds()/timeFactor))
+	ratio("wall", t.Wall)
+	ratio("CPU", t.CPU)
+	ratio("memory", t.Memory)
+	if t.MaxWall > 0 {
+		parts = append(parts, fmt.Sprintf("wall ≤ %s", t.MaxWall))
 	}
-	if r.PeakRSS > 0 {
-		parts = append(parts, "≤ "+bytesString(r.PeakRSS/memoryFactor))
+	for _, name := range slices.Sorted(maps.Keys(t.MaxRSS)) {
+		parts = append(parts, fmt.Sprintf("%s ≤ %s", name, bytesString(t.MaxRSS[name])))
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.MaxCounters)) {
+		parts = append(parts, fmt.Sprintf("%s ≤ %d", name, t.MaxCounters[name]))
 	}
 	if len(parts) == 0 {
 		return "none set"
@@ -123,22 +146,47 @@ func (r Reference) target() string {
 	return strings.Join(parts, ", ")
 }
 
-// met says, per targeted quantity, whether m meets the target.
-func (r Reference) met(m *Measurement) string {
+// Met says, per targeted quantity, whether h meets the target against
+// base.
+func (t Target) Met(h, base *Measurement) string {
+	if h == nil {
+		return "n/a"
+	}
 	var parts []string
-	check := func(what string, set bool, ok bool) {
-		if !set {
-			return
-		}
+	check := func(what string, ok bool) {
 		verdict := "no"
 		if ok {
 			verdict = "yes"
 		}
 		parts = append(parts, what+" "+verdict)
 	}
-	check("wall", r.Wall > 0, m.Wall <= r.Wall/timeFactor)
-	check("CPU", r.CPU > 0, m.ServiceCPU() <= r.CPU/timeFactor)
-	check("RSS", r.PeakRSS > 0, m.ServicePeakRSS() <= r.PeakRSS/memoryFactor)
+	if base != nil {
+		if t.Wall > 0 {
+			check("wall", float64(h.Wall) <= t.Wall*float64(base.Wall))
+		}
+		if t.CPU > 0 {
+			check("CPU", float64(h.ServiceCPU()) <= t.CPU*float64(base.ServiceCPU()))
+		}
+		if t.Memory > 0 {
+			check("memory", float64(h.ServicePeakRSS()) <= t.Memory*float64(base.ServicePeakRSS()))
+		}
+	}
+	if t.MaxWall > 0 {
+		check("wall", h.Wall <= t.MaxWall)
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.MaxRSS)) {
+		peak, found := uint64(0), false
+		for _, u := range h.Usage {
+			if u.Name == name {
+				peak, found = u.PeakRSS, true
+			}
+		}
+		check(name, found && peak <= t.MaxRSS[name])
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.MaxCounters)) {
+		n, found := h.Counters[name]
+		check(name, found && n <= t.MaxCounters[name])
+	}
 	if len(parts) == 0 {
 		return "n/a"
 	}
@@ -162,9 +210,15 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 		case RoleControlPlane:
 			cp.CPU += u.CPU
 			cp.PeakRSS += u.PeakRSS
+		case RoleStorage:
+			line = "storage " + line
 		case RoleBench:
-			line = fmt.Sprintf("bench process (embedded NATS, git server, load generator): CPU %.1f s + git http-backend children %.1f s, peak RSS %.0f MiB",
-				(u.CPU - u.ChildrenCPU).Seconds(), u.ChildrenCPU.Seconds(), float64(u.PeakRSS)/mib)
+			if u.Name == "bench process" {
+				line = fmt.Sprintf("bench process (git server, load generator, NATS when embedded): CPU %.1f s + git http-backend children %.1f s, peak RSS %.0f MiB",
+					(u.CPU - u.ChildrenCPU).Seconds(), u.ChildrenCPU.Seconds(), float64(u.PeakRSS)/mib)
+			} else {
+				line = "upstream " + line
+			}
 		}
 		for _, typ := range slices.Sorted(maps.Keys(m.Jobs[u.Name])) {
 			j := m.Jobs[u.Name][typ]
@@ -185,7 +239,7 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 			m.MachineBusy.Seconds(), m.Wall.Seconds()*float64(m.CPUs), m.CPUs, ours.Seconds(), max(0, (m.MachineBusy-ours).Seconds()))
 	}
 	if len(m.APIRequests) > 0 {
-		fmt.Fprintln(w, "  - watcher API requests: "+apiRequestsString(m.APIRequests))
+		fmt.Fprintln(w, "  - controller API requests: "+apiRequestsString(m.APIRequests))
 	}
 	if len(m.JobResults) > 0 {
 		var parts []string
@@ -193,6 +247,13 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 			parts = append(parts, fmt.Sprintf("%s %.0f", k, m.JobResults[k]))
 		}
 		fmt.Fprintln(w, "  - job results other than success: "+strings.Join(parts, ", "))
+	}
+	if len(m.Counters) > 0 {
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(m.Counters)) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, m.Counters[k]))
+		}
+		fmt.Fprintln(w, "  - counted: "+strings.Join(parts, ", "))
 	}
 	for _, n := range m.Notes {
 		fmt.Fprintln(w, "  - note: "+n)

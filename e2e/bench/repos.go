@@ -53,22 +53,72 @@ func text(rnd *rand.Rand, size int) string {
 	return b.String()[:size]
 }
 
-// createSmallRepo creates the served repository name with a ~20 KiB tree
-// in one commit on branch.
-func createSmallRepo(env *harness.Env, name, branch string, seed uint64) error {
-	repo, err := env.NewRepo(name, branch)
-	if err != nil {
+// smallReposVersion names the generated small repositories: change it
+// with anything that changes their content.
+const smallReposVersion = "v1"
+
+// smallRepoName is the name of the i-th small repository.
+func smallRepoName(i int) string { return fmt.Sprintf("small-%04d", i) }
+
+// linkSmallRepos serves the first n small repositories from env's git
+// server (as links to bare repositories generated once under the system
+// temporary directory and reused by later runs) and returns their URLs.
+// Each holds a ~20 KiB tree in one commit on branch master, distinct from
+// every other's.
+func linkSmallRepos(env *harness.Env, n int, progress func(string)) ([]string, error) {
+	dir := filepath.Join(os.TempDir(), "headwater-bench", "small-repos-"+smallReposVersion)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("small repositories: %w", err)
+	}
+	urls := make([]string, n)
+	generated := 0
+	for i := range n {
+		name := smallRepoName(i)
+		bare := filepath.Join(dir, name+".git")
+		if _, err := os.Stat(bare); errors.Is(err, os.ErrNotExist) {
+			if generated == 0 && progress != nil {
+				progress(fmt.Sprintf("generating small repositories once, cached in %s", dir))
+			}
+			if err := generateSmallRepo(bare, name, uint64(i)); err != nil {
+				return nil, err
+			}
+			generated++
+		} else if err != nil {
+			return nil, fmt.Errorf("small repositories: %w", err)
+		}
+		if err := os.Symlink(bare, filepath.Join(env.GitRoot, name+".git")); err != nil {
+			return nil, fmt.Errorf("serve %s: %w", name, err)
+		}
+		urls[i] = env.Git.RepoURL(name)
+	}
+	return urls, nil
+}
+
+// generateSmallRepo writes the bare repository final with git fast-import
+// (two git processes, no work tree), atomically.
+func generateSmallRepo(final, name string, seed uint64) error {
+	tmp := final + ".tmp"
+	_ = os.RemoveAll(tmp)
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	if err := gitCmd(nil, "init", "--quiet", "--bare", "--initial-branch="+branch, tmp); err != nil {
 		return err
 	}
 	rnd := rand.New(rand.NewPCG(seed, 1))
-	files := map[string]string{"README.md": "# " + name + "\n\nA small repository for the benchmark.\n"}
+	files := []struct{ path, content string }{{"README.md", "# " + name + "\n\nA small repository for the benchmark.\n"}}
 	for i := range smallRepoFiles - 1 {
-		files[fmt.Sprintf("deploy/manifest-%02d.yaml", i)] = text(rnd, smallFileSize)
+		files = append(files, struct{ path, content string }{fmt.Sprintf("deploy/manifest-%02d.yaml", i), text(rnd, smallFileSize)})
 	}
-	if err := repo.Write(files); err != nil {
+	var b bytes.Buffer
+	msg := "Initial commit of " + name + "\n"
+	fmt.Fprintf(&b, "commit refs/heads/%s\ncommitter Headwater <headwater@example.com> 1700000000 +0000\ndata %d\n%s", branch, len(msg), msg)
+	for _, f := range files {
+		fmt.Fprintf(&b, "M 100644 inline %s\ndata %d\n%s\n", f.path, len(f.content), f.content)
+	}
+	b.WriteString("\n")
+	if err := gitCmd(&b, "--git-dir", tmp, "fast-import", "--quiet"); err != nil {
 		return fmt.Errorf("repository %s: %w", name, err)
 	}
-	if _, err := repo.Commit("Initial commit of " + name); err != nil {
+	if err := os.Rename(tmp, final); err != nil {
 		return fmt.Errorf("repository %s: %w", name, err)
 	}
 	return nil

@@ -21,20 +21,16 @@ import (
 
 // Scenario sizes, as in the Flux measurements they compare with.
 const (
-	smallRepos        = 10
-	sourcesPerRepo    = 100
-	smallSources      = smallRepos * sourcesPerRepo
-	smallInterval     = 10 * time.Minute
-	bigTreeTimeout    = 10 * time.Minute
-	scenarioTimeout   = 10 * time.Minute
-	applyWorkers      = 16
-	namespace         = "default"
-	branch            = "master"
-	progressEvery     = 5 * time.Second
-	envStartTimeout   = 3 * time.Minute
-	settleTimeout     = 30 * time.Second
-	bigTreeRepoName   = "big-tree"
-	smallRepoNameForm = "small-%02d"
+	smallInterval   = 10 * time.Minute
+	bigTreeTimeout  = 10 * time.Minute
+	scenarioTimeout = 20 * time.Minute
+	applyWorkers    = 16
+	namespace       = "default"
+	branch          = "master"
+	progressEvery   = 5 * time.Second
+	envStartTimeout = 3 * time.Minute
+	settleTimeout   = 30 * time.Second
+	bigTreeRepoName = "big-tree"
 )
 
 // Options configure the scenarios.
@@ -43,6 +39,9 @@ type Options struct {
 	// scenario's fresh state directory (the system temporary directory
 	// when empty).
 	Harness harness.Config
+	// FluxBin is Flux's source-controller binary; when empty, scenarios
+	// run Headwater only.
+	FluxBin string
 	// Progress, when set, is told what is happening.
 	Progress func(msg string)
 }
@@ -53,53 +52,52 @@ func (o Options) progress(format string, args ...any) {
 	}
 }
 
-// ManySmall runs scenario a and then d on the same Env: 1000 GitRepositories
-// over 10 small repositories are created at once and awaited Ready with an
-// artifact; then every one gets a reconcile request and the requests are
-// awaited handled (the unchanged path: the remote is listed, nothing is
-// cloned).
-func ManySmall(ctx context.Context, o Options) (created, requested *Measurement, err error) {
-	env, stop, err := startEnv(ctx, o, "many-small")
+// GitLoad is a scenario of many GitRepositories over small repositories.
+type GitLoad struct {
+	// Name is the scenario's letter, for progress and errors.
+	Name string
+	// Repos is the number of distinct repositories, Sources the number of
+	// GitRepositories spread over them round-robin.
+	Repos, Sources int
+	// Request, when set, follows with a reconcile request to every source
+	// (`flux reconcile`: the unchanged path) measured on its own.
+	Request bool
+}
+
+// ManyGit runs a GitLoad on sys: the GitRepositories are created at once
+// and awaited Ready with an artifact; then, with load.Request, every one
+// gets a reconcile request and the requests are awaited handled (the
+// remote is listed, nothing is cloned).
+func ManyGit(ctx context.Context, o Options, sys System, load GitLoad) (created, requested *Measurement, err error) {
+	env, stop, err := startEnv(ctx, o, "many-git-"+load.Name, sys)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, stop()) }()
 
-	urls := make([]string, smallRepos)
-	for i := range smallRepos {
-		name := fmt.Sprintf(smallRepoNameForm, i)
-		if err := createSmallRepo(env, name, branch, uint64(i)); err != nil {
-			return nil, nil, err
-		}
-		urls[i] = env.Git.RepoURL(name)
+	urls, err := linkSmallRepos(env, load.Repos, o.Progress)
+	if err != nil {
+		return nil, nil, err
 	}
 	c, err := benchClient(ctx, env)
 	if err != nil {
 		return nil, nil, err
 	}
-	names := make([]string, smallSources)
+	names := make([]string, load.Sources)
 	for i := range names {
-		names[i] = fmt.Sprintf("src-%02d-%03d", i%smallRepos, i/smallRepos)
+		names[i] = fmt.Sprintf("src-%05d", i)
 	}
 
 	sctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
 	defer cancel()
-	o.progress("a: creating %d GitRepositories over %d repositories", smallSources, smallRepos)
-	created, err = measure(sctx, o, "a", env, c, readyWithArtifact[*sourcev1.GitRepository], len(names), func(ctx context.Context) error {
+	o.progress("%s (%s): creating %d GitRepositories over %d repositories", load.Name, sys, load.Sources, load.Repos)
+	created, err = measure(sctx, o, load.Name, env, c, readyWithArtifact[*sourcev1.GitRepository], len(names), func(ctx context.Context) error {
 		return forEach(ctx, names, func(ctx context.Context, i int, name string) error {
-			obj := &sourcev1.GitRepository{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-				Spec: sourcev1.GitRepositorySpec{
-					URL:       urls[i%smallRepos],
-					Interval:  metav1.Duration{Duration: smallInterval},
-					Reference: &sourcev1.GitRepositoryRef{Branch: branch},
-				},
-			}
-			return c.Create(ctx, obj)
+			return c.Create(ctx, gitRepository(name, urls[i%len(urls)], smallInterval))
 		})
 	})
-	if err != nil {
-		return created, nil, fmt.Errorf("scenario a: %w", err)
+	if err != nil || !load.Request {
+		return created, nil, wrapScenario(load.Name, err)
 	}
 	cancel()
 
@@ -108,26 +106,43 @@ func ManySmall(ctx context.Context, o Options) (created, requested *Measurement,
 	token := time.Now().UTC().Format(time.RFC3339Nano)
 	patch := client.RawPatch(types.MergePatchType,
 		fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, meta.ReconcileRequestAnnotation, token))
-	o.progress("d: requesting a reconcile of all %d", smallSources)
-	requested, err = measure(dctx, o, "d", env, c, handled(token), len(names), func(ctx context.Context) error {
+	o.progress("%s' (%s): requesting a reconcile of all %d", load.Name, sys, load.Sources)
+	requested, err = measure(dctx, o, load.Name+"'", env, c, handled(token), len(names), func(ctx context.Context) error {
 		return forEach(ctx, names, func(ctx context.Context, _ int, name string) error {
 			return c.Patch(ctx, &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}, patch)
 		})
 	})
-	if err != nil {
-		return created, requested, fmt.Errorf("scenario d: %w", err)
-	}
-	return created, requested, nil
+	return created, requested, wrapScenario(load.Name+"'", err)
 }
 
-// LargeTree runs scenario b: one GitRepository of a repository whose tree
-// is 256 MiB, awaited Ready with an artifact.
-func LargeTree(ctx context.Context, o Options) (m *Measurement, err error) {
+// gitRepository is a GitRepository of url's master branch.
+func gitRepository(name, url string, interval time.Duration) *sourcev1.GitRepository {
+	return &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: sourcev1.GitRepositorySpec{
+			URL:       url,
+			Interval:  metav1.Duration{Duration: interval},
+			Reference: &sourcev1.GitRepositoryRef{Branch: branch},
+		},
+	}
+}
+
+// wrapScenario names the scenario in err, if any.
+func wrapScenario(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("scenario %s: %w", name, err)
+}
+
+// LargeTree runs scenario c on sys: one GitRepository of a repository
+// whose tree is 256 MiB, awaited Ready with an artifact.
+func LargeTree(ctx context.Context, o Options, sys System) (m *Measurement, err error) {
 	bare, err := bigTreeRepo(o.Progress)
 	if err != nil {
 		return nil, err
 	}
-	env, stop, err := startEnv(ctx, o, "large-tree")
+	env, stop, err := startEnv(ctx, o, "large-tree", sys)
 	if err != nil {
 		return nil, err
 	}
@@ -150,15 +165,15 @@ func LargeTree(ctx context.Context, o Options) (m *Measurement, err error) {
 			Reference: &sourcev1.GitRepositoryRef{Branch: "master"},
 		},
 	}
-	o.progress("b: creating one GitRepository of a %d MiB tree", bigTreeSize>>20)
-	m, err = measure(sctx, o, "b", env, c, readyWithArtifact[*sourcev1.GitRepository], 1, func(ctx context.Context) error {
+	o.progress("c (%s): creating one GitRepository of a %d MiB tree", sys, bigTreeSize>>20)
+	m, err = measure(sctx, o, "c", env, c, readyWithArtifact[*sourcev1.GitRepository], 1, func(ctx context.Context) error {
 		return c.Create(ctx, obj)
 	})
 	if err != nil {
-		return m, fmt.Errorf("scenario b: %w", err)
+		return m, fmt.Errorf("scenario c: %w", err)
 	}
 	if err := c.Get(sctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-		return m, fmt.Errorf("scenario b: %w", err)
+		return m, fmt.Errorf("scenario c: %w", err)
 	}
 	if a := obj.Status.Artifact; a != nil && a.Size != nil {
 		m.ArtifactBytes = *a.Size
@@ -182,6 +197,7 @@ func measureKind[T fluxSource](ctx context.Context, o Options, scenario string, 
 	if err != nil {
 		return nil, err
 	}
+	listings0, fetches0 := env.Git.Counts()
 	type result struct {
 		at  time.Time
 		err error
@@ -209,6 +225,8 @@ func measureKind[T fluxSource](ctx context.Context, o Options, scenario string, 
 			settle(ctx, env)
 			out, err := m.stop(ctx, r.at)
 			out.Apply = applied.Sub(m.start)
+			listings, fetches := env.Git.Counts()
+			out.Counters = map[string]int64{CounterGitListings: listings - listings0, CounterGitFetches: fetches - fetches0}
 			o.progress("%s: %d/%d after %.1f s", scenario, want, want, out.Wall.Seconds())
 			return out, err
 		case <-tick.C:
@@ -218,18 +236,24 @@ func measureKind[T fluxSource](ctx context.Context, o Options, scenario string, 
 }
 
 // settle waits, for up to settleTimeout, until no service has a job in
-// flight.
+// flight and no controller a reconcile queued or running.
 func settle(ctx context.Context, env *harness.Env) {
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	for {
 		busy := 0.0
 		for _, s := range env.Services() {
+			if s.TelemetryAddr == "" {
+				continue
+			}
 			ss, err := scrape(ctx, s.TelemetryAddr)
 			if err != nil {
 				return
 			}
-			busy += ss.sumBy("headwater_jobs_in_flight")[""]
+			// Headwater's jobs, and controller-runtime's queued and running
+			// reconciles (the watcher's, and Flux's).
+			busy += ss.sumBy("headwater_jobs_in_flight")[""] + ss.sumBy("workqueue_depth")[""] +
+				ss.sumBy("controller_runtime_active_workers")[""]
 		}
 		if busy == 0 || !sleep(ctx, 100*time.Millisecond) {
 			return
@@ -275,35 +299,6 @@ feed:
 	close(next)
 	wg.Wait()
 	return context.Cause(ctx)
-}
-
-// startEnv starts a fresh Env in its own state directory; stop stops it and
-// removes the directory, which it keeps (and names) if the stop failed.
-func startEnv(ctx context.Context, o Options, name string) (*harness.Env, func() error, error) {
-	cfg := o.Harness
-	parent := cfg.Dir
-	if parent == "" {
-		parent = os.TempDir()
-	}
-	dir, err := os.MkdirTemp(parent, "headwater-bench-"+name+"-")
-	if err != nil {
-		return nil, nil, fmt.Errorf("state directory: %w", err)
-	}
-	cfg.Dir = dir
-	o.progress("starting a fresh Env in %s", dir)
-	sctx, cancel := context.WithTimeout(ctx, envStartTimeout)
-	defer cancel()
-	env, err := harness.Start(sctx, cfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("start (state kept in %s): %w", dir, err)
-	}
-	stop := func() error {
-		if err := env.Stop(); err != nil {
-			return fmt.Errorf("stop (state kept in %s): %w", dir, err)
-		}
-		return os.RemoveAll(dir)
-	}
-	return env, stop, nil
 }
 
 // benchClient is a client without client-side throttling, so the load

@@ -23,6 +23,9 @@ const (
 	Fetcher        = "fetcher"
 	Packager       = "packager"
 	ArtifactServer = "artifact-server"
+	// NATS is the name of the NATS server's Service when it runs in a
+	// process of its own (Config.NATSBin).
+	NATS = "nats"
 )
 
 // ServiceNames lists the services in start order: downstream first, so a
@@ -65,6 +68,15 @@ type Config struct {
 	// URLs name the first. More than one needs shared storage the replicas
 	// all reach, as the directory on one machine or S3 are.
 	ArtifactServerReplicas int
+	// NATSBin, when set, is the headwater-nats binary (e2e/cmd/headwater-nats):
+	// NATS then runs as `headwater-nats serve` in a process of its own, a
+	// Service named NATS started before the others, instead of inside the
+	// calling process, so that its CPU and memory can be measured apart.
+	NATSBin string
+	// NoServices starts the control plane, NATS and the git server only:
+	// the caller runs the controller under test itself (StartService), as
+	// the benchmark runs Flux's source-controller side by side.
+	NoServices bool
 	// WatcherReplicas is the number of watcher processes; 0 means 1. Every
 	// replica has telemetry and health addresses and a log of its own and
 	// the same command line otherwise, so with leader election (the
@@ -89,7 +101,9 @@ func (c Config) Check() error {
 		}
 	}
 	need(c.AssetsDir, "KUBEBUILDER_ASSETS", controlPlaneBinaries)
-	need(c.BinDir, "the service bin directory", ServiceNames)
+	if !c.NoServices {
+		need(c.BinDir, "the service bin directory", ServiceNames)
+	}
 	if c.CRDDir == "" {
 		missing = append(missing, "the CRD directory is not set")
 	} else if m, _ := filepath.Glob(filepath.Join(c.CRDDir, "*.yaml")); len(m) == 0 {

@@ -98,11 +98,17 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 	if e.NATSIdentities, err = natsserver.NewIdentities(keys); err != nil {
 		return nil, err
 	}
-	e.nats, err = natsserver.Start(natsserver.Options{StoreDir: filepath.Join(c.Dir, "nats"), Users: e.NATSIdentities.Users})
-	if err != nil {
-		return nil, err
+	if c.NATSBin != "" {
+		if err := e.startNATSProcess(ctx, keys); err != nil {
+			return nil, err
+		}
+	} else {
+		e.nats, err = natsserver.Start(natsserver.Options{StoreDir: filepath.Join(c.Dir, "nats"), Users: e.NATSIdentities.Users})
+		if err != nil {
+			return nil, err
+		}
+		e.NATSURL = e.nats.ClientURL()
 	}
-	e.NATSURL = e.nats.ClientURL()
 
 	e.StoragePath = filepath.Join(c.Dir, "storage")
 	if c.S3 != nil {
@@ -118,16 +124,56 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 	}
 	c.progress("serving git repositories at " + e.Git.URL())
 
+	if c.NoServices {
+		return e, nil
+	}
 	if err := e.defineServices(); err != nil {
 		return nil, err
 	}
 	for _, s := range e.services {
+		if s.Running() {
+			continue // NATS, started above
+		}
 		c.progress(fmt.Sprintf("starting %s (log %s)", s.Name, s.LogPath))
 		if err := s.Start(ctx); err != nil {
 			return nil, err
 		}
 	}
 	return e, nil
+}
+
+// startNATSProcess runs NATS as `headwater-nats serve` (Config.NATSBin), a
+// Service of its own, admitting the identities whose seeds are in keys.
+func (e *Env) startNATSProcess(ctx context.Context, keys string) error {
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	monitor := "127.0.0.1:" + strconv.Itoa(ports[1])
+	s := &Service{
+		Name: NATS,
+		Path: e.Config.NATSBin,
+		Args: []string{"serve", "-keys", keys, "-store", filepath.Join(e.Config.Dir, "nats"),
+			"-addr", addr, "-monitor-addr", monitor},
+		Env:      serviceEnv(""),
+		LogPath:  filepath.Join(e.Config.Dir, "logs", NATS+".log"),
+		ReadyURL: "http://" + monitor + "/healthz?js-enabled-only=true",
+	}
+	e.Config.progress(fmt.Sprintf("starting NATS JetStream in its own process (log %s)", s.LogPath))
+	if err := e.StartService(ctx, s); err != nil {
+		return err
+	}
+	e.NATSURL = "nats://" + addr
+	return nil
+}
+
+// StartService starts s beside the Env's own services and waits until it
+// is ready; Stop stops it (before the services started earlier). Services
+// and Service list it. The benchmark runs Flux's source-controller so.
+func (e *Env) StartService(ctx context.Context, s *Service) error {
+	e.services = append(e.services, s)
+	return s.Start(ctx)
 }
 
 // startControlPlane starts etcd and kube-apiserver with envtest, installs

@@ -5,6 +5,7 @@
 package gitserver
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +34,41 @@ type Server struct {
 
 	srv *http.Server
 	url string
+
+	listings, fetches atomic.Int64
+}
+
+// Counts reports how many reference listings (GET .../info/refs, what
+// `git ls-remote` and the start of every clone or fetch ask for) and how
+// many fetches of objects (a POST .../git-upload-pack that is not protocol
+// v2's ls-refs command: a clone or a pull) the server has answered since
+// it started.
+func (s *Server) Counts() (listings, fetches int64) {
+	return s.listings.Load(), s.fetches.Load()
+}
+
+// lsRefs is how a protocol v2 request listing references starts.
+var lsRefs = []byte("command=ls-refs")
+
+// count counts r among the listings or fetches. It peeks at the start of
+// an upload-pack request's body, which it replaces with a reader that
+// still returns every byte.
+func (s *Server) count(r *http.Request) {
+	switch {
+	case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/info/refs"):
+		s.listings.Add(1)
+	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack"):
+		body := bufio.NewReader(r.Body)
+		head, _ := body.Peek(4 + len(lsRefs)) // a pkt-line's length, then the command
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{body, r.Body}
+		if r.Header.Get("Content-Encoding") == "" && bytes.HasPrefix(head[min(4, len(head)):], lsRefs) {
+			return
+		}
+		s.fetches.Add(1)
+	}
 }
 
 // Start serves Root on addr ("127.0.0.1:0" picks a free port) until Stop.
@@ -65,10 +102,14 @@ func (s *Server) handler() (http.Handler, error) {
 		Stderr: io.Discard,
 	}
 	if s.Username == "" && s.BearerToken == "" {
-		return backend, nil
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			s.count(r)
+			backend.ServeHTTP(w, r)
+		}), nil
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.authorized(r) {
+			s.count(r)
 			backend.ServeHTTP(w, r)
 			return
 		}

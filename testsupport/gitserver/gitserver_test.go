@@ -109,8 +109,18 @@ func TestCloneOverHTTP(t *testing.T) {
 		t.Fatal("two commits, one hash")
 	}
 
+	if l, f := srv.Counts(); l != 0 || f != 0 {
+		t.Errorf("before any request: %d listings, %d fetches", l, f)
+	}
+	mustGit(t, "", "ls-remote", srv.RepoURL("podinfo"))
+	if l, f := srv.Counts(); l != 1 || f != 0 {
+		t.Errorf("after ls-remote: %d listings, %d fetches, want 1 and 0", l, f)
+	}
 	dest := filepath.Join(t.TempDir(), "clone")
 	mustGit(t, "", "clone", "--quiet", srv.RepoURL("podinfo"), dest)
+	if l, f := srv.Counts(); l != 2 || f < 1 {
+		t.Errorf("after ls-remote and clone: %d listings, %d fetches, want 2 and at least 1", l, f)
+	}
 	if got := mustGit(t, dest, "rev-parse", "HEAD"); got != c2 {
 		t.Errorf("cloned HEAD %s, want %s", got, c2)
 	}

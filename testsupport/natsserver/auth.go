@@ -1,6 +1,7 @@
 package natsserver
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -49,14 +50,44 @@ func NewIdentities(dir string) (*Identities, error) {
 		if err := os.WriteFile(file, []byte(seed), 0o600); err != nil {
 			return nil, fmt.Errorf("write seed of %s: %w", id, err)
 		}
-		perm, _ := events.Permissions(id)
-		if id == Admin {
-			perm = events.Permission{Publish: []string{">"}, Subscribe: []string{">"}}
-		}
 		ids.SeedFiles[id] = file
-		ids.Users = append(ids.Users, User{NKey: pub, Publish: perm.Publish, Subscribe: perm.Subscribe})
+		ids.Users = append(ids.Users, user(id, pub))
 	}
 	return ids, nil
+}
+
+// LoadIdentities reads the seeds NewIdentities wrote into dir and returns
+// the same identities: what a NATS server started in another process
+// (`headwater-nats serve -keys DIR`) admits.
+func LoadIdentities(dir string) (*Identities, error) {
+	ids := &Identities{SeedFiles: map[string]string{}}
+	for _, id := range append(events.Identities(), Admin) {
+		file := filepath.Join(dir, id+".nk")
+		seed, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("seed of %s: %w", id, err)
+		}
+		kp, err := nkeys.FromSeed(bytes.TrimSpace(seed))
+		if err != nil {
+			return nil, fmt.Errorf("seed of %s: %w", id, err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, fmt.Errorf("seed of %s: %w", id, err)
+		}
+		ids.SeedFiles[id] = file
+		ids.Users = append(ids.Users, user(id, pub))
+	}
+	return ids, nil
+}
+
+// user is the server's side of identity, whose public key is pub.
+func user(identity, pub string) User {
+	perm, _ := events.Permissions(identity)
+	if identity == Admin {
+		perm = events.Permission{Publish: []string{">"}, Subscribe: []string{">"}}
+	}
+	return User{NKey: pub, Publish: perm.Publish, Subscribe: perm.Subscribe}
 }
 
 // NewUserKey makes a fresh NKey for a NATS user: its public key (what the

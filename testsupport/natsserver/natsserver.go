@@ -22,6 +22,9 @@ type Options struct {
 	// Users, when set, are the only clients the server accepts, each with
 	// its permissions (see NewIdentities); without, anyone may connect.
 	Users []User
+	// MonitorPort, when set, serves NATS's monitoring endpoints (/healthz,
+	// /varz, /jsz) on Host; -1 picks a free port.
+	MonitorPort int
 }
 
 // Start starts a NATS server with JetStream in this process: the embedded
@@ -45,6 +48,8 @@ func Start(o Options) (*server.Server, error) {
 		StoreDir:   o.StoreDir,
 		NoSigs:     true,
 		NoLog:      true,
+		HTTPHost:   o.Host,
+		HTTPPort:   o.MonitorPort,
 	}
 	if len(o.Users) > 0 {
 		opts.Nkeys = nkeyUsers(o.Users)

@@ -7,6 +7,12 @@
 //	headwater-nats keys [-namespace N] Kubernetes Secrets with fresh NKeys:
 //	                                  kubectl apply -f - before the first deploy
 //	headwater-nats keys -dir DIR      the same keys as files, for docker compose
+//	headwater-nats serve -keys DIR -store DIR [-addr A] [-monitor-addr A]
+//	                                  a NATS JetStream server in its own
+//	                                  process admitting the identities whose
+//	                                  seeds are in DIR (as the e2e harness
+//	                                  writes them), until SIGTERM: what the
+//	                                  benchmark runs to measure NATS apart
 //
 // The configuration names each user's key by a variable
 // (<IDENTITY>_NKEY, e.g. FETCHER_NKEY) that the NATS server reads from its
@@ -14,13 +20,17 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
@@ -35,7 +45,7 @@ func main() {
 
 func run(args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: headwater-nats config | keys [-namespace N | -dir DIR]")
+		return fmt.Errorf("usage: headwater-nats config | keys [-namespace N | -dir DIR] | serve -keys DIR -store DIR [-addr A] [-monitor-addr A]")
 	}
 	switch args[0] {
 	case "config":
@@ -55,6 +65,8 @@ func run(args []string, out io.Writer) error {
 			return keys.writeDir(*dir)
 		}
 		return keys.writeSecrets(out, *ns)
+	case "serve":
+		return serve(args[1:])
 	}
 	return fmt.Errorf("unknown command %q", args[0])
 }
@@ -156,4 +168,63 @@ func writeFile(path, data string) error {
 		return err
 	}
 	return os.Chmod(path, 0o644)
+}
+
+// serve runs a NATS JetStream server with the identities whose seeds are
+// in -keys until SIGTERM or SIGINT.
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	keyDir := fs.String("keys", "", "Directory of the identities' seed files (<identity>.nk).")
+	store := fs.String("store", "", "JetStream store directory.")
+	addr := fs.String("addr", "127.0.0.1:4222", "Client address, host:port.")
+	monitor := fs.String("monitor-addr", "", "Monitoring address (/healthz, /varz), host:port; empty for none.")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *keyDir == "" || *store == "" {
+		return fmt.Errorf("serve: -keys and -store are required")
+	}
+	ids, err := natsserver.LoadIdentities(*keyDir)
+	if err != nil {
+		return err
+	}
+	host, port, err := hostPort(*addr)
+	if err != nil {
+		return fmt.Errorf("serve: -addr: %w", err)
+	}
+	o := natsserver.Options{Host: host, Port: port, StoreDir: *store, Users: ids.Users}
+	if *monitor != "" {
+		mhost, mport, err := hostPort(*monitor)
+		if err != nil {
+			return fmt.Errorf("serve: -monitor-addr: %w", err)
+		}
+		if mhost != host {
+			return fmt.Errorf("serve: -monitor-addr must be on the host of -addr (%s)", host)
+		}
+		o.MonitorPort = mport
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	ns, err := natsserver.Start(o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "headwater-nats: serving", ns.ClientURL())
+	<-ctx.Done()
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	return nil
+}
+
+// hostPort splits host:port into a host and a port number.
+func hostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	return host, port, nil
 }
