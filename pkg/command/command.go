@@ -20,9 +20,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -38,13 +42,57 @@ const versionFlag = "version"
 // Main is the whole main of a service: a flag set named after the service,
 // bound by bind and parsed (Parse), a logger made by logger from the parsed
 // flags, the signal context (Start), and run's end (Exit).
+//
+// Every service also gets -pprof-addr (HEADWATER_PPROF_ADDR): when set, Go's
+// runtime profiles are served there (ServeProfiles). It is off by default:
+// profiles show what a process holds, so the address is for an operator
+// on the host or a port-forward, never a Service.
 func Main(service string, bind func(*flag.FlagSet), logger func() logr.Logger, run func(context.Context) error) {
 	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	bind(fs)
+	pprofAddr := fs.String(PprofFlag, "", "Address serving Go's runtime profiles at /debug/pprof/ (off when empty); for an operator's port-forward, never a Service.")
 	Parse(fs, os.Args[1:])
 	ctx, stop := Start(logger())
 	defer stop()
+	if err := ServeProfiles(ctx, *pprofAddr); err != nil {
+		Exit(ctx, err)
+		return
+	}
 	Exit(ctx, run(ctx))
+}
+
+// PprofFlag is the flag Main adds for ServeProfiles' address.
+const PprofFlag = "pprof-addr"
+
+// ServeProfiles serves net/http/pprof's handlers on addr under
+// /debug/pprof/ until ctx ends; an empty addr serves nothing. It returns
+// once the listener is bound, so a bad address fails at start-up.
+func ServeProfiles(ctx context.Context, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("pprof listen %s: %w", addr, err)
+	}
+	// WriteTimeout stays unset: a CPU profile or trace streams for as long
+	// as its seconds parameter asks.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	log := logr.FromContextOrDiscard(ctx)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(err, "pprof server stopped")
+		}
+	}()
+	context.AfterFunc(ctx, func() { _ = srv.Close() })
+	log.Info("serving profiles", "addr", ln.Addr().String())
+	return nil
 }
 
 // ErrVersion is what ParseArgs returns once it has printed the version for

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
@@ -72,5 +75,46 @@ func TestStartLogsBuildInfo(t *testing.T) {
 	}
 	if _, err := logr.FromContext(ctx); err != nil {
 		t.Error("the context does not carry the logger")
+	}
+}
+
+// TestServeProfiles: -pprof-addr serves the runtime's profiles until the
+// service stops, and an address in use fails at start-up.
+func TestServeProfiles(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := ServeProfiles(ctx, ""); err != nil {
+		t.Fatalf("empty address: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	if err := ServeProfiles(ctx, addr); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "heap profile") {
+		t.Errorf("heap profile: %s %.200s", resp.Status, body)
+	}
+	if err := ServeProfiles(ctx, addr); err == nil {
+		t.Error("a second server on the same address: no error")
+	}
+	cancel()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := http.Get("http://" + addr + "/debug/pprof/"); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still serving after ctx ended")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
