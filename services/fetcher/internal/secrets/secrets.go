@@ -40,28 +40,39 @@ type Options struct {
 	// environment variable, the in-cluster config and ~/.kube/config are
 	// tried in turn (controller-runtime's loading rules).
 	Kubeconfig string
+	// QPS and Burst limit the requests per second made to the API server
+	// on this side; a negative QPS leaves throttling to the API server's
+	// priority and fairness.
+	QPS   float64
+	Burst int
 }
 
 // BindFlags registers the options on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "",
 		"Kubeconfig file of the cluster whose Secrets hold credentials; default: KUBECONFIG, in-cluster, ~/.kube/config.")
+	fs.Float64Var(&o.QPS, "kube-api-qps", -1,
+		"Client-side limit of Kubernetes API requests per second (every job reads its source, and Secrets); -1 leaves throttling to the API server's priority and fairness.")
+	fs.IntVar(&o.Burst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
 }
 
-// RESTConfig loads the API server configuration.
+// RESTConfig loads the API server configuration, with the client-side
+// limits of QPS and Burst: every job reads its source live, so client-go's
+// default of 5 requests per second (20 with controller-runtime's loader)
+// would make a burst of a thousand jobs wait a minute for nothing.
 func (o *Options) RESTConfig() (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
 	if o.Kubeconfig != "" {
-		cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
 			&clientcmd.ClientConfigLoadingRules{ExplicitPath: o.Kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
 		if err != nil {
 			return nil, fmt.Errorf("load kubeconfig %s: %w", o.Kubeconfig, err)
 		}
-		return cfg, nil
-	}
-	cfg, err := config.GetConfig()
-	if err != nil {
+	} else if cfg, err = config.GetConfig(); err != nil {
 		return nil, fmt.Errorf("load kubernetes config: %w", err)
 	}
+	cfg.QPS, cfg.Burst = float32(o.QPS), o.Burst
 	return cfg, nil
 }
 

@@ -3,6 +3,7 @@ package secrets
 import (
 	"context"
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -85,5 +86,42 @@ func TestKubeGet(t *testing.T) {
 	}
 	if _, err := (Unavailable{Err: errors.New("no kubeconfig")}).Get(context.Background(), "apps", "creds"); !errors.Is(err, ErrNoCluster) {
 		t.Errorf("Unavailable.Get = %v, want ErrNoCluster", err)
+	}
+}
+
+// TestRESTConfigLimits: the fetcher's client takes its rate limits from the
+// flags, by default none on the client side (-1), whatever the kubeconfig.
+func TestRESTConfigLimits(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("fetcher", flag.ContinueOnError)
+	var o Options
+	o.BindFlags(fs)
+	if err := fs.Parse([]string{"-kubeconfig", kubeconfig}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.QPS != -1 || cfg.Burst != -1 {
+		t.Errorf("default QPS %v, burst %d; want -1, -1 (no client-side throttling)", cfg.QPS, cfg.Burst)
+	}
+	if err := fs.Parse([]string{"-kubeconfig", kubeconfig, "-kube-api-qps", "50", "-kube-api-burst", "100"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = o.RESTConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.QPS != 50 || cfg.Burst != 100 {
+		t.Errorf("QPS %v, burst %d; want 50, 100", cfg.QPS, cfg.Burst)
 	}
 }
