@@ -24,7 +24,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -64,27 +63,34 @@ type Stats struct {
 // order. Only regular files and directories are archived: symbolic links,
 // devices and the like are skipped, so nothing can point outside the tree.
 func WriteTar(ctx context.Context, w io.Writer, root string, o TarOptions) (Stats, error) {
+	st, err := WriteTarFS(ctx, w, os.DirFS(root), o)
+	if err != nil {
+		return st, fmt.Errorf("archive %s: %w", root, err)
+	}
+	return st, nil
+}
+
+// WriteTarFS is WriteTar for the tree of fsys: a directory (os.DirFS), or
+// content that is on no disk at all (a git commit's tree read from its
+// packfile), archived the same way into the same bytes. Its order is
+// fs.WalkDir's: depth first, names byte-sorted in each directory.
+func WriteTarFS(ctx context.Context, w io.Writer, fsys fs.FS, o TarOptions) (Stats, error) {
 	var st Stats
 	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(fsys, ".", func(rel string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if p == root {
+		if rel == "." {
 			return nil
 		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
 		isDir := d.IsDir()
 		if o.Exclude != nil && o.Exclude(rel, isDir) {
 			if isDir {
-				return filepath.SkipDir
+				return fs.SkipDir
 			}
 			return nil
 		}
@@ -102,7 +108,7 @@ func WriteTar(ctx context.Context, w io.Writer, root string, o TarOptions) (Stat
 			if err := tw.WriteHeader(header(rel, tar.TypeReg, fileMode(fi.Mode()), fi.Size())); err != nil {
 				return err
 			}
-			if err := copyFile(tw, p); err != nil {
+			if err := copyFile(tw, fsys, rel); err != nil {
 				return err
 			}
 			st.Files++
@@ -111,16 +117,18 @@ func WriteTar(ctx context.Context, w io.Writer, root string, o TarOptions) (Stat
 		return nil
 	})
 	if err != nil {
-		return st, fmt.Errorf("archive %s: %w", root, err)
+		return st, err
 	}
 	if err := tw.Close(); err != nil {
-		return st, fmt.Errorf("archive %s: %w", root, err)
+		return st, err
 	}
 	return st, nil
 }
 
-func copyFile(w io.Writer, p string) error {
-	f, err := os.Open(p)
+// copyFile copies the file name of fsys (one that changed size under the
+// walk fails the tar writer).
+func copyFile(w io.Writer, fsys fs.FS, name string) error {
+	f, err := fsys.Open(name)
 	if err != nil {
 		return err
 	}

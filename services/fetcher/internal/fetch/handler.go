@@ -425,7 +425,7 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		_, err := archive.WriteTar(ctx, pw, content.Root, archive.TarOptions{Exclude: content.Exclude, MaxFileSize: h.MaxFileSize})
+		_, err := archive.WriteTarFS(ctx, pw, content.Tree(), archive.TarOptions{Exclude: content.Exclude, MaxFileSize: h.MaxFileSize})
 		pw.CloseWithError(err)
 		done <- err
 	}()
@@ -436,11 +436,8 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 		handling := failure.Transient
 		if errors.Is(werr, archive.ErrTooLarge) {
 			// The same content is as large the next time. The message
-			// names the file, not the temporary directory it was in.
+			// names the file by its path in the tree.
 			handling = failure.Final
-			if cause := errors.Unwrap(werr); cause != nil {
-				werr = cause
-			}
 		}
 		return 0, stageFailure(handling, "archive", werr)
 	}

@@ -2,9 +2,8 @@ package gitfetch
 
 import (
 	"context"
+	"io/fs"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -75,7 +74,7 @@ func (c authCase) run(t *testing.T, commit string) {
 	if want := "master@sha1:" + commit; content.Revision != want {
 		t.Errorf("revision = %q, want %q", content.Revision, want)
 	}
-	if b, err := os.ReadFile(filepath.Join(content.Root, "README.md")); err != nil || string(b) != "one" {
+	if b, err := fs.ReadFile(content.Tree(), "README.md"); err != nil || string(b) != "one" {
 		t.Errorf("README.md = %q (%v), want %q", b, err, "one")
 	}
 }

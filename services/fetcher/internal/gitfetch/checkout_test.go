@@ -82,7 +82,7 @@ func fetchSpec(t *testing.T, url string, mutate func(*sourcev1.GitRepositorySpec
 func archived(t *testing.T, content *source.Content) (map[string]string, []string) {
 	t.Helper()
 	var buf bytes.Buffer
-	if _, err := archive.WriteTar(context.Background(), &buf, content.Root, archive.TarOptions{Exclude: content.Exclude}); err != nil {
+	if _, err := archive.WriteTarFS(context.Background(), &buf, content.Tree(), archive.TarOptions{Exclude: content.Exclude}); err != nil {
 		t.Fatalf("archive: %v", err)
 	}
 	files := map[string]string{}

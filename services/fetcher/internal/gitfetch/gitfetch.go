@@ -284,8 +284,9 @@ func (r *resolved) ProveAccess(ctx context.Context) error {
 	return err
 }
 
-// Download fetches the commit into dir/git and checks its tree out in
-// dir/tree.
+// Download fetches the commit into dir/git. A plain tree (plainTree) is
+// the content as it is in the packfile; any other is checked out in
+// dir/tree, its submodules updated and its symbolic links resolved.
 func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, error) {
 	gitDir, tree := filepath.Join(dir, "git"), filepath.Join(dir, "tree")
 	if err := os.MkdirAll(tree, 0o755); err != nil {
@@ -338,6 +339,29 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err != nil {
 		return nil, err
 	}
+	hash := commit.Hash.String()
+	content := &source.Content{
+		Revision:     Revision(r.revisionRef(), hash, r.ref.absolute()),
+		ArtifactName: hash + ".tar.gz",
+		EventMessage: fmt.Sprintf("stored artifact for commit '%s'", ShortMessage(commit.Message)),
+		Verification: verified,
+	}
+	// Most trees need nothing a checkout does: they are archived straight
+	// from the packfile, without writing or walking a work tree.
+	if !r.submodules && len(r.sparse) == 0 {
+		fsys, plain, err := plainTree(repo.Storer, commit)
+		if err != nil {
+			return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to read commit '%s': %w", commit.Hash, err)
+		}
+		if plain {
+			filter, err := ignore.LoadFS(fsys, r.ignore)
+			if err != nil {
+				return nil, source.Failed("SourceIgnoreError", "%w", err)
+			}
+			content.FS, content.Exclude = fsys, excludeGitDir(filter.Exclude)
+			return content, nil
+		}
+	}
 	wt, err := repo.Worktree()
 	if err != nil {
 		return nil, source.Failed(sourcev1.GitOperationFailedReason, checkoutPrefix+"unable to open repo worktree: %w", err)
@@ -371,15 +395,8 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	if err != nil {
 		return nil, source.Failed("SourceIgnoreError", "%w", err)
 	}
-	hash := commit.Hash.String()
-	return &source.Content{
-		Root:         tree,
-		Exclude:      excludeGitDir(filter.Exclude),
-		Revision:     Revision(r.revisionRef(), hash, r.ref.absolute()),
-		ArtifactName: hash + ".tar.gz",
-		EventMessage: fmt.Sprintf("stored artifact for commit '%s'", ShortMessage(commit.Message)),
-		Verification: verified,
-	}, nil
+	content.Root, content.Exclude = tree, excludeGitDir(filter.Exclude)
+	return content, nil
 }
 
 // fetchedCommit returns the commit to check out: the spec's commit, or the

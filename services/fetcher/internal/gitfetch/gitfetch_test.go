@@ -3,8 +3,8 @@ package gitfetch
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -133,11 +133,11 @@ func TestResolveAndDownload(t *testing.T) {
 			if tc.message != "" && content.EventMessage != tc.message {
 				t.Errorf("event message = %q, want %q", content.EventMessage, tc.message)
 			}
-			b, err := os.ReadFile(filepath.Join(content.Root, "README.md"))
+			b, err := fs.ReadFile(content.Tree(), "README.md")
 			if err != nil || string(b) != tc.readme {
 				t.Errorf("README.md = %q (%v), want %q", b, err, tc.readme)
 			}
-			if _, err := os.Lstat(filepath.Join(content.Root, ".git")); !errors.Is(err, os.ErrNotExist) {
+			if _, err := fs.Stat(content.Tree(), ".git"); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("work tree has a .git entry (%v)", err)
 			}
 			if !content.Exclude("logo.png", false) || content.Exclude("deploy/app.yaml", false) {

@@ -3,8 +3,7 @@ package gitfetch
 import (
 	"context"
 	"crypto/rand"
-	"os"
-	"path/filepath"
+	"io/fs"
 	"slices"
 	"strings"
 	"testing"
@@ -129,7 +128,7 @@ func TestDownloadLargeFiles(t *testing.T) {
 	must(t, err)
 	content, err := res.Download(context.Background(), t.TempDir())
 	must(t, err)
-	got, err := os.ReadFile(filepath.Join(content.Root, "big.bin"))
+	got, err := fs.ReadFile(content.Tree(), "big.bin")
 	must(t, err)
 	if string(got) != string(big) {
 		t.Fatalf("big.bin: %d bytes checked out, want the %d committed", len(got), len(big))

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -336,7 +337,7 @@ func TestVerify(t *testing.T) {
 				if content.Verification == nil || *content.Verification != want {
 					t.Errorf("verification = %+v\nwant           %+v", content.Verification, want)
 				}
-				b, err := os.ReadFile(filepath.Join(content.Root, "README.md"))
+				b, err := fs.ReadFile(content.Tree(), "README.md")
 				if err != nil || string(b) != tc.readme {
 					t.Errorf("README.md = %q (%v), want %q", b, err, tc.readme)
 				}

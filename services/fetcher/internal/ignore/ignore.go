@@ -13,9 +13,12 @@
 package ignore
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
-	"path/filepath"
+	"os"
+	"path"
+	"slices"
 	"strings"
 
 	"github.com/fluxcd/pkg/sourceignore"
@@ -32,11 +35,17 @@ type Filter struct {
 // Load reads the ignore rules of the tree at root: its .sourceignore files
 // and spec, the source's spec.ignore (nil when unset).
 func Load(root string, spec *string) (*Filter, error) {
-	// Patterns are matched on paths relative to root, so the domain of the
-	// root is empty; .sourceignore files in subdirectories are scoped to
-	// them by LoadIgnorePatterns.
+	return LoadFS(os.DirFS(root), spec)
+}
+
+// LoadFS is Load for the tree of fsys (a directory, or a git commit's tree
+// read from its packfile).
+func LoadFS(fsys fs.FS, spec *string) (*Filter, error) {
+	// Patterns are matched on paths relative to the root, so the domain of
+	// the root is empty; .sourceignore files in subdirectories are scoped
+	// to them.
 	var domain []string
-	ps, err := sourceignore.LoadIgnorePatterns(root, domain)
+	ps, err := loadPatterns(fsys, ".", domain)
 	if err != nil {
 		return nil, fmt.Errorf("failed to load source ignore patterns from repository: %w", err)
 	}
@@ -49,27 +58,50 @@ func Load(root string, spec *string) (*Filter, error) {
 	} else {
 		f.matcher = sourceignore.NewMatcher(append(sourceignore.VCSPatterns(domain), ps...))
 	}
-	if err := f.scan(root); err != nil {
+	if err := f.scan(fsys); err != nil {
 		return nil, fmt.Errorf("failed to load source ignore patterns from repository: %w", err)
 	}
 	return f, nil
 }
 
+// loadPatterns reads the .sourceignore file of dir and of every directory
+// below it but .git, each scoped to its directory, as Flux's
+// sourceignore.LoadIgnorePatterns reads them from a disk.
+func loadPatterns(fsys fs.FS, dir string, domain []string) ([]gitignore.Pattern, error) {
+	dom := slices.Clone(domain)
+	var ps []gitignore.Pattern
+	if f, err := fsys.Open(path.Join(dir, sourceignore.IgnoreFile)); err == nil {
+		ps = sourceignore.ReadPatterns(f, dom)
+		_ = f.Close()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != ".git" {
+			sub, err := loadPatterns(fsys, path.Join(dir, e.Name()), append(dom, e.Name()))
+			if err != nil {
+				return nil, err
+			}
+			ps = append(ps, sub...)
+		}
+	}
+	return ps, nil
+}
+
 // scan records the directories that hold a kept file, so that Exclude can
 // prune an ignored directory only when nothing below it is brought back.
-func (f *Filter) scan(root string) error {
-	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+func (f *Filter) scan(fsys fs.FS) error {
+	return fs.WalkDir(fsys, ".", func(rel string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() || !d.Type().IsRegular() {
 			return nil
 		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
 		if f.matcher.Match(strings.Split(rel, "/"), false) {
 			return nil
 		}

@@ -6,6 +6,8 @@ package source
 
 import (
 	"context"
+	"io/fs"
+	"os"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,6 +68,10 @@ type Shareable interface {
 type Content struct {
 	// Root is the directory to archive.
 	Root string
+	// FS, when set, is the tree to archive in place of Root: content that
+	// is on no disk (a git commit's tree read from its packfile). Tree
+	// returns whichever is set.
+	FS fs.FS
 	// File, when set, is a file that is the artifact itself (a Helm chart,
 	// a Helm repository index, an OCI layer copied as is): it is staged
 	// and stored unchanged, and Root and Exclude are not used.
@@ -84,4 +90,12 @@ type Content struct {
 	// Verification is the result of checking the content's signatures
 	// (a GitRepository's spec.verify); nil when none were asked for.
 	Verification *events.Verification
+}
+
+// Tree is the tree to archive: FS, or else the directory Root.
+func (c *Content) Tree() fs.FS {
+	if c.FS != nil {
+		return c.FS
+	}
+	return os.DirFS(c.Root)
 }
