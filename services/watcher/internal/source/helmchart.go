@@ -3,8 +3,10 @@ package source
 import (
 	"context"
 	"fmt"
+	"path"
 	"strings"
 
+	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,6 +61,7 @@ func HelmChart() Kind {
 			}
 		},
 		StoredCondition: chartStored,
+		Outdated:        chartOutdated,
 		ReadyFormat:     "stored chart with version '%s'",
 		UpToDateReason:  sourcev1.ArtifactUpToDateReason,
 		Status: func(o Object) Status {
@@ -97,6 +100,24 @@ func chartStored(o Object, out *events.Outcome) (string, string) {
 		return sourcev1.ChartPackageSucceededReason, msg
 	}
 	return sourcev1.ChartPullSucceededReason, msg
+}
+
+// NewChartReason is Flux's ArtifactOutdated reason for a HelmChart whose
+// new chart version (or name) could not be built.
+const NewChartReason = "NewChart"
+
+// chartOutdated is Flux's ArtifactOutdated for a HelmChart (its
+// observeChartBuild): once an artifact exists, a failed build of another
+// version, or of another chart, sets NewChart with the build's summary,
+// "new '<chart>' chart with version '<version>'". The chart's name is
+// spec.chart, or for a chart path in a GitRepository or Bucket its last
+// element (the chart's directory, which Helm names after the chart).
+func chartOutdated(o Object, prev *meta.Artifact, revision string) (string, string, bool) {
+	c := o.(*sourcev1.HelmChart)
+	if prev == nil || revision == "" || (prev.Revision == revision && c.Status.ObservedChartName == c.Spec.Chart) {
+		return "", "", false
+	}
+	return NewChartReason, fmt.Sprintf("new '%s' chart with version '%s'", path.Base(c.Spec.Chart), revision), true
 }
 
 // chartRequest copies the spec, resolves spec.sourceRef to the source's

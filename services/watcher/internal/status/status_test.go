@@ -565,3 +565,55 @@ func TestApplyOCIVerification(t *testing.T) {
 		t.Errorf("SourceVerified %+v stays after spec.verify is removed", c)
 	}
 }
+
+// TestApplyOutdated checks ArtifactOutdated after a failed job, per kind:
+// Flux's NewRevision for most kinds, a HelmChart's NewChart with its
+// build summary, set only once it has an artifact.
+func TestApplyOutdated(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	fail := &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: "ChartPullError", Message: "chart pull error: refused"}
+	git := func(a *meta.Artifact) source.Object {
+		g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+		g.Status.Artifact = a
+		return g
+	}
+	chart := func(name, observed string, a *meta.Artifact) source.Object {
+		c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+		c.Spec.Chart, c.Status.ObservedChartName, c.Status.Artifact = name, observed, a
+		return c
+	}
+	for _, tc := range []struct {
+		name     string
+		kind     source.Kind
+		obj      source.Object
+		revision string
+		reason   string // empty: no ArtifactOutdated
+		message  string
+	}{
+		{name: "git new revision", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev2,
+			reason: NewRevisionReason, message: "new upstream revision '" + rev2 + "'"},
+		{name: "git first revision", kind: source.GitRepository(), obj: git(nil), revision: rev1,
+			reason: NewRevisionReason, message: "new upstream revision '" + rev1 + "'"},
+		{name: "git same revision", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev1},
+		{name: "git nothing resolved", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0))},
+		{name: "chart new version", kind: source.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.2.0",
+			reason: source.NewChartReason, message: "new 'podinfo' chart with version '6.2.0'"},
+		{name: "chart from a path", kind: source.HelmChart(), obj: chart("./charts/podinfo", "./charts/podinfo", artifact("6.1.0", "sha256:a", t0)),
+			revision: "6.2.0+3", reason: source.NewChartReason, message: "new 'podinfo' chart with version '6.2.0+3'"},
+		{name: "chart renamed", kind: source.HelmChart(), obj: chart("podinfo-lite", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0",
+			reason: source.NewChartReason, message: "new 'podinfo-lite' chart with version '6.1.0'"},
+		{name: "chart without artifact", kind: source.HelmChart(), obj: chart("podinfo", "", nil), revision: "6.2.0"},
+		{name: "chart same version", kind: source.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &events.Outcome{Job: job(1, ""), Revision: tc.revision, Failure: fail}
+			o.Job.Object.Kind = tc.kind.Name
+			Apply(tc.kind, tc.obj, events.TypeArtifactFailed, o)
+			if tc.reason == "" {
+				wantNoCondition(t, tc.obj, sourcev1.ArtifactOutdatedCondition)
+				return
+			}
+			wantCondition(t, tc.obj, sourcev1.ArtifactOutdatedCondition, metav1.ConditionTrue, tc.reason, tc.message)
+		})
+	}
+}
