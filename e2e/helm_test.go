@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	gcrv1 "github.com/google/go-containerregistry/pkg/v1"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	helmregistry "helm.sh/helm/v3/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
@@ -371,5 +375,96 @@ func TestHelmChartFromOCI(t *testing.T) {
 	repo := getObject(t, "oci-charts", &sourcev1.HelmRepository{})
 	if len(repo.Finalizers) != 0 || repo.Status.Artifact != nil || len(repo.Status.Conditions) != 0 {
 		t.Errorf("an OCI HelmRepository is static in Flux; got finalizers %v, status %+v", repo.Finalizers, repo.Status)
+	}
+}
+
+// TestHelmChartFromOCIVerify checks a HelmChart's spec.verify with cosign
+// public keys on charts of an OCI HelmRepository: a signed chart is stored
+// with SourceVerified=True; moved to an unsigned version, the chart fails
+// with Flux's ChartVerificationError, SourceVerified=False and a Warning
+// Event, and the signed chart stays the artifact.
+func TestHelmChartFromOCIVerify(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	reg := ociregistry.New(t, ociregistry.Options{})
+	push, err := helmregistry.NewClient(helmregistry.ClientOptPlainHTTP(), helmregistry.ClientOptWriter(io.Discard),
+		helmregistry.ClientOptCredentialsFile(filepath.Join(t.TempDir(), "creds.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"1.0.0", "2.0.0"} {
+		p, err := chartrepo.Package(t.TempDir(), chartrepo.Chart{Name: "podinfo", Version: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := push.Push(data, reg.Host+"/charts/podinfo:"+v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v == "1.0.0" {
+			digest, err := gcrv1.NewHash(res.Manifest.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg.Sign(t, "charts/podinfo", digest, key)
+		}
+	}
+	createSecret(t, "chart-cosign-keys", map[string]string{"cosign.pub": string(ociregistry.PublicKeyPEM(t, key))})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "oci-signed-charts", Namespace: namespace},
+		Spec: sourcev1.HelmRepositorySpec{URL: reg.URL("charts"), Type: sourcev1.HelmRepositoryTypeOCI, Insecure: true,
+			Interval: metav1.Duration{Duration: 5 * time.Minute}},
+	})
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo-signed", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: "1.0.0", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: "oci-signed-charts"},
+			Verify:    &sourcev1.HelmChartVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "chart-cosign-keys"}}},
+	})
+	chart := waitHelmChart(t, "podinfo-signed", "1.0.0")
+	if c := conditionOf(t, chart, sourcev1.SourceVerifiedCondition); c.Status != metav1.ConditionTrue || c.Reason != meta.SucceededReason ||
+		c.Message != "verified signature of version 1.0.0" {
+		t.Errorf("SourceVerified=%s %s %q", c.Status, c.Reason, c.Message)
+	}
+	signed := *chart.Status.Artifact
+
+	patchObject(t, chart, func(c *sourcev1.HelmChart) { c.Spec.Version = "2.0.0" })
+	get := func() *sourcev1.HelmChart { return getObject(t, "podinfo-signed", &sourcev1.HelmChart{}) }
+	chart = waitConditionOf(t, "helmchart podinfo-signed", get, sourcev1.SourceVerifiedCondition, metav1.ConditionFalse, sourcev1.VerificationError)
+	want := "chart verification error: no matching signatures were found for '" + reg.Host + "/charts/podinfo:2.0.0'"
+	if c := conditionOf(t, chart, sourcev1.SourceVerifiedCondition); c.Message != want {
+		t.Errorf("SourceVerified message %q\nwant %q", c.Message, want)
+	}
+	chart = waitConditionOf(t, "helmchart podinfo-signed", get, meta.ReadyCondition, metav1.ConditionFalse, "ChartVerificationError")
+	if c := conditionOf(t, chart, sourcev1.BuildFailedCondition); c.Status != metav1.ConditionTrue || c.Message != want {
+		t.Errorf("BuildFailed=%s %q", c.Status, c.Message)
+	}
+	if c := conditionOf(t, chart, sourcev1.ArtifactOutdatedCondition); c.Status != metav1.ConditionTrue || c.Reason != "NewChart" ||
+		c.Message != "new 'podinfo' chart with version '2.0.0'" {
+		t.Errorf("ArtifactOutdated=%s %s %q", c.Status, c.Reason, c.Message)
+	}
+	waitKindEvent(t, sourcev1.HelmChartKind, "podinfo-signed", corev1.EventTypeWarning, "ChartVerificationError", func(msg string) bool { return msg == want })
+	if a := chart.Status.Artifact; a == nil || a.Revision != signed.Revision || a.Digest != signed.Digest {
+		t.Errorf("artifact = %+v, want the signed chart %+v kept", a, signed)
+	}
+	if _, err := loader.LoadArchive(bytes.NewReader(download(t, signed.URL))); err != nil {
+		t.Errorf("the signed chart is no longer served: %v", err)
+	}
+
+	// Back to the signed version: the stored chart is verified again, as
+	// Flux verifies at every reconcile, and the chart recovers.
+	patchObject(t, chart, func(c *sourcev1.HelmChart) { c.Spec.Version = "1.0.0" })
+	chart = waitConditionOf(t, "helmchart podinfo-signed", get, sourcev1.SourceVerifiedCondition, metav1.ConditionTrue, meta.SucceededReason)
+	chart = waitHelmChart(t, "podinfo-signed", "1.0.0")
+	if a := chart.Status.Artifact; a.Digest != signed.Digest {
+		t.Errorf("artifact digest %s, want the signed chart's %s", a.Digest, signed.Digest)
 	}
 }

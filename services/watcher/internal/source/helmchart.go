@@ -62,6 +62,7 @@ func HelmChart() Kind {
 		},
 		StoredCondition: chartStored,
 		Outdated:        chartOutdated,
+		Record:          chartRecord,
 		ReadyFormat:     "stored chart with version '%s'",
 		UpToDateReason:  sourcev1.ArtifactUpToDateReason,
 		Status: func(o Object) Status {
@@ -74,6 +75,7 @@ func HelmChart() Kind {
 			sourcev1.FetchFailedCondition,
 			sourcev1.BuildFailedCondition,
 			sourcev1.ArtifactOutdatedCondition,
+			sourcev1.SourceVerifiedCondition,
 		},
 	}
 }
@@ -120,6 +122,27 @@ func chartOutdated(o Object, prev *meta.Artifact, revision string) (string, stri
 	return NewChartReason, fmt.Sprintf("new '%s' chart with version '%s'", path.Base(c.Spec.Chart), revision), true
 }
 
+// chartRecord writes SourceVerified from an outcome.
+//
+// SourceVerified (normal polarity) is True with Flux's message ("verified
+// signature of version <version>") once the signature of the chart pulled
+// from an OCI HelmRepository verified, False with reason VerificationError
+// when it did not, and absent when spec.verify is unset.
+func chartRecord(o Object, _ string, out *events.Outcome) {
+	c := o.(*sourcev1.HelmChart)
+	if c.Spec.Verify == nil {
+		conditions.Delete(c, sourcev1.SourceVerifiedCondition)
+		return
+	}
+	switch v := out.Verification; {
+	case v == nil:
+	case v.Verified:
+		conditions.MarkTrue(c, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	default:
+		conditions.MarkFalse(c, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	}
+}
+
 // chartRequest copies the spec, resolves spec.sourceRef to the source's
 // artifact (waiting while the source is missing or has none, as Flux's
 // SourceUnavailable and NoSourceArtifact), and forces a rebuild when the
@@ -154,7 +177,10 @@ func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.Fe
 			return false, err
 		}
 		req.ChartSource = &events.ChartSource{Kind: ref.Kind, Name: ref.Name, HelmRepository: repo.Spec.DeepCopy()}
-		return chartForce(c), nil
+		// A chart not verified as spec.verify asks is pulled and verified
+		// again, as Flux verifies at every reconcile.
+		unverified := c.Spec.Verify != nil && c.Spec.Verify.Provider != "" && !conditions.IsTrue(c, sourcev1.SourceVerifiedCondition)
+		return chartForce(c) || (c.Status.Artifact != nil && unverified), nil
 	}
 	a := src.GetArtifact()
 	if a == nil {

@@ -617,3 +617,44 @@ func TestApplyOutdated(t *testing.T) {
 		})
 	}
 }
+
+// TestApplyHelmChartVerification checks SourceVerified of a HelmChart
+// whose spec.verify checks an OCI chart's signature, and that a chart
+// not verified is pulled again.
+func TestApplyHelmChartVerification(t *testing.T) {
+	kind := source.HelmChart()
+	c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+	c.Spec.Chart = "podinfo"
+	c.Spec.Verify = &sourcev1.HelmChartVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "cosign"}}
+	c.Status.ObservedGeneration = -1
+	o := &events.Outcome{Job: job(1, ""), Revision: "1.0.0", Artifact: artifact("1.0.0", "sha256:c", time.Now()),
+		EventMessage: "pulled 'podinfo' chart with version '1.0.0'",
+		Verification: &events.Verification{Mode: "cosign", Verified: true, Reason: meta.SucceededReason, Message: "verified signature of version 1.0.0"}}
+	o.Job.Object.Kind = sourcev1.HelmChartKind
+	Apply(kind, c, events.TypeArtifactStored, o)
+	Summarize(kind, c)
+	wantCondition(t, c, sourcev1.SourceVerifiedCondition, metav1.ConditionTrue, meta.SucceededReason, "verified signature of version 1.0.0")
+	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionTrue, sourcev1.ChartPullSucceededReason, "pulled 'podinfo' chart with version '1.0.0'")
+
+	msg := "chart verification error: no matching signatures were found for 'registry/charts/podinfo:2.0.0'"
+	failed := &events.Outcome{Job: job(1, ""), Revision: "2.0.0",
+		Failure:      &events.Failure{Condition: sourcev1.BuildFailedCondition, Reason: "ChartVerificationError", Message: msg},
+		Verification: &events.Verification{Mode: "cosign", Reason: sourcev1.VerificationError, Message: msg}}
+	failed.Job.Object.Kind = sourcev1.HelmChartKind
+	got := Apply(kind, c, events.TypeArtifactFailed, failed)
+	Summarize(kind, c)
+	wantCondition(t, c, sourcev1.SourceVerifiedCondition, metav1.ConditionFalse, sourcev1.VerificationError, msg)
+	wantCondition(t, c, sourcev1.BuildFailedCondition, metav1.ConditionTrue, "ChartVerificationError", msg)
+	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionFalse, "ChartVerificationError", msg)
+	wantCondition(t, c, sourcev1.ArtifactOutdatedCondition, metav1.ConditionTrue, "NewChart", "new 'podinfo' chart with version '2.0.0'")
+	if want := (Event{corev1.EventTypeWarning, "ChartVerificationError", msg}); len(got) != 1 || got[0] != want {
+		t.Errorf("events = %+v, want %+v", got, want)
+	}
+	if c.Status.Artifact == nil || c.Status.Artifact.Revision != "1.0.0" {
+		t.Errorf("artifact = %+v, want the last verified one kept", c.Status.Artifact)
+	}
+
+	c.Spec.Verify = nil
+	Apply(kind, c, events.TypeArtifactUnchanged, &events.Outcome{Job: job(1, ""), Revision: "1.0.0", Artifact: c.Status.Artifact})
+	wantNoCondition(t, c, sourcev1.SourceVerifiedCondition)
+}
