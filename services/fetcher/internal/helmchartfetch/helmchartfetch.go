@@ -300,8 +300,13 @@ func packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, version, dir 
 	if err != nil {
 		return nil, buildFailure(failure.Stalling, sourcev1.BuildFailedCondition, ReasonValuesFiles, "values files merge error", err)
 	}
+	values := merged.Values
+	if len(spec.ValuesFiles) == 0 {
+		// Nothing to merge: the chart keeps its own values.yaml.
+		values = nil
+	}
 	p := filepath.Join(dir, ChartFile)
-	if err := Package(ch, version, merged.Values, p); err != nil {
+	if err := Package(ch, version, values, p); err != nil {
 		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
 	}
 	msg := fmt.Sprintf("packaged '%s' chart with version '%s'", ch.Name(), version)
@@ -448,22 +453,24 @@ func mergeMaps(a, b map[string]any) map[string]any {
 	return out
 }
 
-// Package writes ch with values as its default values and version as its
-// version to path, as `helm package` does.
+// Package writes ch with values as its default values (nil: its own,
+// unchanged) and version as its version to path, as `helm package` does.
 func Package(ch *chart.Chart, version string, values map[string]any, path string) error {
-	b, err := yaml.Marshal(values)
-	if err != nil {
-		return err
-	}
-	ch.Values = values
-	replaced := false
-	for _, f := range ch.Raw {
-		if f.Name == chartutil.ValuesfileName {
-			f.Data, replaced = b, true
+	if values != nil {
+		b, err := yaml.Marshal(values)
+		if err != nil {
+			return err
 		}
-	}
-	if !replaced {
-		ch.Raw = append(ch.Raw, &chart.File{Name: chartutil.ValuesfileName, Data: b})
+		ch.Values = values
+		replaced := false
+		for _, f := range ch.Raw {
+			if f.Name == chartutil.ValuesfileName {
+				f.Data, replaced = b, true
+			}
+		}
+		if !replaced {
+			ch.Raw = append(ch.Raw, &chart.File{Name: chartutil.ValuesfileName, Data: b})
+		}
 	}
 	ch.Metadata.Version = version
 	tmp, err := os.MkdirTemp(filepath.Dir(path), "package-")

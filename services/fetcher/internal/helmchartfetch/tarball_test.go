@@ -82,6 +82,19 @@ func TestFetchChartFromSource(t *testing.T) {
 		})
 	}
 
+	t.Run("from a bucket", func(t *testing.T) {
+		// A Bucket's artifact is the same tar.gz; its revision is a digest.
+		files := map[string]string{"a/Chart.yaml": "apiVersion: v2\nname: a\nversion: 1.0.0\n", "a/values.yaml": "message: bucket\n"}
+		c := sourceArtifact(t, s, "bucket/default/charts/a.tar.gz", files, nil)
+		c.Kind, c.Name, c.Artifact.Revision = sourcev1.BucketKind, "charts", "sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+		fetchChart(t, s, request(sourcev1.HelmChartSpec{Chart: "./a"}, c), "a", "1.0.0", "packaged 'a' chart with version '1.0.0'")
+		_, ch := fetchChart(t, s, request(sourcev1.HelmChartSpec{Chart: "a", ReconcileStrategy: sourcev1.ReconcileStrategyRevision}, c),
+			"a", "1.0.0+fedcba987654", "packaged 'a' chart with version '1.0.0+fedcba987654'")
+		if ch.Values["message"] != "bucket" {
+			t.Fatalf("values %v", ch.Values)
+		}
+	})
+
 	cycle := map[string]string{
 		"a/Chart.yaml": "apiVersion: v2\nname: a\nversion: 1.0.0\ndependencies:\n- name: b\n  version: 1.0.0\n  repository: file://../b\n",
 		"b/Chart.yaml": "apiVersion: v2\nname: b\nversion: 1.0.0\ndependencies:\n- name: a\n  version: 1.0.0\n  repository: file://../a\n",
