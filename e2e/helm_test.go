@@ -24,6 +24,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 	ociregistry "github.com/headwater-gitops/headwater/testsupport/registry"
 )
 
@@ -466,5 +467,102 @@ func TestHelmChartFromOCIVerify(t *testing.T) {
 	chart = waitHelmChart(t, "podinfo-signed", "1.0.0")
 	if a := chart.Status.Artifact; a.Digest != signed.Digest {
 		t.Errorf("artifact digest %s, want the signed chart's %s", a.Digest, signed.Digest)
+	}
+}
+
+// TestHelmChartFromBucket builds a chart kept in a Bucket (MinIO): the
+// chart at spec.chart is packaged with its own values, and a new chart
+// version put in the bucket becomes a new artifact at once.
+func TestHelmChartFromBucket(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	const bucket = "charts"
+	srv := miniotest.New(t)
+	srv.MakeBucket(t, bucket)
+	chartYAML := func(version string) string { return "apiVersion: v2\nname: app\nversion: " + version + "\n" }
+	putObject(t, srv, bucket, "charts/app/Chart.yaml", chartYAML("1.0.0"))
+	putObject(t, srv, bucket, "charts/app/values.yaml", "message: from a bucket\n")
+	putObject(t, srv, bucket, "charts/app/templates/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}\n")
+	createSecret(t, "chart-bucket-credentials", map[string]string{"accesskey": srv.AccessKey, "secretkey": srv.SecretKey})
+	createBucket(t, "chart-bucket", srv.Endpoint, bucket, func(b *sourcev1.Bucket) {
+		b.Spec.SecretRef = &meta.LocalObjectReference{Name: "chart-bucket-credentials"}
+	})
+	waitBucketArtifact(t, "chart-bucket", listingRevision(t, srv, bucket, "", nil))
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "app-from-bucket", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "charts/app", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.BucketKind, Name: "chart-bucket"}},
+	})
+	chart := waitHelmChart(t, "app-from-bucket", "1.0.0")
+	if c := conditionOf(t, chart, meta.ReadyCondition); c.Reason != sourcev1.ChartPackageSucceededReason ||
+		c.Message != "packaged 'app' chart with version '1.0.0'" {
+		t.Errorf("Ready = %s %q", c.Reason, c.Message)
+	}
+	ch, err := loader.LoadArchive(bytes.NewReader(download(t, chart.Status.Artifact.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.Values["message"] != "from a bucket" {
+		t.Errorf("values %v, want the chart's own", ch.Values)
+	}
+
+	putObject(t, srv, bucket, "charts/app/Chart.yaml", chartYAML("1.1.0"))
+	requestBucketReconcile(t, "chart-bucket")
+	waitBucketArtifact(t, "chart-bucket", listingRevision(t, srv, bucket, "", nil))
+	chart = waitHelmChart(t, "app-from-bucket", "1.1.0")
+	if chart.Status.ObservedSourceArtifactRevision != getBucket(t, "chart-bucket").Status.Artifact.Revision {
+		t.Errorf("observedSourceArtifactRevision %q", chart.Status.ObservedSourceArtifactRevision)
+	}
+}
+
+// TestHelmRepositoryTLS serves the chart repository over HTTPS with a
+// certificate of the test's own authority: with the authority in
+// certSecretRef (ca.crt), the index is stored and a chart pulled from it;
+// without it, the repository fails on the unknown certificate.
+func TestHelmRepositoryTLS(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	srv := &chartrepo.Server{Dir: t.TempDir(), TLS: true}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.1.0"}); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := srv.CACert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	createSecret(t, "tls-charts-ca", map[string]string{"ca.crt": string(ca)})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "tls-charts", Namespace: namespace},
+		Spec: sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute},
+			CertSecretRef: &meta.LocalObjectReference{Name: "tls-charts-ca"}},
+	})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "tls-charts-untrusted", Namespace: namespace},
+		Spec:       sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute}},
+	})
+	waitHelmRepository(t, "tls-charts", sha256Digest(srv.Index()))
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo-tls", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: "tls-charts"}},
+	})
+	chart := waitHelmChart(t, "podinfo-tls", "6.1.0")
+	if _, err := loader.LoadArchive(bytes.NewReader(download(t, chart.Status.Artifact.URL))); err != nil {
+		t.Fatal(err)
+	}
+
+	get := func() *sourcev1.HelmRepository {
+		return getObject(t, "tls-charts-untrusted", &sourcev1.HelmRepository{})
+	}
+	repo := waitConditionOf(t, "helmrepository tls-charts-untrusted", get, sourcev1.FetchFailedCondition, metav1.ConditionTrue, meta.FailedReason)
+	if c := conditionOf(t, repo, sourcev1.FetchFailedCondition); !strings.Contains(c.Message, "certificate") {
+		t.Errorf("FetchFailed message %q, want the certificate named", c.Message)
+	}
+	if repo.Status.Artifact != nil {
+		t.Errorf("an index fetched from an untrusted server was stored: %+v", repo.Status.Artifact)
 	}
 }
