@@ -290,12 +290,14 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: name,
 			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}, nil
 	}
-	return packageContent(ch, r.spec, r.version, dir)
+	return r.src.packageContent(ch, r.spec, r.version, dir)
 }
 
 // packageContent merges the spec's values files into ch and packages it
-// with version into dir.
-func packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, version, dir string) (*source.Content, error) {
+// with version into dir. A package over -helm-chart-max-size fails, as a
+// pulled chart does: the limit bounds every chart stored, whatever its
+// source.
+func (s *Source) packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, version, dir string) (*source.Content, error) {
 	merged, err := MergeValues(ch, spec.ValuesFiles, spec.IgnoreMissingValuesFiles)
 	if err != nil {
 		return nil, buildFailure(failure.Stalling, sourcev1.BuildFailedCondition, ReasonValuesFiles, "values files merge error", err)
@@ -308,6 +310,15 @@ func packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, version, dir 
 	p := filepath.Join(dir, ChartFile)
 	if err := Package(ch, version, values, p); err != nil {
 		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
+	}
+	if limit := s.maxChartSize(); fi.Size() > limit {
+		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error",
+			fmt.Errorf("packaged chart '%s' version '%s' is %d bytes, larger than the maximum chart size of %d bytes (-helm-chart-max-size)",
+				ch.Name(), version, fi.Size(), limit))
 	}
 	msg := fmt.Sprintf("packaged '%s' chart with version '%s'", ch.Name(), version)
 	if len(merged.Files) > 0 {

@@ -181,7 +181,7 @@ func (r *ociResolved) Download(ctx context.Context, dir string) (*source.Content
 	if len(r.spec.ValuesFiles) == 0 {
 		content = &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: fmt.Sprintf("%s-%s.tgz", ch.Name(), r.version),
 			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}
-	} else if content, err = packageContent(ch, r.spec, r.version, dir); err != nil {
+	} else if content, err = r.src.packageContent(ch, r.spec, r.version, dir); err != nil {
 		return nil, err
 	}
 	content.Verification = verification
