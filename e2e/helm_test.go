@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	gcrv1 "github.com/google/go-containerregistry/pkg/v1"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	helmregistry "helm.sh/helm/v3/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +24,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 	ociregistry "github.com/headwater-gitops/headwater/testsupport/registry"
 )
 
@@ -371,5 +376,193 @@ func TestHelmChartFromOCI(t *testing.T) {
 	repo := getObject(t, "oci-charts", &sourcev1.HelmRepository{})
 	if len(repo.Finalizers) != 0 || repo.Status.Artifact != nil || len(repo.Status.Conditions) != 0 {
 		t.Errorf("an OCI HelmRepository is static in Flux; got finalizers %v, status %+v", repo.Finalizers, repo.Status)
+	}
+}
+
+// TestHelmChartFromOCIVerify checks a HelmChart's spec.verify with cosign
+// public keys on charts of an OCI HelmRepository: a signed chart is stored
+// with SourceVerified=True; moved to an unsigned version, the chart fails
+// with Flux's ChartVerificationError, SourceVerified=False and a Warning
+// Event, and the signed chart stays the artifact.
+func TestHelmChartFromOCIVerify(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	reg := ociregistry.New(t, ociregistry.Options{})
+	push, err := helmregistry.NewClient(helmregistry.ClientOptPlainHTTP(), helmregistry.ClientOptWriter(io.Discard),
+		helmregistry.ClientOptCredentialsFile(filepath.Join(t.TempDir(), "creds.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"1.0.0", "2.0.0"} {
+		p, err := chartrepo.Package(t.TempDir(), chartrepo.Chart{Name: "podinfo", Version: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := push.Push(data, reg.Host+"/charts/podinfo:"+v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v == "1.0.0" {
+			digest, err := gcrv1.NewHash(res.Manifest.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg.Sign(t, "charts/podinfo", digest, key)
+		}
+	}
+	createSecret(t, "chart-cosign-keys", map[string]string{"cosign.pub": string(ociregistry.PublicKeyPEM(t, key))})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "oci-signed-charts", Namespace: namespace},
+		Spec: sourcev1.HelmRepositorySpec{URL: reg.URL("charts"), Type: sourcev1.HelmRepositoryTypeOCI, Insecure: true,
+			Interval: metav1.Duration{Duration: 5 * time.Minute}},
+	})
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo-signed", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: "1.0.0", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: "oci-signed-charts"},
+			Verify:    &sourcev1.HelmChartVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "chart-cosign-keys"}}},
+	})
+	chart := waitHelmChart(t, "podinfo-signed", "1.0.0")
+	if c := conditionOf(t, chart, sourcev1.SourceVerifiedCondition); c.Status != metav1.ConditionTrue || c.Reason != meta.SucceededReason ||
+		c.Message != "verified signature of version 1.0.0" {
+		t.Errorf("SourceVerified=%s %s %q", c.Status, c.Reason, c.Message)
+	}
+	signed := *chart.Status.Artifact
+
+	patchObject(t, chart, func(c *sourcev1.HelmChart) { c.Spec.Version = "2.0.0" })
+	get := func() *sourcev1.HelmChart { return getObject(t, "podinfo-signed", &sourcev1.HelmChart{}) }
+	chart = waitConditionOf(t, "helmchart podinfo-signed", get, sourcev1.SourceVerifiedCondition, metav1.ConditionFalse, sourcev1.VerificationError)
+	want := "chart verification error: no matching signatures were found for '" + reg.Host + "/charts/podinfo:2.0.0'"
+	if c := conditionOf(t, chart, sourcev1.SourceVerifiedCondition); c.Message != want {
+		t.Errorf("SourceVerified message %q\nwant %q", c.Message, want)
+	}
+	chart = waitConditionOf(t, "helmchart podinfo-signed", get, meta.ReadyCondition, metav1.ConditionFalse, "ChartVerificationError")
+	if c := conditionOf(t, chart, sourcev1.BuildFailedCondition); c.Status != metav1.ConditionTrue || c.Message != want {
+		t.Errorf("BuildFailed=%s %q", c.Status, c.Message)
+	}
+	if c := conditionOf(t, chart, sourcev1.ArtifactOutdatedCondition); c.Status != metav1.ConditionTrue || c.Reason != "NewChart" ||
+		c.Message != "new 'podinfo' chart with version '2.0.0'" {
+		t.Errorf("ArtifactOutdated=%s %s %q", c.Status, c.Reason, c.Message)
+	}
+	waitKindEvent(t, sourcev1.HelmChartKind, "podinfo-signed", corev1.EventTypeWarning, "ChartVerificationError", func(msg string) bool { return msg == want })
+	if a := chart.Status.Artifact; a == nil || a.Revision != signed.Revision || a.Digest != signed.Digest {
+		t.Errorf("artifact = %+v, want the signed chart %+v kept", a, signed)
+	}
+	if _, err := loader.LoadArchive(bytes.NewReader(download(t, signed.URL))); err != nil {
+		t.Errorf("the signed chart is no longer served: %v", err)
+	}
+
+	// Back to the signed version: the stored chart is verified again, as
+	// Flux verifies at every reconcile, and the chart recovers.
+	patchObject(t, chart, func(c *sourcev1.HelmChart) { c.Spec.Version = "1.0.0" })
+	chart = waitConditionOf(t, "helmchart podinfo-signed", get, sourcev1.SourceVerifiedCondition, metav1.ConditionTrue, meta.SucceededReason)
+	chart = waitHelmChart(t, "podinfo-signed", "1.0.0")
+	if a := chart.Status.Artifact; a.Digest != signed.Digest {
+		t.Errorf("artifact digest %s, want the signed chart's %s", a.Digest, signed.Digest)
+	}
+}
+
+// TestHelmChartFromBucket builds a chart kept in a Bucket (MinIO): the
+// chart at spec.chart is packaged with its own values, and a new chart
+// version put in the bucket becomes a new artifact at once.
+func TestHelmChartFromBucket(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	const bucket = "charts"
+	srv := miniotest.New(t)
+	srv.MakeBucket(t, bucket)
+	chartYAML := func(version string) string { return "apiVersion: v2\nname: app\nversion: " + version + "\n" }
+	putObject(t, srv, bucket, "charts/app/Chart.yaml", chartYAML("1.0.0"))
+	putObject(t, srv, bucket, "charts/app/values.yaml", "message: from a bucket\n")
+	putObject(t, srv, bucket, "charts/app/templates/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}\n")
+	createSecret(t, "chart-bucket-credentials", map[string]string{"accesskey": srv.AccessKey, "secretkey": srv.SecretKey})
+	createBucket(t, "chart-bucket", srv.Endpoint, bucket, func(b *sourcev1.Bucket) {
+		b.Spec.SecretRef = &meta.LocalObjectReference{Name: "chart-bucket-credentials"}
+	})
+	waitBucketArtifact(t, "chart-bucket", listingRevision(t, srv, bucket, "", nil))
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "app-from-bucket", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "charts/app", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.BucketKind, Name: "chart-bucket"}},
+	})
+	chart := waitHelmChart(t, "app-from-bucket", "1.0.0")
+	if c := conditionOf(t, chart, meta.ReadyCondition); c.Reason != sourcev1.ChartPackageSucceededReason ||
+		c.Message != "packaged 'app' chart with version '1.0.0'" {
+		t.Errorf("Ready = %s %q", c.Reason, c.Message)
+	}
+	ch, err := loader.LoadArchive(bytes.NewReader(download(t, chart.Status.Artifact.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.Values["message"] != "from a bucket" {
+		t.Errorf("values %v, want the chart's own", ch.Values)
+	}
+
+	putObject(t, srv, bucket, "charts/app/Chart.yaml", chartYAML("1.1.0"))
+	requestBucketReconcile(t, "chart-bucket")
+	waitBucketArtifact(t, "chart-bucket", listingRevision(t, srv, bucket, "", nil))
+	chart = waitHelmChart(t, "app-from-bucket", "1.1.0")
+	if chart.Status.ObservedSourceArtifactRevision != getBucket(t, "chart-bucket").Status.Artifact.Revision {
+		t.Errorf("observedSourceArtifactRevision %q", chart.Status.ObservedSourceArtifactRevision)
+	}
+}
+
+// TestHelmRepositoryTLS serves the chart repository over HTTPS with a
+// certificate of the test's own authority: with the authority in
+// certSecretRef (ca.crt), the index is stored and a chart pulled from it;
+// without it, the repository fails on the unknown certificate.
+func TestHelmRepositoryTLS(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	srv := &chartrepo.Server{Dir: t.TempDir(), TLS: true}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	if err := srv.Add(chartrepo.Chart{Name: "podinfo", Version: "6.1.0"}); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := srv.CACert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	createSecret(t, "tls-charts-ca", map[string]string{"ca.crt": string(ca)})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "tls-charts", Namespace: namespace},
+		Spec: sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute},
+			CertSecretRef: &meta.LocalObjectReference{Name: "tls-charts-ca"}},
+	})
+	createObject(t, &sourcev1.HelmRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "tls-charts-untrusted", Namespace: namespace},
+		Spec:       sourcev1.HelmRepositorySpec{URL: srv.URL(), Interval: metav1.Duration{Duration: 5 * time.Minute}},
+	})
+	waitHelmRepository(t, "tls-charts", sha256Digest(srv.Index()))
+	createObject(t, &sourcev1.HelmChart{
+		ObjectMeta: metav1.ObjectMeta{Name: "podinfo-tls", Namespace: namespace},
+		Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Interval: metav1.Duration{Duration: 5 * time.Minute},
+			SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: "tls-charts"}},
+	})
+	chart := waitHelmChart(t, "podinfo-tls", "6.1.0")
+	if _, err := loader.LoadArchive(bytes.NewReader(download(t, chart.Status.Artifact.URL))); err != nil {
+		t.Fatal(err)
+	}
+
+	get := func() *sourcev1.HelmRepository {
+		return getObject(t, "tls-charts-untrusted", &sourcev1.HelmRepository{})
+	}
+	repo := waitConditionOf(t, "helmrepository tls-charts-untrusted", get, sourcev1.FetchFailedCondition, metav1.ConditionTrue, meta.FailedReason)
+	if c := conditionOf(t, repo, sourcev1.FetchFailedCondition); !strings.Contains(c.Message, "certificate") {
+		t.Errorf("FetchFailed message %q, want the certificate named", c.Message)
+	}
+	if repo.Status.Artifact != nil {
+		t.Errorf("an index fetched from an untrusted server was stored: %+v", repo.Status.Artifact)
 	}
 }

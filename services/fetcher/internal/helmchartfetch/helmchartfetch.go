@@ -290,19 +290,35 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: name,
 			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}, nil
 	}
-	return packageContent(ch, r.spec, r.version, dir)
+	return r.src.packageContent(ch, r.spec, r.version, dir)
 }
 
 // packageContent merges the spec's values files into ch and packages it
-// with version into dir.
-func packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, version, dir string) (*source.Content, error) {
+// with version into dir. A package over -helm-chart-max-size fails, as a
+// pulled chart does: the limit bounds every chart stored, whatever its
+// source.
+func (s *Source) packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, version, dir string) (*source.Content, error) {
 	merged, err := MergeValues(ch, spec.ValuesFiles, spec.IgnoreMissingValuesFiles)
 	if err != nil {
 		return nil, buildFailure(failure.Stalling, sourcev1.BuildFailedCondition, ReasonValuesFiles, "values files merge error", err)
 	}
+	values := merged.Values
+	if len(spec.ValuesFiles) == 0 {
+		// Nothing to merge: the chart keeps its own values.yaml.
+		values = nil
+	}
 	p := filepath.Join(dir, ChartFile)
-	if err := Package(ch, version, merged.Values, p); err != nil {
+	if err := Package(ch, version, values, p); err != nil {
 		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error", err)
+	}
+	if limit := s.maxChartSize(); fi.Size() > limit {
+		return nil, buildFailure(failure.Final, sourcev1.BuildFailedCondition, ReasonChartPackage, "chart package error",
+			fmt.Errorf("packaged chart '%s' version '%s' is %d bytes, larger than the maximum chart size of %d bytes (-helm-chart-max-size)",
+				ch.Name(), version, fi.Size(), limit))
 	}
 	msg := fmt.Sprintf("packaged '%s' chart with version '%s'", ch.Name(), version)
 	if len(merged.Files) > 0 {
@@ -448,22 +464,24 @@ func mergeMaps(a, b map[string]any) map[string]any {
 	return out
 }
 
-// Package writes ch with values as its default values and version as its
-// version to path, as `helm package` does.
+// Package writes ch with values as its default values (nil: its own,
+// unchanged) and version as its version to path, as `helm package` does.
 func Package(ch *chart.Chart, version string, values map[string]any, path string) error {
-	b, err := yaml.Marshal(values)
-	if err != nil {
-		return err
-	}
-	ch.Values = values
-	replaced := false
-	for _, f := range ch.Raw {
-		if f.Name == chartutil.ValuesfileName {
-			f.Data, replaced = b, true
+	if values != nil {
+		b, err := yaml.Marshal(values)
+		if err != nil {
+			return err
 		}
-	}
-	if !replaced {
-		ch.Raw = append(ch.Raw, &chart.File{Name: chartutil.ValuesfileName, Data: b})
+		ch.Values = values
+		replaced := false
+		for _, f := range ch.Raw {
+			if f.Name == chartutil.ValuesfileName {
+				f.Data, replaced = b, true
+			}
+		}
+		if !replaced {
+			ch.Raw = append(ch.Raw, &chart.File{Name: chartutil.ValuesfileName, Data: b})
+		}
 	}
 	ch.Metadata.Version = version
 	tmp, err := os.MkdirTemp(filepath.Dir(path), "package-")

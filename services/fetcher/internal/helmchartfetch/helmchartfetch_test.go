@@ -115,7 +115,10 @@ func TestFetchChartBadInput(t *testing.T) {
 	climb := tgz(t, map[string][]byte{"podinfo/Chart.yaml": []byte("apiVersion: v2\nname: podinfo\nversion: 6.1.0\n"),
 		"podinfo/../../etc/passwd": []byte("x")})
 	must(t, os.WriteFile(filepath.Join(srv.Dir, "bomb.tgz"), bomb, 0o644))
+	absolute := tgz(t, map[string][]byte{"podinfo/Chart.yaml": []byte("apiVersion: v2\nname: podinfo\nversion: 6.1.0\n"),
+		"podinfo//etc/passwd": []byte("x")})
 	must(t, os.WriteFile(filepath.Join(srv.Dir, "climb.tgz"), climb, 0o644))
+	must(t, os.WriteFile(filepath.Join(srv.Dir, "absolute.tgz"), absolute, 0o644))
 	hostile := func(file string) *events.ChartSource {
 		idx := "apiVersion: v1\nentries:\n  podinfo:\n  - apiVersion: v2\n    name: podinfo\n    version: 6.1.0\n    urls:\n    - " + file + "\n"
 		p := "helmrepository/default/charts/" + file + ".yaml"
@@ -155,6 +158,8 @@ func TestFetchChartBadInput(t *testing.T) {
 			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final, message: "larger than the maximum file size"},
 		{name: "climbing path", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, cs: hostile("climb.tgz"),
 			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final, message: "parent directory"},
+		{name: "absolute path", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, cs: hostile("absolute.tgz"),
+			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final, message: "chart illegally contains absolute paths"},
 		{name: "missing index", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, atResolve: true,
 			cs:        &events.ChartSource{Kind: cs.Kind, Name: cs.Name, Artifact: meta.Artifact{Path: "helmrepository/default/charts/gone.yaml"}, HelmRepository: cs.HelmRepository},
 			condition: sourcev1.StorageOperationFailedCondition, reason: sourcev1.ReadOperationFailedReason, message: "failed to read the HelmRepository index"},
@@ -184,7 +189,7 @@ func tgz(t *testing.T, files map[string][]byte) []byte {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	tw := tar.NewWriter(zw)
-	for _, name := range []string{"podinfo/Chart.yaml", "podinfo/big.txt", "podinfo/../../etc/passwd"} {
+	for _, name := range []string{"podinfo/Chart.yaml", "podinfo/big.txt", "podinfo/../../etc/passwd", "podinfo//etc/passwd"} {
 		b, ok := files[name]
 		if !ok {
 			continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,55 +16,83 @@ import (
 	"github.com/Masterminds/semver/v3"
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/registry"
 	"helm.sh/helm/v3/pkg/repo"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
+// ReasonChartVerification is Flux's reason (chart.ErrChartVerification)
+// for a chart whose signature does not verify.
+const ReasonChartVerification = "ChartVerificationError"
+
+// userAgent identifies the fetcher to registries.
+const userAgent = "headwater-fetcher"
+
 // ociResolved is a chart version of an OCI HelmRepository.
 type ociResolved struct {
 	src     *Source
-	client  *registry.Client
 	spec    *sourcev1.HelmChartSpec
-	ref     string // <host>/<path>/<chart>, without the scheme
-	tag     string // the chart version, as tagged ('+' as '_')
-	version string // the revision
-	cleanup func()
+	repo    name.Repository // <host>/<path>/<chart>
+	tag     string          // the chart version, as tagged ('+' as '_')
+	version string          // the revision
+	// remote are the registry's options (credentials, TLS).
+	remote []remote.Option
+	// verifier checks the chart's cosign signature; nil without
+	// spec.verify.
+	verifier *cosign.Verifier
 }
 
 // resolveOCI picks the chart version in an OCI HelmRepository, as Flux's
 // OCI chart repository: a version that is no range is taken as it is;
 // otherwise the registry's tags are listed and the highest match picked.
+// With spec.verify, the cosign public keys are read first.
 func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (source.Resolved, error) {
 	spec, repoSpec := req.HelmChart, req.ChartSource.HelmRepository
-	if v := spec.Verify; v != nil && v.Provider != "" {
-		// Flux verifies OCI charts' signatures; a chart must not be served
-		// as if it had been.
-		return nil, source.StalledError(sourcev1.VerificationError,
-			"verifying charts' signatures (spec.verify, provider '%s') is not supported yet: remove spec.verify to pull without verification",
-			v.Provider)
-	}
 	if !strings.HasPrefix(repoSpec.URL, "oci://") {
 		return nil, source.StalledError(sourcev1.URLInvalidReason, "invalid OCI registry URL: %s", failure.RedactURL(repoSpec.URL))
 	}
-	client, cleanup, err := s.registryClient(ctx, req.Job.Object.Namespace, repoSpec)
+	namespace := req.Job.Object.Namespace
+	access, err := s.ociAccess(ctx, namespace, repoSpec)
 	if err != nil {
 		return nil, err
 	}
-	r := &ociResolved{src: s, client: client, spec: spec, cleanup: cleanup,
-		ref: strings.TrimSuffix(strings.TrimPrefix(repoSpec.URL, "oci://"), "/") + "/" + spec.Chart}
+	r := &ociResolved{src: s, spec: spec, remote: access.options()}
+	ref := strings.TrimSuffix(strings.TrimPrefix(repoSpec.URL, "oci://"), "/") + "/" + spec.Chart
+	var nameOpts []name.Option
+	if repoSpec.Insecure {
+		nameOpts = append(nameOpts, name.Insecure)
+	}
+	if r.repo, err = name.NewRepository(ref, nameOpts...); err != nil {
+		return nil, buildFailure(failure.Stalling, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
+			fmt.Errorf("invalid OCI chart reference '%s': %w", "oci://"+ref, err))
+	}
+	if v := spec.Verify; v != nil && v.Provider != "" {
+		if r.verifier, err = s.chartVerifier(ctx, namespace, v); err != nil {
+			return nil, err
+		}
+	}
 	version := spec.Version
 	if _, err := semver.StrictNewVersion(version); err != nil {
-		tags, err := client.Tags(r.ref)
+		client, cleanup, err := registryClient(access, repoSpec.Insecure)
 		if err != nil {
-			cleanup()
+			return nil, err
+		}
+		tags, err := client.Tags(ref)
+		cleanup()
+		if err != nil {
 			return nil, buildFailure(failure.Transient, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
-				fmt.Errorf("failed to get chart version for remote reference: could not fetch tags for '%s': %w", "oci://"+r.ref, err))
+				fmt.Errorf("failed to get chart version for remote reference: could not fetch tags for '%s': %w", "oci://"+ref, err))
 		}
 		cvs := make(repo.ChartVersions, 0, len(tags))
 		for _, t := range tags {
@@ -71,7 +100,6 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 		}
 		cv, err := pickVersion(cvs, spec.Chart, spec.Version)
 		if err != nil {
-			cleanup()
 			return nil, err
 		}
 		version = cv.Version
@@ -80,62 +108,216 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 	r.version = version
 	if len(spec.ValuesFiles) > 0 {
 		if r.version, err = withMetadata(version, strconv.FormatInt(req.Job.Object.Generation, 10)); err != nil {
-			cleanup()
 			return nil, buildFailure(failure.Stalling, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference", err)
 		}
 	}
 	return r, nil
 }
 
+// chartVerifier reads spec.verify's cosign public keys, as Flux's
+// makeVerifiers; a failure sets SourceVerified=False only. Keyless cosign
+// and notation stall with a clear message.
+func (s *Source) chartVerifier(ctx context.Context, namespace string, v *sourcev1.HelmChartVerification) (*cosign.Verifier, error) {
+	fail := func(h failure.Handling, provider string, err error) error {
+		return source.VerificationFailed(v.Provider, h, sourcev1.VerificationError,
+			fmt.Errorf("failed to verify the signature using provider '%s': %w", provider, err))
+	}
+	switch {
+	case v.Provider != cosign.Provider:
+		return nil, fail(failure.Stalling, v.Provider, fmt.Errorf("verification with provider '%s' is not supported yet", v.Provider))
+	case v.SecretRef == nil:
+		return nil, fail(failure.Stalling, v.Provider+" keyless",
+			errors.New("keyless verification (no spec.verify.secretRef) is not supported yet"))
+	}
+	if s.Secrets == nil {
+		return nil, fail(failure.Transient, v.Provider, fmt.Errorf("failed to get secret '%s/%s': %w", namespace, v.SecretRef.Name, secrets.ErrNoCluster))
+	}
+	data, err := s.Secrets.Get(ctx, namespace, v.SecretRef.Name)
+	if err != nil {
+		return nil, fail(failure.Transient, v.Provider, fmt.Errorf("failed to get secret '%s/%s': %w", namespace, v.SecretRef.Name, err))
+	}
+	verifier, err := cosign.NewVerifier(data)
+	if err != nil {
+		return nil, fail(failure.Stalling, v.Provider, fmt.Errorf("%w in secret '%s/%s'", err, namespace, v.SecretRef.Name))
+	}
+	return verifier, nil
+}
+
 // Revision is the chart version.
 func (r *ociResolved) Revision() string { return r.version }
 
-// Close removes the registry client's credentials file.
-func (r *ociResolved) Close() error {
-	r.cleanup()
-	return nil
-}
-
-// Download pulls the chart with Helm's registry client, checks it, and
-// keeps it as it is or packages it with the merged values files.
-func (r *ociResolved) Download(_ context.Context, dir string) (*source.Content, error) {
+// Download pulls the chart's manifest, verifies its signature (with
+// spec.verify, before anything else is pulled, as Flux), streams the
+// chart layer into dir within -helm-chart-max-size, checks it, and keeps
+// it as it is or packages it with the merged values files.
+func (r *ociResolved) Download(ctx context.Context, dir string) (*source.Content, error) {
 	pullErr := func(h failure.Handling, err error) error {
-		return buildFailure(h, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error", err)
+		return buildFailure(h, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error",
+			fmt.Errorf("failed to download chart for remote reference: %w", err))
 	}
-	res, err := r.client.Pull(r.ref+":"+r.tag, registry.PullOptWithChart(true))
+	opts := append([]remote.Option{remote.WithContext(ctx)}, r.remote...)
+	ref := r.repo.Tag(r.tag)
+	desc, err := remote.Get(ref, opts...)
 	if err != nil {
-		return nil, pullErr(failure.Transient, fmt.Errorf("failed to download chart for remote reference: %w", err))
+		return nil, pullErr(registryHandling(err), err)
 	}
-	if int64(len(res.Chart.Data)) > r.src.maxChartSize() {
-		return nil, pullErr(failure.Final, fmt.Errorf("chart '%s' version '%s' is larger than the maximum chart size of %d bytes (-helm-chart-max-size)",
-			r.spec.Chart, r.tag, r.src.maxChartSize()))
+	verification, err := r.verify(ctx, desc.Digest, opts)
+	if err != nil {
+		return nil, err
 	}
-	p := filepath.Join(dir, ChartFile)
-	if err := os.WriteFile(p, res.Chart.Data, 0o600); err != nil {
-		return nil, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
-			Err: fmt.Errorf("failed to write chart file: %w", err)}
-	}
-	ch, err := load(p)
+	img, err := desc.Image()
 	if err != nil {
 		return nil, pullErr(failure.Final, err)
 	}
-	if len(r.spec.ValuesFiles) == 0 {
-		return &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: fmt.Sprintf("%s-%s.tgz", ch.Name(), r.version),
-			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}, nil
+	p := filepath.Join(dir, ChartFile)
+	if err := r.pullLayer(img, p); err != nil {
+		return nil, err
 	}
-	return packageContent(ch, r.spec, r.version, dir)
+	ch, err := load(p)
+	if err != nil {
+		return nil, buildFailure(failure.Final, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error", err)
+	}
+	var content *source.Content
+	if len(r.spec.ValuesFiles) == 0 {
+		content = &source.Content{Root: dir, File: p, Revision: r.version, ArtifactName: fmt.Sprintf("%s-%s.tgz", ch.Name(), r.version),
+			EventMessage: fmt.Sprintf("pulled '%s' chart with version '%s'", ch.Name(), r.version)}
+	} else if content, err = r.src.packageContent(ch, r.spec, r.version, dir); err != nil {
+		return nil, err
+	}
+	content.Verification = verification
+	return content, nil
 }
 
-// registryClient is Helm's registry client for an OCI HelmRepository, with
-// Flux's rules: basic auth from spec.secretRef (username and password, or
-// a .dockerconfigjson entry for the registry's host), TLS from
-// spec.certSecretRef, plain HTTP with spec.insecure. Credentials go to a
-// temporary credentials file that cleanup removes, never to the user's.
-func (s *Source) registryClient(ctx context.Context, namespace string, spec *sourcev1.HelmRepositorySpec) (*registry.Client, func(), error) {
+// verify checks the cosign signature of the manifest digest, as Flux's
+// OCI chart repository: nil without spec.verify; a chart that no key
+// signed fails with BuildFailed (ChartVerificationError) and
+// SourceVerified=False (VerificationError).
+func (r *ociResolved) verify(ctx context.Context, digest v1.Hash, opts []remote.Option) (*events.Verification, error) {
+	if r.verifier == nil {
+		return nil, nil
+	}
+	ref := r.repo.Tag(r.tag)
+	fail := func(h failure.Handling, err error) error {
+		f := source.VerificationFailed(cosign.Provider, h, sourcev1.VerificationError, fmt.Errorf("chart verification error: %w", err))
+		f.Condition, f.Reason = sourcev1.BuildFailedCondition, ReasonChartVerification
+		return f
+	}
+	err := r.verifier.Verify(ctx, r.repo, digest, opts...)
+	var sigErr *cosign.SignaturesError
+	switch {
+	case err == nil:
+		return &events.Verification{Mode: cosign.Provider, Verified: true, Reason: meta.SucceededReason,
+			Message: fmt.Sprintf("verified signature of version %s", r.version)}, nil
+	case errors.Is(err, cosign.ErrNoMatch), errors.As(err, &sigErr) && registryHandling(err) == failure.Final:
+		// A registry that has no signature image: nothing signed the chart.
+		return nil, fail(failure.Final, fmt.Errorf("no matching signatures were found for '%s'", ref.Name()))
+	case sigErr != nil:
+		return nil, fail(failure.Transient, fmt.Errorf("failed to verify oci://%s: %w", ref.Name(), err))
+	}
+	return nil, fail(failure.Final, fmt.Errorf("failed to verify oci://%s: %w", ref.Name(), err))
+}
+
+// pullLayer streams the chart layer of img (Helm's chart media type, or
+// the legacy one) to p, refusing a chart over -helm-chart-max-size from
+// the manifest's size before downloading, and while it streams.
+func (r *ociResolved) pullLayer(img v1.Image, p string) error {
+	pullErr := func(h failure.Handling, err error) error {
+		return buildFailure(h, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error",
+			fmt.Errorf("failed to download chart for remote reference: %w", err))
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return pullErr(failure.Final, err)
+	}
+	if m.Config.MediaType != registry.ConfigMediaType {
+		return pullErr(failure.Final, fmt.Errorf("could not load config with mediatype %s", registry.ConfigMediaType))
+	}
+	var layer *v1.Descriptor
+	for i, l := range m.Layers {
+		if l.MediaType == registry.ChartLayerMediaType || l.MediaType == registry.LegacyChartLayerMediaType {
+			layer = &m.Layers[i]
+			break
+		}
+	}
+	if layer == nil {
+		return pullErr(failure.Final, fmt.Errorf("manifest does not contain a layer with mediatype %s", registry.ChartLayerMediaType))
+	}
+	limit := r.src.maxChartSize()
+	tooLarge := buildFailure(failure.Final, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error",
+		fmt.Errorf("chart '%s' version '%s' is larger than the maximum chart size of %d bytes (-helm-chart-max-size)", r.spec.Chart, r.tag, limit))
+	if layer.Size > limit {
+		return tooLarge
+	}
+	l, err := img.LayerByDigest(layer.Digest)
+	if err != nil {
+		return pullErr(failure.Final, err)
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return pullErr(registryHandling(err), err)
+	}
+	defer rc.Close()
+	f, err := os.Create(p)
+	if err != nil {
+		return &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
+			Err: fmt.Errorf("failed to create chart file: %w", err)}
+	}
+	n, err := io.Copy(f, io.LimitReader(rc, limit+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case n > limit:
+		return tooLarge
+	case err != nil:
+		return pullErr(registryHandling(err), err)
+	}
+	return nil
+}
+
+// registryHandling is how to handle a failed registry request: final when
+// the registry answered that it cannot succeed as it is (not found,
+// unauthorized, forbidden) or served content that does not match its
+// digest, transient otherwise.
+func registryHandling(err error) failure.Handling {
+	var terr *transport.Error
+	if errors.As(err, &terr) && !terr.Temporary() {
+		switch terr.StatusCode {
+		case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+			return failure.Final
+		}
+	}
+	if msg := err.Error(); strings.Contains(msg, "error verifying") || strings.Contains(msg, "does not match") {
+		return failure.Final
+	}
+	return failure.Transient
+}
+
+// ociAccess is how an OCI HelmRepository is reached: its credentials and
+// TLS settings.
+type ociAccess struct {
+	username, password string
+	transport          *http.Transport
+}
+
+// options are go-containerregistry's options for the access.
+func (a *ociAccess) options() []remote.Option {
+	auth := authn.Anonymous
+	if a.username != "" || a.password != "" {
+		auth = &authn.Basic{Username: a.username, Password: a.password}
+	}
+	return []remote.Option{remote.WithAuth(auth), remote.WithTransport(a.transport), remote.WithUserAgent(userAgent)}
+}
+
+// ociAccess reads an OCI HelmRepository's access with Flux's rules: basic
+// auth from spec.secretRef (username and password, or a
+// .dockerconfigjson entry for the registry's host), TLS from
+// spec.certSecretRef.
+func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1.HelmRepositorySpec) (*ociAccess, error) {
 	switch spec.Provider {
 	case "", sourcev1.GenericOCIProvider:
 	default:
-		return nil, nil, source.StalledError(source.UnsupportedProviderReason,
+		return nil, source.StalledError(source.UnsupportedProviderReason,
 			"OCI provider '%s' is not supported yet: use provider 'generic' with a secretRef", spec.Provider)
 	}
 	host := strings.SplitN(strings.TrimPrefix(spec.URL, "oci://"), "/", 2)[0]
@@ -149,26 +331,32 @@ func (s *Source) registryClient(ctx context.Context, namespace string, spec *sou
 		}
 		return data, nil
 	}
-	var username, password string
+	a := &ociAccess{transport: http.DefaultTransport.(*http.Transport).Clone()}
 	if ref := spec.SecretRef; ref != nil {
 		data, err := get(ref.Name)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		if username, password, err = registryCredentials(data, host); err != nil {
-			return nil, nil, source.StalledError(sourcev1.AuthenticationFailedReason, "invalid '%s' secret data: %w", ref.Name, err)
+		if a.username, a.password, err = registryCredentials(data, host); err != nil {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "invalid '%s' secret data: %w", ref.Name, err)
 		}
 	}
-	transport := http.DefaultTransport.(*http.Transport).Clone()
 	if ref := spec.CertSecretRef; ref != nil {
 		data, err := get(ref.Name)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		if transport.TLSClientConfig, err = secrets.TLSConfig(data, namespace+"/"+ref.Name); err != nil {
-			return nil, nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to construct Helm client's TLS config: %w", err)
+		if a.transport.TLSClientConfig, err = secrets.TLSConfig(data, namespace+"/"+ref.Name); err != nil {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to construct Helm client's TLS config: %w", err)
 		}
 	}
+	return a, nil
+}
+
+// registryClient is Helm's registry client with the access, for listing
+// tags. Credentials go to a temporary credentials file that cleanup
+// removes, never to the user's.
+func registryClient(a *ociAccess, insecure bool) (*registry.Client, func(), error) {
 	f, err := os.CreateTemp("", "helm-registry-credentials-")
 	if err != nil {
 		return nil, nil, fmt.Errorf("registry credentials file: %w", err)
@@ -177,12 +365,12 @@ func (s *Source) registryClient(ctx context.Context, namespace string, spec *sou
 	os.Remove(f.Name())
 	cleanup := func() { os.Remove(f.Name()) }
 	opts := []registry.ClientOption{registry.ClientOptWriter(io.Discard), registry.ClientOptCredentialsFile(f.Name()),
-		registry.ClientOptHTTPClient(&http.Client{Transport: transport})}
-	if spec.Insecure {
+		registry.ClientOptHTTPClient(&http.Client{Transport: a.transport})}
+	if insecure {
 		opts = append(opts, registry.ClientOptPlainHTTP())
 	}
-	if username != "" || password != "" {
-		opts = append(opts, registry.ClientOptBasicAuth(username, password))
+	if a.username != "" || a.password != "" {
+		opts = append(opts, registry.ClientOptBasicAuth(a.username, a.password))
 	}
 	client, err := registry.NewClient(opts...)
 	if err != nil {

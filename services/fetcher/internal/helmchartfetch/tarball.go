@@ -98,7 +98,7 @@ func (r *tarballResolved) Download(ctx context.Context, dir string) (*source.Con
 	if err := b.build(ctx, ch, r.dir); err != nil {
 		return nil, err
 	}
-	return packageContent(ch, r.spec, r.version, dir)
+	return r.src.packageContent(ch, r.spec, r.version, dir)
 }
 
 // loadDir loads the chart in directory dir of the artifact.

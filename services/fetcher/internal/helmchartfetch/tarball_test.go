@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"sort"
 	"strings"
 	"testing"
@@ -81,6 +83,39 @@ func TestFetchChartFromSource(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("from a bucket", func(t *testing.T) {
+		// A Bucket's artifact is the same tar.gz; its revision is a digest.
+		files := map[string]string{"a/Chart.yaml": "apiVersion: v2\nname: a\nversion: 1.0.0\n", "a/values.yaml": "message: bucket\n"}
+		c := sourceArtifact(t, s, "bucket/default/charts/a.tar.gz", files, nil)
+		c.Kind, c.Name, c.Artifact.Revision = sourcev1.BucketKind, "charts", "sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+		fetchChart(t, s, request(sourcev1.HelmChartSpec{Chart: "./a"}, c), "a", "1.0.0", "packaged 'a' chart with version '1.0.0'")
+		_, ch := fetchChart(t, s, request(sourcev1.HelmChartSpec{Chart: "a", ReconcileStrategy: sourcev1.ReconcileStrategyRevision}, c),
+			"a", "1.0.0+fedcba987654", "packaged 'a' chart with version '1.0.0+fedcba987654'")
+		if ch.Values["message"] != "bucket" {
+			t.Fatalf("values %v", ch.Values)
+		}
+	})
+
+	t.Run("packaged over the size limit", func(t *testing.T) {
+		noise := make([]byte, 8<<10)
+		_, err := rand.Read(noise)
+		must(t, err)
+		files := map[string]string{"a/Chart.yaml": "apiVersion: v2\nname: a\nversion: 1.0.0\n", "a/noise.txt": hex.EncodeToString(noise)}
+		c := sourceArtifact(t, s, "gitrepository/default/big/a.tar.gz", files, nil)
+		s.MaxChartSize = 4 << 10
+		defer func() { s.MaxChartSize = 0 }()
+		res, err := s.Resolve(ctx, request(sourcev1.HelmChartSpec{Chart: "a"}, c))
+		must(t, err)
+		_, err = res.Download(ctx, t.TempDir())
+		f := failure.As(err)
+		if f == nil || f.Condition != sourcev1.BuildFailedCondition || f.Reason != ReasonChartPackage || f.Handling != failure.Final ||
+			!strings.Contains(f.Error(), "larger than the maximum chart size of 4096 bytes (-helm-chart-max-size)") {
+			t.Fatalf("failure %v", err)
+		}
+		s.MaxChartSize = 0
+		fetchChart(t, s, request(sourcev1.HelmChartSpec{Chart: "a"}, c), "a", "1.0.0", "packaged 'a' chart with version '1.0.0'")
+	})
 
 	cycle := map[string]string{
 		"a/Chart.yaml": "apiVersion: v2\nname: a\nversion: 1.0.0\ndependencies:\n- name: b\n  version: 1.0.0\n  repository: file://../b\n",

@@ -3,8 +3,10 @@ package source
 import (
 	"context"
 	"fmt"
+	"path"
 	"strings"
 
+	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,6 +61,8 @@ func HelmChart() Kind {
 			}
 		},
 		StoredCondition: chartStored,
+		Outdated:        chartOutdated,
+		Record:          chartRecord,
 		ReadyFormat:     "stored chart with version '%s'",
 		UpToDateReason:  sourcev1.ArtifactUpToDateReason,
 		Status: func(o Object) Status {
@@ -71,6 +75,7 @@ func HelmChart() Kind {
 			sourcev1.FetchFailedCondition,
 			sourcev1.BuildFailedCondition,
 			sourcev1.ArtifactOutdatedCondition,
+			sourcev1.SourceVerifiedCondition,
 		},
 	}
 }
@@ -97,6 +102,45 @@ func chartStored(o Object, out *events.Outcome) (string, string) {
 		return sourcev1.ChartPackageSucceededReason, msg
 	}
 	return sourcev1.ChartPullSucceededReason, msg
+}
+
+// NewChartReason is Flux's ArtifactOutdated reason for a HelmChart whose
+// new chart version (or name) could not be built.
+const NewChartReason = "NewChart"
+
+// chartOutdated is Flux's ArtifactOutdated for a HelmChart (its
+// observeChartBuild): once an artifact exists, a failed build of another
+// version, or of another chart, sets NewChart with the build's summary,
+// "new '<chart>' chart with version '<version>'". The chart's name is
+// spec.chart, or for a chart path in a GitRepository or Bucket its last
+// element (the chart's directory, which Helm names after the chart).
+func chartOutdated(o Object, prev *meta.Artifact, revision string) (string, string, bool) {
+	c := o.(*sourcev1.HelmChart)
+	if prev == nil || revision == "" || (prev.Revision == revision && c.Status.ObservedChartName == c.Spec.Chart) {
+		return "", "", false
+	}
+	return NewChartReason, fmt.Sprintf("new '%s' chart with version '%s'", path.Base(c.Spec.Chart), revision), true
+}
+
+// chartRecord writes SourceVerified from an outcome.
+//
+// SourceVerified (normal polarity) is True with Flux's message ("verified
+// signature of version <version>") once the signature of the chart pulled
+// from an OCI HelmRepository verified, False with reason VerificationError
+// when it did not, and absent when spec.verify is unset.
+func chartRecord(o Object, _ string, out *events.Outcome) {
+	c := o.(*sourcev1.HelmChart)
+	if c.Spec.Verify == nil {
+		conditions.Delete(c, sourcev1.SourceVerifiedCondition)
+		return
+	}
+	switch v := out.Verification; {
+	case v == nil:
+	case v.Verified:
+		conditions.MarkTrue(c, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	default:
+		conditions.MarkFalse(c, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
+	}
 }
 
 // chartRequest copies the spec, resolves spec.sourceRef to the source's
@@ -133,7 +177,10 @@ func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.Fe
 			return false, err
 		}
 		req.ChartSource = &events.ChartSource{Kind: ref.Kind, Name: ref.Name, HelmRepository: repo.Spec.DeepCopy()}
-		return chartForce(c), nil
+		// A chart not verified as spec.verify asks is pulled and verified
+		// again, as Flux verifies at every reconcile.
+		unverified := c.Spec.Verify != nil && c.Spec.Verify.Provider != "" && !conditions.IsTrue(c, sourcev1.SourceVerifiedCondition)
+		return chartForce(c) || (c.Status.Artifact != nil && unverified), nil
 	}
 	a := src.GetArtifact()
 	if a == nil {

@@ -81,6 +81,13 @@ type Kind struct {
 	// before the job is published (a HelmChart's
 	// observedSourceArtifactRevision, which Flux records before building).
 	Progress func(obj Object, req *events.FetchRequested)
+	// Outdated, when set, decides ArtifactOutdated for a failed job that
+	// had resolved revision (empty if it resolved none), given the stored
+	// artifact prev (nil if none): its reason and message, and whether to
+	// set it. Nil means Flux's default, NewRevision "new upstream revision
+	// '<revision>'" whenever revision is not prev's (a HelmChart's differs:
+	// NewChart).
+	Outdated func(obj Object, prev *meta.Artifact, revision string) (reason, message string, outdated bool)
 	// UpToDateReason is the reason Flux logs when nothing changed upstream.
 	UpToDateReason string
 	// Status returns the object's common status fields.

@@ -20,9 +20,10 @@
 //   - FetchFailed, StorageOperationFailed, IncludeUnavailable, ...
 //     (abnormal-true, among the kind's Conditions): set by the failure
 //     naming them (MarkFailure), cleared by a successful outcome.
-//   - ArtifactOutdated (abnormal-true): set, reason NewRevision, when a
-//     failure happened after a new upstream revision was seen (Apply);
-//     cleared by a successful outcome.
+//   - ArtifactOutdated (abnormal-true): set, reason NewRevision (a
+//     HelmChart's NewChart: the kind's Outdated), when a failure happened
+//     after a new upstream revision was seen (Apply); cleared by a
+//     successful outcome.
 package status
 
 import (
@@ -71,6 +72,20 @@ const GarbageCollectedMessage = "garbage collected artifacts for deleted resourc
 // ProgressingMessage is the Reconciling message for a new generation.
 func ProgressingMessage(observed, current int64) string {
 	return fmt.Sprintf("processing object: new generation %d -> %d", observed, current)
+}
+
+// NewRevisionReason is Flux's ArtifactOutdated reason for a new upstream
+// revision whose artifact could not be made.
+const NewRevisionReason = "NewRevision"
+
+// NewRevisionOutdated is Flux's ArtifactOutdated for most kinds (see
+// source.Kind.Outdated): NewRevision "new upstream revision '<revision>'"
+// when a revision was resolved that is not the stored artifact's.
+func NewRevisionOutdated(_ source.Object, prev *meta.Artifact, revision string) (string, string, bool) {
+	if revision == "" || (prev != nil && prev.Revision == revision) {
+		return "", "", false
+	}
+	return NewRevisionReason, fmt.Sprintf("new upstream revision '%s'", revision), true
 }
 
 // MarkProgressing records that the object's current generation is being
@@ -211,9 +226,14 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 			}
 		}
 		// A new upstream revision was seen but its artifact could not be
-		// made: the stored one is outdated (Flux's NewRevision).
-		if prev := *st.Artifact; o.Revision != "" && (prev == nil || prev.Revision != o.Revision) {
-			conditions.MarkTrue(obj, sourcev1.ArtifactOutdatedCondition, "NewRevision", "new upstream revision '%s'", o.Revision)
+		// made: the stored one is outdated (Flux's NewRevision, or the
+		// kind's own reason).
+		outdated := NewRevisionOutdated
+		if kind.Outdated != nil {
+			outdated = kind.Outdated
+		}
+		if reason, msg, ok := outdated(obj, *st.Artifact, o.Revision); ok {
+			conditions.MarkTrue(obj, sourcev1.ArtifactOutdatedCondition, reason, "%s", msg)
 		}
 		if oldReady == nil || oldReady.Status != metav1.ConditionFalse || oldReady.Reason != data.Reason || oldReady.Message != data.Message {
 			out = append(out, Event{Type: corev1.EventTypeWarning, Reason: data.Reason, Message: data.Message})

@@ -565,3 +565,96 @@ func TestApplyOCIVerification(t *testing.T) {
 		t.Errorf("SourceVerified %+v stays after spec.verify is removed", c)
 	}
 }
+
+// TestApplyOutdated checks ArtifactOutdated after a failed job, per kind:
+// Flux's NewRevision for most kinds, a HelmChart's NewChart with its
+// build summary, set only once it has an artifact.
+func TestApplyOutdated(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	fail := &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: "ChartPullError", Message: "chart pull error: refused"}
+	git := func(a *meta.Artifact) source.Object {
+		g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+		g.Status.Artifact = a
+		return g
+	}
+	chart := func(name, observed string, a *meta.Artifact) source.Object {
+		c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+		c.Spec.Chart, c.Status.ObservedChartName, c.Status.Artifact = name, observed, a
+		return c
+	}
+	for _, tc := range []struct {
+		name     string
+		kind     source.Kind
+		obj      source.Object
+		revision string
+		reason   string // empty: no ArtifactOutdated
+		message  string
+	}{
+		{name: "git new revision", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev2,
+			reason: NewRevisionReason, message: "new upstream revision '" + rev2 + "'"},
+		{name: "git first revision", kind: source.GitRepository(), obj: git(nil), revision: rev1,
+			reason: NewRevisionReason, message: "new upstream revision '" + rev1 + "'"},
+		{name: "git same revision", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev1},
+		{name: "git nothing resolved", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0))},
+		{name: "chart new version", kind: source.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.2.0",
+			reason: source.NewChartReason, message: "new 'podinfo' chart with version '6.2.0'"},
+		{name: "chart from a path", kind: source.HelmChart(), obj: chart("./charts/podinfo", "./charts/podinfo", artifact("6.1.0", "sha256:a", t0)),
+			revision: "6.2.0+3", reason: source.NewChartReason, message: "new 'podinfo' chart with version '6.2.0+3'"},
+		{name: "chart renamed", kind: source.HelmChart(), obj: chart("podinfo-lite", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0",
+			reason: source.NewChartReason, message: "new 'podinfo-lite' chart with version '6.1.0'"},
+		{name: "chart without artifact", kind: source.HelmChart(), obj: chart("podinfo", "", nil), revision: "6.2.0"},
+		{name: "chart same version", kind: source.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &events.Outcome{Job: job(1, ""), Revision: tc.revision, Failure: fail}
+			o.Job.Object.Kind = tc.kind.Name
+			Apply(tc.kind, tc.obj, events.TypeArtifactFailed, o)
+			if tc.reason == "" {
+				wantNoCondition(t, tc.obj, sourcev1.ArtifactOutdatedCondition)
+				return
+			}
+			wantCondition(t, tc.obj, sourcev1.ArtifactOutdatedCondition, metav1.ConditionTrue, tc.reason, tc.message)
+		})
+	}
+}
+
+// TestApplyHelmChartVerification checks SourceVerified of a HelmChart
+// whose spec.verify checks an OCI chart's signature, and that a chart
+// not verified is pulled again.
+func TestApplyHelmChartVerification(t *testing.T) {
+	kind := source.HelmChart()
+	c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+	c.Spec.Chart = "podinfo"
+	c.Spec.Verify = &sourcev1.HelmChartVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "cosign"}}
+	c.Status.ObservedGeneration = -1
+	o := &events.Outcome{Job: job(1, ""), Revision: "1.0.0", Artifact: artifact("1.0.0", "sha256:c", time.Now()),
+		EventMessage: "pulled 'podinfo' chart with version '1.0.0'",
+		Verification: &events.Verification{Mode: "cosign", Verified: true, Reason: meta.SucceededReason, Message: "verified signature of version 1.0.0"}}
+	o.Job.Object.Kind = sourcev1.HelmChartKind
+	Apply(kind, c, events.TypeArtifactStored, o)
+	Summarize(kind, c)
+	wantCondition(t, c, sourcev1.SourceVerifiedCondition, metav1.ConditionTrue, meta.SucceededReason, "verified signature of version 1.0.0")
+	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionTrue, sourcev1.ChartPullSucceededReason, "pulled 'podinfo' chart with version '1.0.0'")
+
+	msg := "chart verification error: no matching signatures were found for 'registry/charts/podinfo:2.0.0'"
+	failed := &events.Outcome{Job: job(1, ""), Revision: "2.0.0",
+		Failure:      &events.Failure{Condition: sourcev1.BuildFailedCondition, Reason: "ChartVerificationError", Message: msg},
+		Verification: &events.Verification{Mode: "cosign", Reason: sourcev1.VerificationError, Message: msg}}
+	failed.Job.Object.Kind = sourcev1.HelmChartKind
+	got := Apply(kind, c, events.TypeArtifactFailed, failed)
+	Summarize(kind, c)
+	wantCondition(t, c, sourcev1.SourceVerifiedCondition, metav1.ConditionFalse, sourcev1.VerificationError, msg)
+	wantCondition(t, c, sourcev1.BuildFailedCondition, metav1.ConditionTrue, "ChartVerificationError", msg)
+	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionFalse, "ChartVerificationError", msg)
+	wantCondition(t, c, sourcev1.ArtifactOutdatedCondition, metav1.ConditionTrue, "NewChart", "new 'podinfo' chart with version '2.0.0'")
+	if want := (Event{corev1.EventTypeWarning, "ChartVerificationError", msg}); len(got) != 1 || got[0] != want {
+		t.Errorf("events = %+v, want %+v", got, want)
+	}
+	if c.Status.Artifact == nil || c.Status.Artifact.Revision != "1.0.0" {
+		t.Errorf("artifact = %+v, want the last verified one kept", c.Status.Artifact)
+	}
+
+	c.Spec.Verify = nil
+	Apply(kind, c, events.TypeArtifactUnchanged, &events.Outcome{Job: job(1, ""), Revision: "1.0.0", Artifact: c.Status.Artifact})
+	wantNoCondition(t, c, sourcev1.SourceVerifiedCondition)
+}
