@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path"
@@ -27,6 +28,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/cache"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/transport"
+	"github.com/go-git/go-git/v5/storage"
 	"github.com/go-git/go-git/v5/storage/filesystem"
 	"github.com/go-git/go-git/v5/storage/memory"
 
@@ -157,6 +159,18 @@ type resolved struct {
 	// branches), commit the commit it resolved to.
 	reference string
 	commit    string
+
+	// storage holds the downloaded objects' open packfiles until Close.
+	storage io.Closer
+}
+
+// Close releases what Download keeps open for reading the content; the
+// fetcher calls it when the job ends.
+func (r *resolved) Close() error {
+	if r.storage == nil {
+		return nil
+	}
+	return r.storage.Close()
 }
 
 // Revision is the resolved revision in Flux's format.
@@ -284,16 +298,27 @@ func (r *resolved) ProveAccess(ctx context.Context) error {
 	return err
 }
 
-// Download fetches the commit into dir/git. A plain tree (plainTree) is
-// the content as it is in the packfile; any other is checked out in
-// dir/tree, its submodules updated and its symbolic links resolved.
+// Download fetches the commit into dir (a repository's objects only, or a
+// whole one in dir/git with submodules). A plain tree (plainTree) is the
+// content as it is in the packfile; any other is checked out in dir/tree,
+// its submodules updated and its symbolic links resolved.
 func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, error) {
 	gitDir, tree := filepath.Join(dir, "git"), filepath.Join(dir, "tree")
-	if err := os.MkdirAll(tree, 0o755); err != nil {
-		return nil, source.Failed(sourcev1.DirCreationFailedReason, "failed to create temporary working directory: %w", err)
+	var storer storage.Storer
+	if r.submodules {
+		// A submodule's objects go where its repository's do: on disk.
+		storer = filesystem.NewStorageWithOptions(osfs.New(gitDir), cache.NewObjectLRU(objectCacheSize),
+			filesystem.Options{LargeObjectThreshold: largeObjectThreshold})
+	} else {
+		// The packfile goes to dir/objects/pack, beside any work tree.
+		st, err := newPackStorage(dir)
+		if err != nil {
+			return nil, source.Failed(sourcev1.DirCreationFailedReason, "failed to create temporary working directory: %w", err)
+		}
+		// The content is read from the packfile until the job ends.
+		r.storage = st
+		storer = st
 	}
-	storer := filesystem.NewStorageWithOptions(osfs.New(gitDir), cache.NewObjectLRU(objectCacheSize),
-		filesystem.Options{LargeObjectThreshold: largeObjectThreshold})
 	// A bound work tree resolves symbolic links inside it, so no checkout
 	// (of the repository or its submodules) writes outside it.
 	repo, err := git.Init(storer, osfs.New(tree, osfs.WithBoundOS()))
@@ -361,6 +386,9 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 			content.FS, content.Exclude = fsys, excludeGitDir(filter.Exclude)
 			return content, nil
 		}
+	}
+	if err := os.MkdirAll(tree, 0o755); err != nil {
+		return nil, source.Failed(sourcev1.DirCreationFailedReason, "failed to create temporary working directory: %w", err)
 	}
 	wt, err := repo.Worktree()
 	if err != nil {
