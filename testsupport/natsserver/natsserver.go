@@ -5,6 +5,7 @@
 package natsserver
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -22,6 +23,10 @@ type Options struct {
 	// Users, when set, are the only clients the server accepts, each with
 	// its permissions (see NewIdentities); without, anyone may connect.
 	Users []User
+	// TLS, when set, is the server's TLS configuration: every client must
+	// connect with TLS, and present a certificate the configuration's
+	// ClientCAs verify when its ClientAuth requires one (mutual TLS).
+	TLS *tls.Config
 }
 
 // Start starts a NATS server with JetStream in this process: the embedded
@@ -48,6 +53,12 @@ func Start(o Options) (*server.Server, error) {
 	}
 	if len(o.Users) > 0 {
 		opts.Nkeys = nkeyUsers(o.Users)
+	}
+	if o.TLS != nil {
+		opts.TLS = true
+		opts.TLSConfig = o.TLS
+		opts.TLSVerify = o.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+		opts.TLSTimeout = 5
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
