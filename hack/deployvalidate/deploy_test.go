@@ -25,6 +25,8 @@ import (
 	"github.com/nats-io/nkeys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -827,5 +829,96 @@ func TestDeployBaseAlone(t *testing.T) {
 	}
 	if len(full.CRDs) == 0 || m.Count != full.Count-len(full.CRDs) {
 		t.Errorf("deploy/base renders %d resources, deploy/ %d of which %d CRDs", m.Count, full.Count, len(full.CRDs))
+	}
+}
+
+// checkNATSCluster checks a clustered NATS: nats-server, given its command
+// line, routes to every pod of the StatefulSet through its governing
+// Service, on the port the container and that Service name; a
+// PodDisruptionBudget keeps a quorum; only NATS pods reach the cluster
+// port; and every service keeps each stream in as many copies as there
+// are servers.
+func checkNATSCluster(t *testing.T, m *Manifests) {
+	t.Helper()
+	opts, sts := checkNATS(t, m)
+	replicas := int(*sts.Spec.Replicas)
+	if replicas != 3 {
+		t.Errorf("nats: %d replicas, want 3", replicas)
+	}
+	if opts.Cluster.Name == "" || opts.Cluster.Port == 0 {
+		t.Fatalf("nats: no cluster (name %q, port %d)", opts.Cluster.Name, opts.Cluster.Port)
+	}
+	var routes []string
+	for _, r := range opts.Routes {
+		routes = append(routes, r.Host)
+	}
+	var want []string
+	for i := range replicas {
+		want = append(want, net.JoinHostPort(sts.Name+"-"+strconv.Itoa(i)+"."+sts.Spec.ServiceName, strconv.Itoa(opts.Cluster.Port)))
+	}
+	if !slices.Equal(routes, want) {
+		t.Errorf("nats: routes %v, want every pod %v", routes, want)
+	}
+	c := sts.Spec.Template.Spec.Containers[0]
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "cluster" && int(p.ContainerPort) == opts.Cluster.Port }) {
+		t.Errorf("nats: no container port cluster = %d", opts.Cluster.Port)
+	}
+	headless, ok := m.Service(sts.Spec.ServiceName)
+	if !ok || headless.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Fatalf("nats: governing Service %s is not headless", sts.Spec.ServiceName)
+	}
+	if !slices.ContainsFunc(headless.Spec.Ports, func(p corev1.ServicePort) bool { return int(p.Port) == opts.Cluster.Port }) {
+		t.Errorf("nats: Service %s has no port %d", headless.Name, opts.Cluster.Port)
+	}
+	pdb := slices.IndexFunc(m.PDBs, func(p policyv1.PodDisruptionBudget) bool {
+		return p.Spec.Selector != nil && p.Spec.Selector.MatchLabels["app.kubernetes.io/name"] == "nats"
+	})
+	if pdb < 0 || m.PDBs[pdb].Spec.MaxUnavailable == nil || m.PDBs[pdb].Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("nats: no PodDisruptionBudget with maxUnavailable 1")
+	}
+	if !slices.ContainsFunc(m.NetworkPolicies, func(np networkingv1.NetworkPolicy) bool {
+		return np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] == "nats" && slices.ContainsFunc(np.Spec.Ingress,
+			func(r networkingv1.NetworkPolicyIngressRule) bool {
+				return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.String() == "cluster" })
+			})
+	}) {
+		t.Errorf("nats: no NetworkPolicy admits the cluster port")
+	}
+	for _, s := range Services {
+		c, _ := container(t, m, s)
+		if v, _ := FlagValue(c, "nats-stream-replicas"); v != strconv.Itoa(replicas) {
+			t.Errorf("%s: -nats-stream-replicas=%q, want %d (the NATS servers)", s, v, replicas)
+		}
+	}
+}
+
+// TestNATSClusterComponent checks components/nats-cluster on deploy/base.
+func TestNATSClusterComponent(t *testing.T) {
+	m, _ := buildWith(t, "nats-cluster")
+	checkNATSCluster(t, m)
+}
+
+// TestDeployProductionOverlay checks overlays/production: the 3-node
+// cluster and TLS together, with everything deploy/base has.
+func TestDeployProductionOverlay(t *testing.T) {
+	m, _ := build(t, filepath.Join("deploy", "overlays", "production"))
+	checkNATSCluster(t, m)
+	opts, _ := checkNATS(t, m)
+	if opts.TLSConfig == nil || !opts.TLSVerify {
+		t.Errorf("nats: TLS %v, verify %v: want TLS with client certificates", opts.TLSConfig != nil, opts.TLSVerify)
+	}
+	for _, s := range Services {
+		c, _ := container(t, m, s)
+		if _, ok := FlagValue(c, "nats-cert"); !ok {
+			t.Errorf("%s: no client certificate for NATS", s)
+		}
+	}
+	base, err := Build(filepath.Join(repoRoot(t), "deploy", "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Count != base.Count+2 {
+		t.Errorf("overlays/production renders %d resources, want deploy/base's %d and a PodDisruptionBudget and a NetworkPolicy",
+			m.Count, base.Count)
 	}
 }
