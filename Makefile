@@ -45,7 +45,7 @@ GO_TEST_FLAGS ?= -count=1
 # spurious "context deadline exceeded" when a duration runs out while a
 # worker is mid-call on a loaded machine (golang/go#75804, fixed in Go 1.27),
 # and a count has no deadline to race.
-FUZZ_TARGETS := pkg:./archive:FuzzCanonicalize pkg:./events:FuzzDecode \
+FUZZ_TARGETS := pkg:./archive:FuzzCanonicalize pkg:./archive:FuzzMerge pkg:./events:FuzzDecode \
 	services/fetcher:./internal/ignore:FuzzFilter services/fetcher:./internal/gitfetch:FuzzRevision \
 	services/fetcher:./internal/helmindex:FuzzIndex
 FUZZ_SHORT ?= 2000x
@@ -138,7 +138,7 @@ test: kube-tools minio registry build ## Run every test: unit, integration and e
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
 
 .PHONY: fuzz
-fuzz: ## Fuzz the archive writer, event decoding, ignore rules, revisions and Helm indexes (FUZZTIME executions each; default 500000x).
+fuzz: ## Fuzz the archive writer and merger, event decoding, ignore rules, revisions and Helm indexes (FUZZTIME executions each; default 500000x).
 	@for t in $(FUZZ_TARGETS); do \
 		IFS=: read -r dir pkg target <<< "$$t"; \
 		echo "==> fuzz $$dir $$pkg $$target for $(FUZZTIME)"; \

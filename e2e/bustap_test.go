@@ -22,6 +22,18 @@ import (
 var credentialKeys = []string{"username", "password", "bearerToken", "identity", "tls.key", "accesskey", "secretkey",
 	"token", ".dockerconfigjson"}
 
+// urlCredentials are the credentials tests put in source URLs, which
+// checkNoCredentials looks for on the bus beside the Secrets' credentials.
+var urlCredentials sync.Map
+
+// urlCredential returns a credential for the URL of the test source name,
+// registered for the bus tap to look for.
+func urlCredential(name string) string {
+	token := "url-token-" + name + "-s3cr3t"
+	urlCredentials.Store(token, name)
+	return token
+}
+
 // busTap records every message that crosses the bus during the run, on every
 // subject (jobs, results, public events, JetStream's own API), as an
 // administrator sees them.
@@ -70,8 +82,9 @@ func (t *busTap) record(m *nats.Msg) {
 
 // checkNoCredentials stops the tap and reports every credential of every
 // Secret in the cluster (the tests' Git, proxy, Bucket and registry
-// credentials) that appeared on the bus, as it is or base64-encoded, by
-// Secret and key, never by value. With full (the whole suite ran), a run
+// credentials) and every credential a test put in a source's URL
+// (urlCredential) that appeared on the bus, as it is or base64-encoded, by
+// Secret and key or by source, never by value. With full (the whole suite ran), a run
 // that put no credential to the test is an error too.
 func (t *busTap) checkNoCredentials(ctx context.Context, env *harness.Env, full bool) error {
 	if err := t.nc.Drain(); err != nil {
@@ -85,17 +98,26 @@ func (t *busTap) checkNoCredentials(ctx context.Context, env *harness.Env, full 
 	defer t.mu.Unlock()
 	var leaks []string
 	checked := 0
+	seen := func(v []byte) bool {
+		checked++
+		return bytes.Contains(t.data.Bytes(), v) || bytes.Contains(t.data.Bytes(), []byte(base64.StdEncoding.EncodeToString(v)))
+	}
 	for _, s := range secrets.Items {
 		for k, v := range s.Data {
 			if !slices.Contains(credentialKeys, k) || len(v) < 6 {
 				continue
 			}
-			checked++
-			if bytes.Contains(t.data.Bytes(), v) || bytes.Contains(t.data.Bytes(), []byte(base64.StdEncoding.EncodeToString(v))) {
+			if seen(v) {
 				leaks = append(leaks, s.Namespace+"/"+s.Name+"["+k+"]")
 			}
 		}
 	}
+	urlCredentials.Range(func(token, source any) bool {
+		if seen([]byte(token.(string))) {
+			leaks = append(leaks, "the URL of "+source.(string))
+		}
+		return true
+	})
 	if len(leaks) > 0 {
 		return fmt.Errorf("bus tap: %d credentials of %d appeared on the bus in %d messages: %s",
 			len(leaks), checked, t.messages, strings.Join(leaks, ", "))

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -76,6 +77,70 @@ func TestForgedJobCannotExfiltrateASecret(t *testing.T) {
 	}
 	if a := get(t, name).Status.Artifact; a == nil || a.Digest != victim.Status.Artifact.Digest {
 		t.Errorf("the source's artifact changed: %+v", a)
+	}
+	requireServicesRunning(t)
+}
+
+// TestForgedOutcomeCannotRedirectAnArtifact plays the other attack: with
+// the artifact-server's key (an identity that may publish the public events
+// the watcher applies), an outcome announces an artifact the attacker
+// serves for a live source, with the source's UID and generation. The
+// watcher did not issue its job, so it refuses the outcome, logs and counts
+// it: status.artifact, which Flux's kustomize-controller would download and
+// apply, still points at the source's own artifact.
+func TestForgedOutcomeCannotRedirectAnArtifact(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	const name = "forged-status-target"
+	_, commit := newRepo(t, name, map[string]string{"README.md": "# " + name + "\n"})
+	createSource(t, name, env.Git.RepoURL(name), branch)
+	victim := waitArtifact(t, name, revision(commit))
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := bus.Connect(ctx, bus.Options{URL: env.NATSURL, NKeyFile: env.NATSIdentities.SeedFiles[harness.ArtifactServer]},
+		events.ArtifactServerIdentity, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	watcher := env.Service(harness.Watcher)
+	forgedBefore, err := metricSum(watcher.TelemetryAddr, "headwater_forged_outcomes_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := "evil@sha1:" + strings.Repeat("e", 40)
+	size := int64(1)
+	job := events.Job{ID: "forged-" + name, RequestedAt: time.Now().UTC(), Object: events.ObjectRef{Kind: kind, Namespace: namespace,
+		Name: name, UID: string(victim.UID), Generation: victim.Generation}}
+	out := &events.Outcome{Job: job, Revision: rev, EventMessage: "stored artifact for commit 'evil'",
+		Artifact: &meta.Artifact{Path: "gitrepository/" + namespace + "/" + name + "/evil.tar.gz", URL: "http://attacker.example/evil.tar.gz",
+			Revision: rev, Digest: "sha256:" + strings.Repeat("e", 64), Size: &size, LastUpdateTime: metav1.Now()}}
+	if err := conn.NewPublisher(events.ArtifactServerIdentity).Publish(ctx, events.EventSubject(kind, namespace, name),
+		events.TypeArtifactStored, job, out); err != nil {
+		t.Fatal(err)
+	}
+
+	eventually(t, "the watcher refuses the forged outcome", func() error {
+		l := logs(t, watcher)
+		if !strings.Contains(l, "forged-"+name) || !strings.Contains(l, "job not issued by this watcher") {
+			return errors.New("not refused yet")
+		}
+		n, err := metricSum(watcher.TelemetryAddr, "headwater_forged_outcomes_total")
+		if err != nil {
+			return err
+		}
+		if n <= forgedBefore {
+			return fmt.Errorf("headwater_forged_outcomes_total %v, want more than %v", n, forgedBefore)
+		}
+		return nil
+	})
+	got := get(t, name)
+	if a := got.Status.Artifact; a == nil || a.URL != victim.Status.Artifact.URL || a.Digest != victim.Status.Artifact.Digest {
+		t.Errorf("the forged outcome changed the artifact: %+v", a)
+	}
+	if got.Status.Artifact != nil && got.Status.Artifact.Revision == rev {
+		t.Errorf("the forged revision reached status")
 	}
 	requireServicesRunning(t)
 }

@@ -1,6 +1,15 @@
 package deployvalidate
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
+	"io/fs"
+	"math/big"
 	"net"
 	"net/url"
 	"os"
@@ -10,12 +19,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
 
@@ -50,6 +63,14 @@ func setNATSUserKeys(t *testing.T) {
 var natsSecrets = []string{"headwater-nats-users", "headwater-nats-watcher", "headwater-nats-fetcher",
 	"headwater-nats-packager", "headwater-nats-artifact-server"}
 
+// natsTLSSecret and natsClientTLSSecret are the certificates
+// components/nats-tls reads: the server's and the services'; the user
+// creates them (cert-manager, or by hand).
+const (
+	natsTLSSecret       = "headwater-nats-tls"
+	natsClientTLSSecret = "headwater-nats-client-tls"
+)
+
 // storageServices are the services that read or write the artifact storage.
 var storageServices = []string{"fetcher", "packager", "artifact-server"}
 
@@ -57,12 +78,62 @@ var storageServices = []string{"fetcher", "packager", "artifact-server"}
 // rendering must pass.
 func build(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
 	t.Helper()
+	return buildAt(t, filepath.Join(repoRoot(t), dir))
+}
+
+// buildWith renders deploy/base with components (directories under
+// deploy/components) added, as a user's kustomization beside deploy/base
+// would, and runs the checks every rendering must pass. Kustomize takes
+// no absolute paths: the kustomization and a copy of deploy/ live in
+// memory.
+func buildWith(t *testing.T, components ...string) (*Manifests, map[string]FlagSet) {
+	t.Helper()
 	root := repoRoot(t)
-	m, err := Build(filepath.Join(root, dir))
+	fsys := filesys.MakeFsInMemory()
+	err := filepath.WalkDir(filepath.Join(root, "deploy"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		return fsys.WriteFile("/"+filepath.ToSlash(rel), b)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	flags, err := AllServiceFlags(root)
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n"
+	for _, c := range components {
+		k += "  - ../deploy/components/" + c + "\n"
+	}
+	if err := fsys.WriteFile("/user/kustomization.yaml", []byte(k)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := BuildFS(fsys, "/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return checkManifests(t, m)
+}
+
+func buildAt(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
+	t.Helper()
+	m, err := Build(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return checkManifests(t, m)
+}
+
+// checkManifests runs the checks every rendering must pass.
+func checkManifests(t *testing.T, m *Manifests) (*Manifests, map[string]FlagSet) {
+	t.Helper()
+	flags, err := AllServiceFlags(repoRoot(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +142,7 @@ func build(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
 			t.Error(p)
 		}
 	}
-	for _, p := range CheckReferences(m, namespace, append([]string{s3Secret}, natsSecrets...)) {
+	for _, p := range CheckReferences(m, namespace, append([]string{s3Secret, natsTLSSecret, natsClientTLSSecret}, natsSecrets...)) {
 		t.Error(p)
 	}
 	for _, p := range CheckNetworkPolicies(m) {
@@ -375,9 +446,10 @@ func checkArtifactService(t *testing.T, m *Manifests) {
 }
 
 // checkNATS checks the JetStream server: a StatefulSet with a volume claim,
-// and a configuration nats-server itself accepts with JetStream on that
-// volume.
-func checkNATS(t *testing.T, m *Manifests) {
+// and a command line and configuration nats-server itself accepts with
+// JetStream on that volume. It returns the server's options and the
+// StatefulSet.
+func checkNATS(t *testing.T, m *Manifests) (*server.Options, appsv1.StatefulSet) {
 	t.Helper()
 	i := slices.IndexFunc(m.StatefulSets, func(s appsv1.StatefulSet) bool { return s.Name == "nats" })
 	if i < 0 {
@@ -431,9 +503,34 @@ func checkNATS(t *testing.T, m *Manifests) {
 	}
 	setNATSUserKeys(t)
 	t.Setenv("POD_NAME", "nats-0")
-	opts, err := server.ProcessConfigFile(file)
+	// The container's command line, with the configuration and the files
+	// of mounted Secrets where this test put them: nats-server reads
+	// both, as it would in the pod.
+	secretDirs := map[string]string{}
+	for _, vm := range c.VolumeMounts {
+		vi := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == vm.Name })
+		if vi >= 0 && pod.Volumes[vi].Secret != nil {
+			secretDirs[vm.MountPath+"/"] = tlsSecretDir(t)
+		}
+	}
+	var args []string
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "--config=") {
+			a = "--config=" + file
+		}
+		if name, value, ok := strings.Cut(a, "="); ok {
+			for mount, d := range secretDirs {
+				if rest, ok := strings.CutPrefix(value, mount); ok {
+					a = name + "=" + filepath.Join(d, rest)
+				}
+			}
+		}
+		args = append(args, a)
+	}
+	cmdline := flag.NewFlagSet("nats-server", flag.ContinueOnError)
+	opts, err := server.ConfigureOptions(cmdline, args, func() {}, func() {}, func() {})
 	if err != nil {
-		t.Fatalf("nats-server rejects the configuration: %v", err)
+		t.Fatalf("nats-server rejects its command line %v: %v", c.Args, err)
 	}
 	if len(opts.Nkeys) != len(natsIdentities) || len(opts.Users) != 0 || opts.NoAuthUser != "" {
 		t.Errorf("nats: %d NKey users, %d other users, no-auth user %q; want exactly Headwater's %d identities",
@@ -463,6 +560,88 @@ func checkNATS(t *testing.T, m *Manifests) {
 		got := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == want.name && int(p.ContainerPort) == want.port })
 		if got < 0 {
 			t.Errorf("nats: no container port %s = %d (the configuration's)", want.name, want.port)
+		}
+	}
+	return opts, sts
+}
+
+// tlsSecretDir writes what a TLS Secret with a ca.crt holds, made up for
+// the test: an authority (ca.crt) and a certificate it signed for the
+// nats Service (tls.crt, tls.key).
+func tlsSecretDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "nats"}, DNSNames: []string{"nats"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caTmpl, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, block := range map[string]*pem.Block{
+		"ca.crt":  {Type: "CERTIFICATE", Bytes: caDER},
+		"tls.crt": {Type: "CERTIFICATE", Bytes: der},
+		"tls.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestNATSTLSComponent checks components/nats-tls: nats-server, given its
+// command line, requires TLS with verified client certificates from the
+// Secret headwater-nats-tls; every service connects with -nats-ca,
+// -nats-cert and -nats-key from files of the Secret
+// headwater-nats-client-tls.
+func TestNATSTLSComponent(t *testing.T) {
+	m, _ := buildWith(t, "nats-tls")
+	opts, sts := checkNATS(t, m)
+	if opts.TLSConfig == nil || !opts.TLSVerify || opts.AllowNonTLS {
+		t.Errorf("nats: TLS %v, verify %v, non-TLS allowed %v: want TLS with client certificates only",
+			opts.TLSConfig != nil, opts.TLSVerify, opts.AllowNonTLS)
+	}
+	if !slices.ContainsFunc(sts.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+		return v.Secret != nil && v.Secret.SecretName == natsTLSSecret
+	}) {
+		t.Errorf("nats: Secret %s is not mounted", natsTLSSecret)
+	}
+	for _, s := range Services {
+		c, pod := container(t, m, s)
+		for _, flag := range []string{"nats-ca", "nats-cert", "nats-key"} {
+			file, ok := FlagValue(c, flag)
+			if !ok {
+				t.Errorf("%s: -%s is not set", s, flag)
+				continue
+			}
+			mounted := slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool {
+				vi := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == vm.Name })
+				return strings.HasPrefix(file, vm.MountPath+"/") && vi >= 0 && pod.Volumes[vi].Secret != nil &&
+					pod.Volumes[vi].Secret.SecretName == natsClientTLSSecret
+			})
+			if !mounted {
+				t.Errorf("%s: -%s=%s is not a file of the mounted Secret %s", s, flag, file, natsClientTLSSecret)
+			}
 		}
 	}
 }
@@ -650,5 +829,96 @@ func TestDeployBaseAlone(t *testing.T) {
 	}
 	if len(full.CRDs) == 0 || m.Count != full.Count-len(full.CRDs) {
 		t.Errorf("deploy/base renders %d resources, deploy/ %d of which %d CRDs", m.Count, full.Count, len(full.CRDs))
+	}
+}
+
+// checkNATSCluster checks a clustered NATS: nats-server, given its command
+// line, routes to every pod of the StatefulSet through its governing
+// Service, on the port the container and that Service name; a
+// PodDisruptionBudget keeps a quorum; only NATS pods reach the cluster
+// port; and every service keeps each stream in as many copies as there
+// are servers.
+func checkNATSCluster(t *testing.T, m *Manifests) {
+	t.Helper()
+	opts, sts := checkNATS(t, m)
+	replicas := int(*sts.Spec.Replicas)
+	if replicas != 3 {
+		t.Errorf("nats: %d replicas, want 3", replicas)
+	}
+	if opts.Cluster.Name == "" || opts.Cluster.Port == 0 {
+		t.Fatalf("nats: no cluster (name %q, port %d)", opts.Cluster.Name, opts.Cluster.Port)
+	}
+	var routes []string
+	for _, r := range opts.Routes {
+		routes = append(routes, r.Host)
+	}
+	var want []string
+	for i := range replicas {
+		want = append(want, net.JoinHostPort(sts.Name+"-"+strconv.Itoa(i)+"."+sts.Spec.ServiceName, strconv.Itoa(opts.Cluster.Port)))
+	}
+	if !slices.Equal(routes, want) {
+		t.Errorf("nats: routes %v, want every pod %v", routes, want)
+	}
+	c := sts.Spec.Template.Spec.Containers[0]
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "cluster" && int(p.ContainerPort) == opts.Cluster.Port }) {
+		t.Errorf("nats: no container port cluster = %d", opts.Cluster.Port)
+	}
+	headless, ok := m.Service(sts.Spec.ServiceName)
+	if !ok || headless.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Fatalf("nats: governing Service %s is not headless", sts.Spec.ServiceName)
+	}
+	if !slices.ContainsFunc(headless.Spec.Ports, func(p corev1.ServicePort) bool { return int(p.Port) == opts.Cluster.Port }) {
+		t.Errorf("nats: Service %s has no port %d", headless.Name, opts.Cluster.Port)
+	}
+	pdb := slices.IndexFunc(m.PDBs, func(p policyv1.PodDisruptionBudget) bool {
+		return p.Spec.Selector != nil && p.Spec.Selector.MatchLabels["app.kubernetes.io/name"] == "nats"
+	})
+	if pdb < 0 || m.PDBs[pdb].Spec.MaxUnavailable == nil || m.PDBs[pdb].Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("nats: no PodDisruptionBudget with maxUnavailable 1")
+	}
+	if !slices.ContainsFunc(m.NetworkPolicies, func(np networkingv1.NetworkPolicy) bool {
+		return np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] == "nats" && slices.ContainsFunc(np.Spec.Ingress,
+			func(r networkingv1.NetworkPolicyIngressRule) bool {
+				return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.String() == "cluster" })
+			})
+	}) {
+		t.Errorf("nats: no NetworkPolicy admits the cluster port")
+	}
+	for _, s := range Services {
+		c, _ := container(t, m, s)
+		if v, _ := FlagValue(c, "nats-stream-replicas"); v != strconv.Itoa(replicas) {
+			t.Errorf("%s: -nats-stream-replicas=%q, want %d (the NATS servers)", s, v, replicas)
+		}
+	}
+}
+
+// TestNATSClusterComponent checks components/nats-cluster on deploy/base.
+func TestNATSClusterComponent(t *testing.T) {
+	m, _ := buildWith(t, "nats-cluster")
+	checkNATSCluster(t, m)
+}
+
+// TestDeployProductionOverlay checks overlays/production: the 3-node
+// cluster and TLS together, with everything deploy/base has.
+func TestDeployProductionOverlay(t *testing.T) {
+	m, _ := build(t, filepath.Join("deploy", "overlays", "production"))
+	checkNATSCluster(t, m)
+	opts, _ := checkNATS(t, m)
+	if opts.TLSConfig == nil || !opts.TLSVerify {
+		t.Errorf("nats: TLS %v, verify %v: want TLS with client certificates", opts.TLSConfig != nil, opts.TLSVerify)
+	}
+	for _, s := range Services {
+		c, _ := container(t, m, s)
+		if _, ok := FlagValue(c, "nats-cert"); !ok {
+			t.Errorf("%s: no client certificate for NATS", s)
+		}
+	}
+	base, err := Build(filepath.Join(repoRoot(t), "deploy", "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Count != base.Count+2 {
+		t.Errorf("overlays/production renders %d resources, want deploy/base's %d and a PodDisruptionBudget and a NetworkPolicy",
+			m.Count, base.Count)
 	}
 }

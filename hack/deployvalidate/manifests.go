@@ -54,8 +54,13 @@ type Manifests struct {
 
 // Build renders the kustomization in dir (on disk) and decodes it.
 func Build(dir string) (*Manifests, error) {
+	return BuildFS(filesys.MakeFsOnDisk(), dir)
+}
+
+// BuildFS renders the kustomization in dir of fsys and decodes it.
+func BuildFS(fsys filesys.FileSystem, dir string) (*Manifests, error) {
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	rm, err := k.Run(fsys, dir)
 	if err != nil {
 		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
 	}

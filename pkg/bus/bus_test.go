@@ -298,7 +298,7 @@ func TestEnsureStreams(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("streams %q, want %q", got, want)
 	}
-	for _, cfg := range events.Streams() {
+	for _, cfg := range events.Streams(1) {
 		s, err := b.conn.JS.Stream(ctx, cfg.Name)
 		if err != nil {
 			t.Fatal(err)

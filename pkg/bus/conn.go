@@ -31,6 +31,9 @@ type Options struct {
 	CAFile string
 	// CertFile and KeyFile are an optional client certificate for TLS.
 	CertFile, KeyFile string
+	// StreamReplicas is how many copies of each stream the service creates
+	// (events.Streams): 1 on a single server, 3 on a clustered NATS.
+	StreamReplicas int
 }
 
 // BindFlags registers the options on fs (environment: HEADWATER_NATS_URL,
@@ -42,6 +45,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CAFile, "nats-ca", "", "CA certificate of the NATS server's TLS certificate; requires TLS when set.")
 	fs.StringVar(&o.CertFile, "nats-cert", "", "Client certificate for TLS to NATS.")
 	fs.StringVar(&o.KeyFile, "nats-key", "", "Private key of the client certificate for TLS to NATS.")
+	fs.IntVar(&o.StreamReplicas, "nats-stream-replicas", 1,
+		"Copies of each JetStream stream: 1 on a single NATS server, 3 on a 3-node cluster (at most 5). Every service must be given the same value.")
 }
 
 // natsOptions returns the authentication and TLS options of o.
@@ -75,6 +80,8 @@ type Conn struct {
 	JS jetstream.JetStream
 	// identity is the bus identity the connection acts as.
 	identity string
+	// streamReplicas is Options.StreamReplicas.
+	streamReplicas int
 }
 
 // Connect dials NATS and keeps reconnecting for as long as the connection is
@@ -82,6 +89,9 @@ type Conn struct {
 // bus identity it acts as (events.Identities): its replies come on its own
 // inbox (events.InboxPrefix), and it updates only the stream it owns.
 func Connect(ctx context.Context, o Options, identity string, log logr.Logger) (*Conn, error) {
+	if o.StreamReplicas < 0 || o.StreamReplicas > maxStreamReplicas {
+		return nil, fmt.Errorf("nats: -nats-stream-replicas %d: want 1 to %d", o.StreamReplicas, maxStreamReplicas)
+	}
 	auth, err := o.natsOptions()
 	if err != nil {
 		return nil, err
@@ -121,7 +131,7 @@ func Connect(ctx context.Context, o Options, identity string, log logr.Logger) (
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Conn{NC: nc, JS: js, identity: identity}, nil
+	return &Conn{NC: nc, JS: js, identity: identity, streamReplicas: o.StreamReplicas}, nil
 }
 
 // Close drains the connection so published messages are flushed.
@@ -139,12 +149,17 @@ func (c *Conn) Healthy() error {
 	return nil
 }
 
+// maxStreamReplicas is the most copies of a stream JetStream keeps.
+const maxStreamReplicas = 5
+
 // EnsureStreams creates every stream of events.Streams that does not exist
 // and updates the one the connection's identity owns (events.StreamOwner).
 // Every service calls it at start-up, so no start order is needed, while
-// only a stream's consumer may change its configuration.
+// only a stream's consumer may change its configuration (its replicas
+// included: raising -nats-stream-replicas on a cluster scales the streams
+// up as their owners restart).
 func (c *Conn) EnsureStreams(ctx context.Context) error {
-	for _, cfg := range events.Streams() {
+	for _, cfg := range events.Streams(c.streamReplicas) {
 		var err error
 		if events.StreamOwner(cfg.Name) == c.identity {
 			_, err = c.JS.CreateOrUpdateStream(ctx, cfg)

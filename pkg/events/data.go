@@ -37,6 +37,11 @@ type Job struct {
 	ReconcileToken string `json:"reconcileToken,omitempty"`
 	// RequestedAt is when the watcher made the job.
 	RequestedAt time.Time `json:"requestedAt"`
+	// Seal proves the watcher issued the job: an HMAC of the fields above
+	// with a key only the watcher holds. Other services carry it
+	// unchanged; the watcher applies no outcome whose job's seal does not
+	// check out.
+	Seal string `json:"seal,omitempty"`
 }
 
 // FetchRequested is the data of TypeFetchRequested: fetch one source.

@@ -469,7 +469,7 @@ func TestSubjectHelpers(t *testing.T) {
 }
 
 func TestStreams(t *testing.T) {
-	streams := Streams()
+	streams := Streams(1)
 	byName := map[string]jetstream.StreamConfig{}
 	for _, s := range streams {
 		if _, dup := byName[s.Name]; dup {
@@ -554,5 +554,17 @@ func TestConsumer(t *testing.T) {
 	c = Consumer(PackageStream, PackagerConsumer, ConsumerOptions{MaxAckPending: -3, AckWait: -time.Second, MaxDeliver: -1})
 	if c.MaxAckPending != 1024 || c.AckWait != 30*time.Second || c.MaxDeliver != -1 {
 		t.Errorf("negative options: %+v", c)
+	}
+}
+
+// TestStreamReplicas: every stream is kept in the copies asked for, at
+// least one.
+func TestStreamReplicas(t *testing.T) {
+	for _, tc := range []struct{ replicas, want int }{{0, 1}, {1, 1}, {3, 3}, {-2, 1}} {
+		for _, s := range Streams(tc.replicas) {
+			if s.Replicas != tc.want {
+				t.Errorf("Streams(%d): %s has %d replicas, want %d", tc.replicas, s.Name, s.Replicas, tc.want)
+			}
+		}
 	}
 }

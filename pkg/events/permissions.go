@@ -95,7 +95,7 @@ func Permissions(identity string) (p Permission, ok bool) {
 		p.Publish = append(p.Publish, prefix+".>")
 	}
 	p.Publish = append(p.Publish, "$JS.API.INFO")
-	for _, s := range Streams() {
+	for _, s := range Streams(1) {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.INFO."+s.Name, "$JS.API.STREAM.CREATE."+s.Name)
 	}
 	api := "$JS.API.CONSUMER."

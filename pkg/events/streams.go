@@ -31,13 +31,17 @@ const (
 // published twice within it is stored once.
 const DuplicateWindow = 10 * time.Minute
 
-// Streams returns the configuration of every stream Headwater uses. Job
-// streams are work queues (a message is removed once acknowledged); the
-// event stream keeps the last events of each source for a day so a
+// Streams returns the configuration of every stream Headwater uses, each
+// kept in replicas copies: 1 on a single NATS server, 3 on a clustered one
+// so that a stream survives the loss of a server (values below 1 mean 1).
+// Job streams are work queues (a message is removed once acknowledged);
+// the event stream keeps the last events of each source for a day so a
 // subscriber that was away can catch up.
-func Streams() []jetstream.StreamConfig {
+func Streams(replicas int) []jetstream.StreamConfig {
+	replicas = max(replicas, 1)
 	job := func(name, prefix, description string) jetstream.StreamConfig {
 		return jetstream.StreamConfig{
+			Replicas:    replicas,
 			Name:        name,
 			Description: description,
 			Subjects:    []string{prefix + ".>"},
@@ -62,6 +66,7 @@ func Streams() []jetstream.StreamConfig {
 			MaxAge:            24 * time.Hour,
 			MaxMsgsPerSubject: 16,
 			Discard:           jetstream.DiscardOld,
+			Replicas:          replicas,
 		},
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 )
 
@@ -54,6 +55,7 @@ type options struct {
 	requeueDependency       time.Duration
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
+	jobKeyFile              string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -72,6 +74,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", -1,
 		"Client-side limit of Kubernetes API requests per second; -1 leaves throttling to the API server's priority and fairness.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
+	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
+		"File holding the secret (32 bytes or more) every watcher replica seals its jobs with; default: the bus identity's -nats-nkey, then -nats-creds.")
 }
 
 func main() {
@@ -87,6 +91,12 @@ func run(ctx context.Context, o options) error {
 	ctrl.SetLogger(log)
 	jitter.SetGlobalIntervalJitter(o.intervalJitter/100, rand.New(rand.NewSource(time.Now().UnixNano())))
 
+	// Every replica derives the same key from the same secret, so the
+	// outcomes of jobs issued before a restart or a failover are applied.
+	key, err := seal.LoadKey(o.jobKeyFile, o.bus.NKeyFile, o.bus.CredsFile)
+	if err != nil {
+		return err
+	}
 	cfg, err := restConfig(o.kubeconfig)
 	if err != nil {
 		return err
@@ -146,7 +156,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, kind := range source.Kinds() {
-		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs,
+		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
 			Recorder: mgr.GetEventRecorder("headwater-watcher"), RequeueDependency: o.requeueDependency}
 		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
@@ -155,11 +165,13 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.Add(&results.Consumer{
 		Conn:        conn,
 		Jobs:        jobs,
+		Seal:        key,
 		Client:      mgr.GetClient(),
 		Live:        mgr.GetAPIReader(),
 		Recorder:    mgr.GetEventRecorder("headwater-watcher"),
 		Concurrency: o.eventConcurrency,
 		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, service),
+		Forged:      results.NewForgedCounter(crmetrics.Registry),
 		Log:         log.WithName("results"),
 	}); err != nil {
 		return err

@@ -27,6 +27,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
@@ -41,6 +42,9 @@ type env struct {
 	// fetchJobs and packageJobs read what the watcher publishes, as the
 	// fetcher and packager would.
 	fetchJobs, packageJobs jetstream.Consumer
+	// seal is the watcher's job seal, for a test that makes up a job as
+	// the watcher would.
+	seal *seal.Key
 }
 
 func startEnv(t *testing.T) *env {
@@ -80,6 +84,15 @@ func startEnv(t *testing.T) *env {
 	o := options{kubeconfig: kubeconfigPath, healthAddr: "0", leaderElect: true,
 		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2, requeueDependency: time.Second}
 	o.bus.URL = ns.ClientURL()
+	// The bus has no identities here: the jobs are sealed with a key file.
+	o.jobKeyFile = filepath.Join(t.TempDir(), "job-key")
+	if err := os.WriteFile(o.jobKeyFile, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key, err := seal.LoadKey(o.jobKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	o.telemetry.Addr = "0"
 	o.telemetry.LogFormat = "text"
 	done := make(chan error, 1)
@@ -114,7 +127,7 @@ func startEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{k8s: k8s, conn: conn, pub: conn.NewPublisher("test"), fetchJobs: fetchJobs, packageJobs: packageJobs}
+	return &env{k8s: k8s, conn: conn, pub: conn.NewPublisher("test"), fetchJobs: fetchJobs, packageJobs: packageJobs, seal: key}
 }
 
 // next returns the next message on a consumer, decoded, failing after 30s.
@@ -197,6 +210,11 @@ func testStatusPatchConflict(t *testing.T, e *env) {
 	if err := e.k8s.Create(ctx, repo); err != nil {
 		t.Fatal(err)
 	}
+	// The watcher adds its finalizer to a suspended object too: wait for
+	// it, so the only writers below are the test's.
+	eventually(t, "finalizer", func() bool {
+		return e.k8s.Get(ctx, client.ObjectKeyFromObject(repo), repo) == nil && len(repo.Finalizers) == 1
+	})
 	stale := repo.DeepCopy()
 	// Another writer changes status first.
 	fresh := repo.DeepCopy()
@@ -273,8 +291,31 @@ func testLifecycle(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 
-	// The artifact-server announces a stored artifact: status and Event follow.
+	// Outcomes of jobs the watcher did not issue change nothing, however
+	// close to a real one: no seal, the real job's seal on another job ID
+	// or generation. (Each has an ID of its own: the bus would drop a
+	// second message with the real job's ID as a duplicate.)
 	rev := "master@sha1:0123456789abcdef0123456789abcdef01234567"
+	evil := &meta.Artifact{Path: "x", URL: "http://attacker.example/x.tar.gz", Revision: rev, Digest: "sha256:evil", LastUpdateTime: metav1.Now()}
+	unsealed, renamed, moved := req.Job, req.Job, req.Job
+	unsealed.ID, unsealed.Seal = "unsealed", ""
+	renamed.ID = "renamed"
+	moved.ID, moved.Object.Generation = req.Job.ID+"-next", 2
+	forgedBefore := counterValue(t, "headwater_forged_outcomes_total")
+	for _, job := range []events.Job{unsealed, renamed, moved} {
+		publishOutcome(t, e, events.TypeArtifactStored, &events.Outcome{Job: job, Revision: rev, Artifact: evil})
+	}
+	eventually(t, "three forged outcomes counted", func() bool {
+		return counterValue(t, "headwater_forged_outcomes_total") == forgedBefore+3
+	})
+	if err := e.k8s.Get(ctx, key, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Artifact != nil || len(got.Status.Conditions) != 0 {
+		t.Fatalf("a forged outcome changed status: %+v", got.Status)
+	}
+
+	// The artifact-server announces a stored artifact: status and Event follow.
 	size := int64(1234)
 	stored := &events.Outcome{Job: req.Job, Revision: rev, EventMessage: "stored artifact for commit 'Initial'",
 		Artifact: &meta.Artifact{Path: "gitrepository/default/podinfo/0123.tar.gz", URL: "http://a/gitrepository/default/podinfo/0123.tar.gz",
@@ -414,6 +455,22 @@ func waitEvent(t *testing.T, e *env, name, typ, reason, message string) {
 	})
 }
 
+// counterValue reads a counter without labels from the registry the
+// watcher's manager serves on /metrics; 0 when it has not been registered.
+func counterValue(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
 func testLogger(t *testing.T) logr.Logger {
 	return testr.New(t)
 }
@@ -485,6 +542,7 @@ func testInclude(t *testing.T, e *env) {
 	})
 	childJob := childReq.Job
 	childJob.ID += "/2"
+	e.seal.Seal(&childJob)
 	storeArtifact(t, e, childJob, "sha256:c2")
 	m = next(t, e.fetchJobs)
 	rebuild := m.Data.(*events.FetchRequested)

@@ -30,6 +30,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
@@ -49,6 +50,9 @@ type Reconciler struct {
 	Kind source.Kind
 	// Jobs publishes fetch and delete jobs.
 	Jobs Publisher
+	// Seal seals every job published, so that only outcomes of jobs this
+	// watcher (or another replica) issued are applied.
+	Seal *seal.Key
 	// Recorder records Kubernetes Events.
 	Recorder recorder.EventRecorder
 	// RequeueDependency is how often a source waiting for another one (an
@@ -215,6 +219,7 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 		Object:      ref(r.Kind.Name, obj),
 		RequestedAt: r.now(),
 	}
+	r.Seal.Seal(&job)
 	if err := r.Jobs.Publish(ctx, events.PackageSubject(r.Kind.Name), events.TypeDeleteRequested, job,
 		&events.DeleteRequested{Job: job}); err != nil {
 		return err
@@ -243,7 +248,7 @@ func patchFinalizers(ctx context.Context, c client.Client, obj source.Object, ch
 // built from (the stored artifact, the included artifacts, the rebuild
 // flag): a reconcile repeated within a second with the same inputs is
 // stored once, while one whose inputs changed (an included source's new
-// artifact, say) is a job of its own.
+// artifact, say) is a job of its own. The job is sealed.
 func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events.Job {
 	now := r.now()
 	token, _ := meta.ReconcileAnnotationValue(obj.GetAnnotations())
@@ -258,12 +263,14 @@ func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events
 	if cs := fetch.ChartSource; cs != nil {
 		fmt.Fprintf(h, "source=%s/%s:%s\n", cs.Kind, cs.Name, cs.Artifact.Digest)
 	}
-	return events.Job{
+	job := events.Job{
 		ID:             fmt.Sprintf("%s/%d/%s/%d/%x", obj.GetUID(), obj.GetGeneration(), token, now.Unix(), h.Sum(nil)[:6]),
 		Object:         ref(r.Kind.Name, obj),
 		ReconcileToken: token,
 		RequestedAt:    now,
 	}
+	r.Seal.Seal(&job)
+	return job
 }
 
 func (r *Reconciler) now() time.Time {

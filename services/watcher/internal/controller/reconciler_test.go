@@ -10,12 +10,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 )
 
 func TestJobID(t *testing.T) {
 	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-	r := &Reconciler{Kind: sourceKind(), Now: func() time.Time { return now }}
+	key, err := seal.NewKey([]byte(strings.Repeat("k", 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Reconciler{Kind: sourceKind(), Seal: key, Now: func() time.Time { return now }}
 	obj := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "default", UID: "u", Generation: 3,
 		Annotations: map[string]string{meta.ReconcileRequestAnnotation: "tok"}}}
 	include := func(digest string) []events.Include {
@@ -25,6 +30,9 @@ func TestJobID(t *testing.T) {
 
 	if !strings.HasPrefix(base.ID, "u/3/tok/") || base.Object.Generation != 3 || base.ReconcileToken != "tok" {
 		t.Fatalf("job = %+v", base)
+	}
+	if err := key.Verify(base); err != nil {
+		t.Errorf("the job is not sealed: %v", err)
 	}
 	if again := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}); again.ID != base.ID {
 		t.Errorf("the same reconcile in the same second made a new ID: %s vs %s", again.ID, base.ID)

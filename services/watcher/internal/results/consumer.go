@@ -9,6 +9,7 @@ import (
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
@@ -31,6 +33,9 @@ type Consumer struct {
 	Conn *bus.Conn
 	// Jobs publishes clean-up jobs for artifacts of deleted objects.
 	Jobs controller.Publisher
+	// Seal verifies that an outcome's job is one the watcher issued, and
+	// seals the clean-up jobs.
+	Seal *seal.Key
 	// Client reads objects from the informer cache and patches status; a
 	// write based on a stale read conflicts and is retried on a Live read,
 	// so an outcome is always applied on top of every earlier write.
@@ -43,6 +48,9 @@ type Consumer struct {
 	Concurrency int
 	// Metrics records handled messages.
 	Metrics *telemetry.JobMetrics
+	// Forged counts the outcomes refused because the watcher did not issue
+	// their job (headwater_forged_outcomes_total); may be nil.
+	Forged prometheus.Counter
 	// Log is the consumer's logger.
 	Log logr.Logger
 }
@@ -82,6 +90,15 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	kind, ok := source.ByName(o.Job.Object.Kind)
 	if !ok {
 		return fmt.Errorf("%w: unknown kind %q", events.ErrMalformed, o.Job.Object.Kind)
+	}
+	if err := c.Seal.Verify(o.Job); err != nil {
+		// Whoever published it may publish outcomes but made up the job:
+		// the worker logs and terminates it; nothing is written.
+		if c.Forged != nil {
+			c.Forged.Inc()
+		}
+		return fmt.Errorf("%w: refusing the outcome for %s %s/%s: %w", events.ErrMalformed,
+			o.Job.Object.Kind, o.Job.Object.Namespace, o.Job.Object.Name, err)
 	}
 	if msg.Event.Type() == events.TypeArtifactDeleted {
 		// The object's artifacts are gone; its status has nothing to say.
@@ -135,6 +152,7 @@ func (c *Consumer) orphaned(ctx context.Context, eventType string, o *events.Out
 		return nil
 	}
 	job := events.Job{ID: events.DeletionJobID(o.Job.Object.UID) + "/" + o.Job.ID, Object: o.Job.Object, RequestedAt: o.Job.RequestedAt}
+	c.Seal.Seal(&job)
 	return c.Jobs.Publish(ctx, events.PackageSubject(o.Job.Object.Kind), events.TypeDeleteRequested, job,
 		&events.DeleteRequested{Job: job})
 }
@@ -178,4 +196,16 @@ func logOutcome(log logr.Logger, kind source.Kind, eventType string, o *events.O
 			log.Info("reconcile failed", "reason", o.Failure.Reason, "message", o.Failure.Message, "stalled", o.Failure.Stalled)
 		}
 	}
+}
+
+// NewForgedCounter registers headwater_forged_outcomes_total on reg: the
+// outcomes refused because their job was not issued by the watcher. Any
+// increase means a service identity publishes what it should not.
+func NewForgedCounter(reg prometheus.Registerer) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: telemetry.Namespace, Name: "forged_outcomes_total",
+		Help: "Job outcomes refused because the watcher did not issue their job (no or a wrong seal).",
+	})
+	reg.MustRegister(c)
+	return c
 }

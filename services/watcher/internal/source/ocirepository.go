@@ -19,6 +19,9 @@ func OCIRepository() Kind {
 		Suspended: func(o Object) bool { return o.(*sourcev1.OCIRepository).Spec.Suspend },
 		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
 			r := o.(*sourcev1.OCIRepository)
+			if err := refuseCredentials("spec.url", r.Spec.URL); err != nil {
+				return false, err
+			}
 			req.OCIRepository = r.Spec.DeepCopy()
 			// An artifact not verified as spec.verify asks is fetched and
 			// verified again, as Flux verifies again after a failure.

@@ -147,18 +147,29 @@ func waiting(condition, reason string, stalled bool, format string, args ...any)
 }
 
 // refuseCredentials refuses a URL that carries credentials in its user-info
-// (https://user:token@host/..., https://token@host/...): a job's spec
-// travels on the bus, where no credential may go. An SSH user name alone
-// (ssh://git@host/...) is no credential. The source stalls with a message
-// saying where the credentials belong; the URL itself is not repeated.
+// (https://user:token@host/..., https://token@host/..., oci://user:token@...):
+// a job's spec travels on the bus, where no credential may go. An SSH user
+// name alone (ssh://git@host/...) is no credential. A URL that does not
+// parse is refused too when it has an '@' (a password with a character a
+// URL must escape makes the whole URL invalid: it may still hold the
+// credentials). The source stalls with a message saying where the
+// credentials belong; the URL itself is not repeated.
 func refuseCredentials(field, raw string) error {
 	if !strings.Contains(raw, "://") {
 		// A Bucket endpoint is host[:port]: read it as an authority.
 		raw = "//" + raw
 	}
 	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		// An unparsable URL is the fetcher's to report.
+	if err != nil {
+		if !strings.Contains(raw, "@") {
+			// An unparsable URL is the fetcher's to report.
+			return nil
+		}
+		return failure.New(failure.Stalling, sourcev1.FetchFailedCondition, sourcev1.URLInvalidReason,
+			"%s is not a valid URL and may carry credentials, which Headwater never sends over its bus: "+
+				"correct it, and put any credentials in a Secret named by spec.secretRef", field)
+	}
+	if u.User == nil {
 		return nil
 	}
 	if _, password := u.User.Password(); !password && u.Scheme == "ssh" {

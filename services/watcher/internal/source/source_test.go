@@ -24,6 +24,14 @@ func TestRefuseCredentials(t *testing.T) {
 		{"minio.example.com:9000", false},
 		{"AKIA:s3cr3t@minio.example.com:9000", true},
 		{"http://[::1", false}, // unparsable: the fetcher reports it
+		{"oci://ghcr.io/stefanprodan/manifests/podinfo", false},
+		{"oci://user:s3cr3t@ghcr.io/stefanprodan/manifests/podinfo", true},
+		// Unparsable, with what may be credentials: an unescaped '%' or
+		// '/' in the password, or a bad host after the user-info.
+		{"https://user:s3cr3t%zz@github.com/org/repo.git", true},
+		{"https://user:s3/cr3t@github.com/org/repo.git", true},
+		{"oci://s3cr3t@[::1/podinfo", true},
+		{"AKIA:s3cr3t%@minio.example.com:9000", true},
 	}
 	for _, tc := range tests {
 		err := refuseCredentials("spec.url", tc.raw)
@@ -38,7 +46,7 @@ func TestRefuseCredentials(t *testing.T) {
 		if f == nil || f.Handling != failure.Stalling || f.Reason != sourcev1.URLInvalidReason || f.Condition != sourcev1.FetchFailedCondition {
 			t.Errorf("%q: %+v, want a stalling FetchFailed/URLInvalid", tc.raw, f)
 		}
-		if strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "spec.secretRef") {
+		if strings.Contains(err.Error(), "cr3t") || !strings.Contains(err.Error(), "spec.secretRef") {
 			t.Errorf("%q: message %q must not repeat the credentials and must name spec.secretRef", tc.raw, err.Error())
 		}
 	}
@@ -52,5 +60,27 @@ func TestHelmRepositoryRefusesCredentials(t *testing.T) {
 	_, err := HelmRepository().Request(context.Background(), nil, h, req)
 	if f := failure.As(err); f == nil || f.Reason != sourcev1.URLInvalidReason || req.HelmRepository != nil {
 		t.Fatalf("Request = %v with spec %v, want URLInvalid and no spec", err, req.HelmRepository)
+	}
+}
+
+// TestKindsRefuseCredentials checks that every kind whose spec names a URL
+// makes no job when the URL carries credentials.
+func TestKindsRefuseCredentials(t *testing.T) {
+	const raw = "https://user:s3cr3t@example.com/repo"
+	for _, tc := range []struct {
+		kind Kind
+		obj  Object
+	}{
+		{GitRepository(), &sourcev1.GitRepository{Spec: sourcev1.GitRepositorySpec{URL: raw}}},
+		{HelmRepository(), &sourcev1.HelmRepository{Spec: sourcev1.HelmRepositorySpec{URL: raw}}},
+		{OCIRepository(), &sourcev1.OCIRepository{Spec: sourcev1.OCIRepositorySpec{URL: "oci://user:s3cr3t@ghcr.io/org/app"}}},
+		{OCIRepository(), &sourcev1.OCIRepository{Spec: sourcev1.OCIRepositorySpec{URL: "oci://user:s3cr3t%zz@ghcr.io/org/app"}}},
+		{Bucket(), &sourcev1.Bucket{Spec: sourcev1.BucketSpec{Endpoint: "AKIA:s3cr3t@minio.example.com:9000", BucketName: "b"}}},
+	} {
+		req := &events.FetchRequested{}
+		_, err := tc.kind.Request(context.Background(), nil, tc.obj, req)
+		if f := failure.As(err); f == nil || f.Reason != sourcev1.URLInvalidReason || req.Spec() != nil {
+			t.Errorf("%s: Request = %v with spec %v, want URLInvalid and no spec", tc.kind.Name, err, req.Spec())
+		}
 	}
 }
