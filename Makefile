@@ -145,6 +145,18 @@ fuzz: ## Fuzz the archive writer and merger, event decoding, ignore rules, revis
 		(cd $$dir && go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$pkg) || exit 1; \
 	done
 
+# The fault suite's load for `make test-faults`: sources per storage, the
+# repositories they are spread over, rounds of each fault. `make test` runs
+# it small (40 sources over 8 repositories, one round, both storages at once).
+FAULT_SOURCES ?= 300
+FAULT_REPOS   ?= 30
+FAULT_ROUNDS  ?= 2
+
+.PHONY: test-faults
+test-faults: kube-tools minio build ## kill -9 each service and NATS mid-job under FAULT_SOURCES sources (300), on directory storage and MinIO; print a table.
+	cd e2e && go test $(GO_TEST_FLAGS) -v -run '^TestFaultSuite$$' -timeout 120m . \
+		-args -fault-sources $(FAULT_SOURCES) -fault-repos $(FAULT_REPOS) -fault-rounds $(FAULT_ROUNDS) -fault-sequential
+
 .PHONY: test-unit
 test-unit: ## Run the tests that need no built tools (fast).
 	@for m in $(MODULES); do (cd $$m && go test -short $(GO_TEST_FLAGS) ./...) || exit 1; done

@@ -82,6 +82,11 @@ type Config struct {
 	// the same command line otherwise, so with leader election (the
 	// watcher's default) one leads and the others stand by.
 	WatcherReplicas int
+	// FetcherReplicas and PackagerReplicas are the numbers of fetcher and
+	// packager processes; 0 means 1. Every replica has a telemetry address
+	// and a log of its own and the same command line otherwise; they share
+	// their service's durable consumer, so each job goes to one of them.
+	FetcherReplicas, PackagerReplicas int
 }
 
 // Check reports every binary or manifest the Env needs that is missing; the

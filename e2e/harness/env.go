@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/nats-io/nats-server/v2/server"
@@ -103,7 +105,7 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 			return nil, err
 		}
 	} else {
-		e.nats, err = natsserver.Start(natsserver.Options{StoreDir: filepath.Join(c.Dir, "nats"), Users: e.NATSIdentities.Users})
+		e.nats, err = natsserver.Start(e.natsOptions(0))
 		if err != nil {
 			return nil, err
 		}
@@ -246,7 +248,9 @@ func (e *Env) startControlPlane() error {
 // defineServices picks free ports and builds the command line of each service.
 func (e *Env) defineServices() error {
 	extraServers := 2 * e.Config.extraArtifactServers()
-	ports, err := freePorts(6 + extraServers + 2*e.Config.extraWatchers())
+	extraWatchers := 2 * e.Config.extraWatchers()
+	extraWorkers := max(e.Config.FetcherReplicas-1, 0) + max(e.Config.PackagerReplicas-1, 0)
+	ports, err := freePorts(6 + extraServers + extraWatchers + extraWorkers)
 	if err != nil {
 		return err
 	}
@@ -288,11 +292,62 @@ func (e *Env) defineServices() error {
 	if err := e.addArtifactServerReplicas(ports[6 : 6+extraServers]); err != nil {
 		return err
 	}
-	if err := e.addWatcherReplicas(ports[6+extraServers:]); err != nil {
+	if err := e.addWatcherReplicas(ports[6+extraServers : 6+extraServers+extraWatchers]); err != nil {
+		return err
+	}
+	if err := e.addWorkerReplicas(ports[6+extraServers+extraWatchers:]); err != nil {
 		return err
 	}
 	e.useS3Storage()
+	e.useOwnTempDirs()
 	return nil
+}
+
+// useOwnTempDirs gives every service process a temporary directory of its
+// own (TMPDIR, Service.TempDir) under the Env's directory, so what a
+// process leaves there, a killed one included, can be told apart from the
+// others'.
+func (e *Env) useOwnTempDirs() {
+	for _, s := range e.services {
+		s.TempDir = filepath.Join(e.Config.Dir, "tmp", s.Name)
+		s.Env = append(slices.Clone(s.Env), "TMPDIR="+s.TempDir)
+	}
+}
+
+// RestartNATS stops the embedded NATS server and starts it again at once,
+// on the same port with the same JetStream store and identities, as a
+// restarted NATS pod on its persistent volume: the services' clients
+// reconnect by themselves. NATS runs in this process, so "stop" is the
+// server's shutdown, not a SIGKILL: every client loses its connection at
+// once, and JetStream recovers what it had stored.
+func (e *Env) RestartNATS() error {
+	if e.nats == nil {
+		return errors.New("restart nats: not running")
+	}
+	addr, ok := e.nats.Addr().(*net.TCPAddr)
+	if !ok {
+		return errors.New("restart nats: no listening address")
+	}
+	e.nats.Shutdown()
+	e.nats.WaitForShutdown()
+	e.nats = nil
+	// The port was just released; binding it again may take a moment.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var err error
+	for range 50 {
+		if e.nats, err = natsserver.Start(e.natsOptions(addr.Port)); err == nil {
+			return nil
+		}
+		<-tick.C
+	}
+	return fmt.Errorf("restart nats on port %d: %w", addr.Port, err)
+}
+
+// natsOptions are the embedded NATS server's options, on port (0: any
+// free one).
+func (e *Env) natsOptions(port int) natsserver.Options {
+	return natsserver.Options{Port: port, StoreDir: filepath.Join(e.Config.Dir, "nats"), Users: e.NATSIdentities.Users}
 }
 
 // serviceEnv is the environment of the service processes: this process's,

@@ -38,6 +38,8 @@ type Service struct {
 	ReadyURL string
 	// TelemetryAddr serves the service's /metrics, /healthz and /readyz.
 	TelemetryAddr string
+	// TempDir is the process's TMPDIR, its own; Start creates it.
+	TempDir string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -52,6 +54,12 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.cmd != nil && !isClosed(s.done) {
 		s.mu.Unlock()
 		return nil
+	}
+	if s.TempDir != "" {
+		if err := os.MkdirAll(s.TempDir, 0o755); err != nil {
+			s.mu.Unlock()
+			return fmt.Errorf("start %s: %w", s.Name, err)
+		}
 	}
 	logf, err := os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -63,13 +63,7 @@ func (c Config) extraArtifactServers() int {
 // ArtifactServers returns every artifact-server replica, the first (the one
 // listening at ArtifactAddr) first.
 func (e *Env) ArtifactServers() []*Service {
-	var out []*Service
-	for _, s := range e.services {
-		if filepath.Base(s.Path) == ArtifactServer {
-			out = append(out, s)
-		}
-	}
-	return out
+	return e.Replicas(ArtifactServer)
 }
 
 // addArtifactServerReplicas adds the replicas beyond the first after it,
@@ -79,23 +73,46 @@ func (e *Env) ArtifactServers() []*Service {
 func (e *Env) addArtifactServerReplicas(ports []int) error {
 	e.ArtifactServerAddrs = []string{e.ArtifactAddr}
 	addrs, err := e.addReplicas(ArtifactServer, e.Config.extraArtifactServers(), ports,
-		[2]string{"-storage-addr", "-telemetry-addr"}, "-telemetry-addr")
+		[]string{"-storage-addr", "-telemetry-addr"}, "-telemetry-addr")
 	for _, a := range addrs {
 		e.ArtifactServerAddrs = append(e.ArtifactServerAddrs, a["-storage-addr"])
 	}
 	return err
 }
 
+// addWorkerReplicas adds the fetcher and packager replicas beyond the first
+// of each, one port of ports each (telemetry).
+func (e *Env) addWorkerReplicas(ports []int) error {
+	fetchers := max(e.Config.FetcherReplicas-1, 0)
+	if _, err := e.addReplicas(Fetcher, fetchers, ports[:fetchers], []string{"-telemetry-addr"}, "-telemetry-addr"); err != nil {
+		return err
+	}
+	_, err := e.addReplicas(Packager, max(e.Config.PackagerReplicas-1, 0), ports[fetchers:], []string{"-telemetry-addr"}, "-telemetry-addr")
+	return err
+}
+
+// Replicas returns every process of the service named base (a service
+// name), the first first.
+func (e *Env) Replicas(base string) []*Service {
+	var out []*Service
+	for _, s := range e.services {
+		if filepath.Base(s.Path) == base {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // addReplicas inserts n copies of the service named base right after it,
-// named base-2, base-3, ..., each with its own log and two ports of ports:
-// the first in place of the value of flags[0], the second of flags[1].
-// readyFlag names the flag whose address serves /readyz; -telemetry-addr
-// must be one of flags. It returns each replica's addresses by flag.
-func (e *Env) addReplicas(base string, n int, ports []int, flags [2]string, readyFlag string) ([]map[string]string, error) {
+// named base-2, base-3, ..., each with its own log and len(flags) ports of
+// ports: the i-th in place of the value of flags[i]. readyFlag names the
+// flag whose address serves /readyz; -telemetry-addr must be one of flags.
+// It returns each replica's addresses by flag.
+func (e *Env) addReplicas(base string, n int, ports []int, flags []string, readyFlag string) ([]map[string]string, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	if len(ports) < 2*n {
+	if len(ports) < len(flags)*n {
 		return nil, fmt.Errorf("%s replicas: %d ports for %d replicas", base, len(ports), n)
 	}
 	first := slices.IndexFunc(e.services, func(s *Service) bool { return s.Name == base })
@@ -107,9 +124,9 @@ func (e *Env) addReplicas(base string, n int, ports []int, flags [2]string, read
 	var addrs []map[string]string
 	for i := range n {
 		name := base + "-" + strconv.Itoa(i+2)
-		addr := map[string]string{
-			flags[0]: "127.0.0.1:" + strconv.Itoa(ports[2*i]),
-			flags[1]: "127.0.0.1:" + strconv.Itoa(ports[2*i+1]),
+		addr := map[string]string{}
+		for j, f := range flags {
+			addr[f] = "127.0.0.1:" + strconv.Itoa(ports[len(flags)*i+j])
 		}
 		args := slices.Clone(proto.Args)
 		for j := 0; j+1 < len(args); j++ {

@@ -1,9 +1,5 @@
 package harness
 
-import (
-	"path/filepath"
-)
-
 // extraWatchers is the number of watcher replicas beyond the first.
 func (c Config) extraWatchers() int {
 	return max(c.WatcherReplicas-1, 0)
@@ -11,13 +7,7 @@ func (c Config) extraWatchers() int {
 
 // Watchers returns every watcher replica, the first first.
 func (e *Env) Watchers() []*Service {
-	var out []*Service
-	for _, s := range e.services {
-		if filepath.Base(s.Path) == Watcher {
-			out = append(out, s)
-		}
-	}
-	return out
+	return e.Replicas(Watcher)
 }
 
 // addWatcherReplicas adds the watcher replicas beyond the first after it,
@@ -26,6 +16,6 @@ func (e *Env) Watchers() []*Service {
 // to the same API server and bus, as replicas of one Deployment do.
 func (e *Env) addWatcherReplicas(ports []int) error {
 	_, err := e.addReplicas(Watcher, e.Config.extraWatchers(), ports,
-		[2]string{"-telemetry-addr", "-health-addr"}, "-health-addr")
+		[]string{"-telemetry-addr", "-health-addr"}, "-health-addr")
 	return err
 }

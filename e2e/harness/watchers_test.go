@@ -3,6 +3,7 @@ package harness
 import (
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -69,8 +70,11 @@ func TestDefineServicesWatchers(t *testing.T) {
 				if got, want := flagValue(s.Args, "-nats-url"), flagValue(first.Args, "-nats-url"); got != want {
 					t.Errorf("%s: -nats-url %s, want %s", s.Name, got, want)
 				}
-				if !slices.Equal(s.Env, first.Env) {
+				if !slices.Equal(withoutTempDir(s.Env), withoutTempDir(first.Env)) {
 					t.Errorf("%s: environment differs from %s's", s.Name, first.Name)
+				}
+				if want := filepath.Join(dir, "tmp", s.Name); s.TempDir != want || !slices.Contains(s.Env, "TMPDIR="+want) {
+					t.Errorf("%s: temporary directory %q, want %s as TMPDIR", s.Name, s.TempDir, want)
 				}
 			}
 
@@ -91,5 +95,48 @@ func TestDefineServicesWatchers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// withoutTempDir is env without its TMPDIR, which is every process's own.
+func withoutTempDir(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "TMPDIR=") })
+}
+
+// TestDefineServicesWorkers checks the fetcher and packager replicas
+// defineServices builds: each after the first of its service, with a
+// telemetry address, a log and a temporary directory of its own.
+func TestDefineServicesWorkers(t *testing.T) {
+	dir := t.TempDir()
+	e := &Env{
+		Config:      Config{Dir: dir, BinDir: "/bin", FetcherReplicas: 3, PackagerReplicas: 2, ArtifactServerReplicas: 2},
+		NATSURL:     "nats://127.0.0.1:4222",
+		Kubeconfig:  filepath.Join(dir, "kubeconfig"),
+		StoragePath: filepath.Join(dir, "storage"),
+	}
+	if err := e.defineServices(); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	seen := map[string]string{}
+	for _, s := range e.Services() {
+		names = append(names, s.Name)
+		if other, ok := seen[s.TelemetryAddr]; ok {
+			t.Errorf("%s and %s share telemetry address %s", s.Name, other, s.TelemetryAddr)
+		}
+		seen[s.TelemetryAddr] = s.Name
+		if got := flagValue(s.Args, "-telemetry-addr"); got != s.TelemetryAddr {
+			t.Errorf("%s: -telemetry-addr %s, telemetry %s", s.Name, got, s.TelemetryAddr)
+		}
+		if s.TempDir != filepath.Join(dir, "tmp", s.Name) {
+			t.Errorf("%s: temporary directory %s", s.Name, s.TempDir)
+		}
+	}
+	want := []string{ArtifactServer, ArtifactServer + "-2", Packager, Packager + "-2", Fetcher, Fetcher + "-2", Fetcher + "-3", Watcher}
+	if !slices.Equal(names, want) {
+		t.Fatalf("services %v, want %v", names, want)
+	}
+	if got := len(e.Replicas(Fetcher)); got != 3 {
+		t.Errorf("%d fetchers, want 3", got)
 	}
 }

@@ -10,8 +10,10 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Dir is a Storage in a local directory, which may be a volume shared by
@@ -48,8 +50,8 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	dir, base := path.Split(key)
-	tmp := dir + "." + base + ".tmp-" + randomSuffix()
+	dir, _ := path.Split(key)
+	tmp := tempKey(key)
 	f, err := d.createIn(dir, tmp)
 	if err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", key, err)
@@ -203,8 +205,7 @@ func (d *Dir) SetLatest(_ context.Context, key, target string) error {
 	if path.Dir(key) != path.Dir(target) {
 		return fmt.Errorf("set latest %s: %w: target %q is not in the same directory", key, ErrInvalidKey, target)
 	}
-	dir, base := path.Split(key)
-	tmp := dir + "." + base + ".tmp-" + randomSuffix()
+	tmp := tempKey(key)
 	if err := d.root.Symlink(path.Base(target), tmp); err != nil {
 		return fmt.Errorf("set latest %s: %w", key, err)
 	}
@@ -245,8 +246,8 @@ func (d *Dir) Copy(ctx context.Context, src, dst string) (Info, error) {
 	case !fi.Mode().IsRegular():
 		return Info{}, fmt.Errorf("copy %s: %w", src, ErrNotFound)
 	}
-	dir, base := path.Split(dst)
-	tmp := dir + "." + base + ".tmp-" + randomSuffix()
+	dir, _ := path.Split(dst)
+	tmp := tempKey(dst)
 	if err := d.linkIn(dir, src, tmp); err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return Info{}, fmt.Errorf("copy %w", err)
@@ -324,6 +325,55 @@ func notFound(key string, err error) error {
 		return fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
 	return fmt.Errorf("%s: %w", key, err)
+}
+
+// tempName is the name of a temporary file beside base, made by
+// tempKey: "." + base + ".tmp-" + 16 hex digits.
+var tempName = regexp.MustCompile(`^\..+\.tmp-[0-9a-f]{16}$`)
+
+// tempKey is the key of a new temporary file beside key, in the same
+// directory (so it is renamed over key atomically, and a concurrent Delete
+// does not prune the directory under it). Its name starts with a dot, so
+// List never shows it.
+func tempKey(key string) string {
+	dir, base := path.Split(key)
+	return dir + "." + base + ".tmp-" + randomSuffix()
+}
+
+// SweepTemporary removes the temporary files of writes (Put, Copy,
+// SetLatest) that were last written to before cutoff: those a process
+// killed mid-write left behind. It walks the whole storage.
+func (d *Dir) SweepTemporary(ctx context.Context, cutoff time.Time) ([]string, error) {
+	var removed []string
+	var errs []error
+	err := fs.WalkDir(d.root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // pruned meanwhile
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.IsDir() || !tempName.MatchString(e.Name()) {
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil || !fi.ModTime().Before(cutoff) {
+			return nil // renamed into place meanwhile, or still being written
+		}
+		if err := d.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
+			return nil
+		}
+		removed = append(removed, p)
+		return nil
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("sweep temporary files: %w", err))
+	}
+	return removed, errors.Join(errs...)
 }
 
 func randomSuffix() string {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestDirPutRacesDelete puts into a directory while another goroutine
@@ -76,5 +79,66 @@ func TestDirCopyLinks(t *testing.T) {
 	}
 	if info.ETag != `"`+fmt.Sprintf("%x-%x", src.ModTime().UnixNano(), src.Size())+`"` {
 		t.Errorf("copy ETag %s, want the source file's", info.ETag)
+	}
+}
+
+// TestDirSweepTemporary leaves the temporary files of writes a killed
+// process abandoned (a Put, a Copy and a SetLatest that never renamed
+// theirs into place) beside live objects: SweepTemporary removes those
+// last written before the cutoff, and nothing else.
+func TestDirSweepTemporary(t *testing.T) {
+	d, err := NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, k := range []string{"gitrepository/default/a/1.tar.gz", ".cache/k.tar.gz", ".staging/j.tar"} {
+		if _, err := d.Put(ctx, k, strings.NewReader(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.SetLatest(ctx, "gitrepository/default/a/latest.tar.gz", "gitrepository/default/a/1.tar.gz"); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	abandon := func(key string, age time.Time) string {
+		tmp := tempKey(key)
+		if err := os.WriteFile(filepath.Join(d.Path(), filepath.FromSlash(tmp)), []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(filepath.Join(d.Path(), filepath.FromSlash(tmp)), age, age); err != nil {
+			t.Fatal(err)
+		}
+		return tmp
+	}
+	abandoned := []string{
+		abandon("gitrepository/default/a/2.tar.gz", old),
+		abandon(".cache/k2.tar.gz", old),
+		abandon("gitrepository/default/a/latest.tar.gz", old),
+	}
+	writing := abandon("gitrepository/default/a/3.tar.gz", time.Now())
+	// A user's dot file that merely looks alike is no temporary file.
+	lookalike := "gitrepository/default/a/.notes.tmp-x"
+	if err := os.WriteFile(filepath.Join(d.Path(), filepath.FromSlash(lookalike)), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(filepath.Join(d.Path(), filepath.FromSlash(lookalike)), old, old); err != nil {
+		t.Fatal(err)
+	}
+
+	removed, err := d.SweepTemporary(ctx, time.Now().Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	slices.Sort(abandoned)
+	if !slices.Equal(removed, abandoned) {
+		t.Errorf("removed %v\nwant    %v", removed, abandoned)
+	}
+	for _, k := range append(abandoned, writing, lookalike, "gitrepository/default/a/1.tar.gz", "gitrepository/default/a/latest.tar.gz", ".cache/k.tar.gz", ".staging/j.tar") {
+		_, err := os.Lstat(filepath.Join(d.Path(), filepath.FromSlash(k)))
+		if want := !slices.Contains(abandoned, k); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", k, err == nil, want)
+		}
 	}
 }

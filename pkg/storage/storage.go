@@ -79,6 +79,17 @@ type Storage interface {
 	Copy(ctx context.Context, src, dst string) (Info, error)
 }
 
+// TemporarySweeper is a Storage whose writes leave temporary files behind
+// when their writer dies mid-write (Dir: a killed process cannot remove
+// the file it was renaming into place). The packager's janitor calls it.
+type TemporarySweeper interface {
+	// SweepTemporary removes the temporary files of writes last written
+	// to before cutoff and returns what it removed. A live write touches
+	// its file at every chunk, so only one abandoned or stalled for longer
+	// than the caller allows is removed.
+	SweepTemporary(ctx context.Context, cutoff time.Time) ([]string, error)
+}
+
 // LatestName is the file name of the pointer to a source's newest artifact.
 const LatestName = "latest.tar.gz"
 

@@ -9,6 +9,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,6 +30,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ocifetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workdir"
 )
 
 // service names the fetcher on the bus, in logs and in metrics.
@@ -53,6 +57,9 @@ type options struct {
 	// helmChartMaxSize bounds a chart archive, helmChartFileMaxSize a file
 	// in it.
 	helmChartMaxSize, helmChartFileMaxSize int64
+	// workDir holds the run directories of the fetcher processes that
+	// share it (see package workdir).
+	workDir string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -60,6 +67,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.storage.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9101")
 	o.secrets.BindFlags(fs)
+	fs.StringVar(&o.workDir, "work-dir", filepath.Join(os.TempDir(), "headwater-fetcher"),
+		"Directory for the scratch data of jobs (clones, downloads); a process works in a directory of its own in it and, starting, removes those of processes that died.")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once (and pulled ahead from the bus).")
 	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.Int64Var(&o.maxFileSize, "max-file-size", 0, "Largest file a source may contain, in bytes; 0 means no limit.")
@@ -101,6 +110,25 @@ func run(ctx context.Context, o options) error {
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	ctrllog.SetLogger(log)
+
+	// Every temporary file of the process, its libraries' and the git
+	// processes' it starts included, goes to its run directory, which the
+	// next fetcher to start removes if this process is killed.
+	work, err := workdir.Open(o.workDir)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := work.Close(); err != nil {
+			log.Error(err, "removing the work directory")
+		}
+	}()
+	if len(work.Removed) > 0 {
+		log.Info("removed the scratch data of fetchers that died", "directories", work.Removed)
+	}
+	if err := os.Setenv("TMPDIR", work.Path); err != nil {
+		return fmt.Errorf("work directory: %w", err)
+	}
 
 	store, err := o.storage.OpenContext(ctx)
 	if err != nil {

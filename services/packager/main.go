@@ -46,7 +46,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 2, "Jobs packaged at once by this replica.")
 	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.DurationVar(&o.stagingTTL, "staging-ttl", time.Hour,
-		"Age after which staged content no pending job refers to is removed; 0 disables the janitor.")
+		"Age after which staged content no pending job refers to, and the temporary file of a write its writer abandoned (directory storage), are removed; 0 disables the janitor.")
 }
 
 func main() {

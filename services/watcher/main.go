@@ -162,13 +162,16 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
 		}
 	}
+	host, _ := os.Hostname()
+	instance := results.EventSource + "-" + host
 	if err := mgr.Add(&results.Consumer{
 		Conn:        conn,
 		Jobs:        jobs,
 		Seal:        key,
 		Client:      mgr.GetClient(),
 		Live:        mgr.GetAPIReader(),
-		Recorder:    mgr.GetEventRecorder("headwater-watcher"),
+		Recorder:    mgr.GetEventRecorder(results.EventSource),
+		Instance:    instance,
 		Concurrency: o.eventConcurrency,
 		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, service),
 		Forged:      results.NewForgedCounter(crmetrics.Registry),

@@ -10,7 +10,9 @@
 // goes when nobody used the entry for the cache's TTL (the packager,
 // copying an entry for a source, rewrites its index every
 // contentcache.RefreshAfter), and a cached artifact goes when it has no
-// index left and no pending job names it.
+// index left and no pending job names it. The temporary files of writes a
+// killed process abandoned (storage.TemporarySweeper) go after the staging
+// TTL too.
 package housekeeping
 
 import (
@@ -52,13 +54,33 @@ type Pending func(ctx context.Context) (map[string]bool, error)
 
 // Run sweeps until ctx ends.
 func (j *Janitor) Run(ctx context.Context) {
-	staging := make(chan struct{})
+	staging, temporary := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(staging)
 		j.every(ctx, j.StagingTTL, j.SweepStaging, "staged content")
 	}()
+	go func() {
+		defer close(temporary)
+		j.every(ctx, j.StagingTTL, j.SweepTemporary, "temporary files")
+	}()
 	j.every(ctx, j.CacheTTL, j.SweepCache, "content cache entries")
 	<-staging
+	<-temporary
+}
+
+// SweepTemporary removes, once, the temporary files of writes last written
+// to more than StagingTTL ago, when the storage leaves such files behind
+// (storage.TemporarySweeper), and returns what it removed.
+func (j *Janitor) SweepTemporary(ctx context.Context) ([]string, error) {
+	ts, ok := j.Store.(storage.TemporarySweeper)
+	if !ok {
+		return nil, nil
+	}
+	now := time.Now
+	if j.Now != nil {
+		now = j.Now
+	}
+	return ts.SweepTemporary(ctx, now().Add(-j.StagingTTL))
 }
 
 // every calls sweep every quarter of ttl until ctx ends, logging how much

@@ -2,6 +2,8 @@ package housekeeping
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -167,5 +169,38 @@ func TestStreamPendingNamesReusedArtifacts(t *testing.T) {
 	}
 	if len(wanted) != 2 || !wanted[".cache/k.tar.gz"] || !wanted[storage.StagingKey(j.ID)] {
 		t.Errorf("wanted = %v, want the reused artifact and the job's staging key", wanted)
+	}
+}
+
+// TestSweepTemporary checks that the janitor removes the temporary file of
+// a write abandoned longer than the staging TTL (a packager killed while
+// storing an artifact) and leaves a fresh one and the artifacts.
+func TestSweepTemporary(t *testing.T) {
+	s := newTestStore(t)
+	s.putAged("gitrepository/default/podinfo/1.tar.gz", "artifact", 3*time.Hour)
+	abandoned := "gitrepository/default/podinfo/.2.tar.gz.tmp-0123456789abcdef"
+	writing := "gitrepository/default/podinfo/.3.tar.gz.tmp-fedcba9876543210"
+	for key, age := range map[string]time.Duration{abandoned: 2 * time.Hour, writing: time.Second} {
+		p := filepath.Join(s.Path(), filepath.FromSlash(key))
+		if err := os.WriteFile(p, []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mt := time.Now().Add(-age)
+		if err := os.Chtimes(p, mt, mt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := &Janitor{Store: s, StagingTTL: time.Hour, Log: testr.New(t)}
+	deleted, err := j.SweepTemporary(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(deleted, []string{abandoned}) {
+		t.Errorf("deleted %q, want only %q", deleted, abandoned)
+	}
+	for key, want := range map[string]bool{abandoned: false, writing: true, "gitrepository/default/podinfo/1.tar.gz": true} {
+		if _, err := os.Stat(filepath.Join(s.Path(), filepath.FromSlash(key))); (err == nil) != want {
+			t.Errorf("%s exists = %v, want %v", key, err == nil, want)
+		}
 	}
 }

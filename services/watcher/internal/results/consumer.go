@@ -6,14 +6,20 @@ package results
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
@@ -42,8 +48,12 @@ type Consumer struct {
 	Client client.Client
 	// Live reads objects from the API server.
 	Live client.Reader
-	// Recorder records Kubernetes Events.
+	// Recorder records Kubernetes Events, but for a new artifact's, which
+	// the consumer writes itself before acknowledging the outcome.
 	Recorder recorder.EventRecorder
+	// Instance names this watcher replica in the Events it writes
+	// (reportingInstance).
+	Instance string
 	// Concurrency bounds the outcomes applied at once.
 	Concurrency int
 	// Metrics records handled messages.
@@ -81,7 +91,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	return w.Run(ctx)
 }
 
-func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
+func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delivery) error {
 	o, ok := msg.Data.(*events.Outcome)
 	if !ok {
 		return fmt.Errorf("%w: unexpected %s on the event stream", events.ErrMalformed, msg.Event.Type())
@@ -123,13 +133,14 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 		return nil
 	}
 
-	var recorded []status.Event
+	var recorded, announced []status.Event
 	err = status.Patch(ctx, c.Client, c.Live, kind, obj, func(cur source.Object) bool {
 		if string(cur.GetUID()) != o.Job.Object.UID {
-			recorded = nil
+			recorded, announced = nil, nil
 			return false
 		}
 		recorded = status.Apply(kind, cur, msg.Event.Type(), o)
+		announced = status.Reannounce(kind, cur, msg.Event.Type(), o)
 		return true
 	})
 	if err != nil {
@@ -138,12 +149,72 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 		}
 		return err
 	}
+	// A new artifact's Event is written before the outcome is
+	// acknowledged: if this replica dies or the API server refuses it,
+	// the outcome comes back, finds its artifact in status already and
+	// records the Event again (at least once; a redelivery of an outcome
+	// that deserved none, its digest being the stored one, records one
+	// too). The other Events go through the recorder, which aggregates
+	// repeats.
+	var durable []status.Event
 	for _, e := range recorded {
+		if slices.Contains(announced, e) {
+			durable = append(durable, e)
+			continue
+		}
 		c.Recorder.Eventf(obj, nil, e.Type, e.Reason, "Reconcile", "%s", e.Message)
+	}
+	if len(durable) == 0 && d.Attempt > 1 {
+		durable = announced
+	}
+	if err := c.record(ctx, obj, durable); err != nil {
+		return err
 	}
 	logOutcome(log, kind, msg.Event.Type(), o)
 	return nil
 }
+
+// maxNoteLength is the longest note (message) the events.k8s.io API
+// accepts.
+const maxNoteLength = 1024
+
+// record writes evs about obj to the API server, each as an events.k8s.io
+// Event as the manager's recorder would, but synchronously.
+func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	gvk, err := apiutil.GVKForObject(obj, c.Client.Scheme())
+	if err != nil {
+		return fmt.Errorf("record events: %w", err)
+	}
+	now := time.Now()
+	for i, e := range evs {
+		note := e.Message
+		if len(note) > maxNoteLength {
+			note = strings.ToValidUTF8(note[:maxNoteLength], "")
+		}
+		ev := &eventsv1.Event{
+			ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x%02x", obj.GetName(), now.UnixNano(), i), Namespace: obj.GetNamespace()},
+			EventTime:           metav1.NewMicroTime(now),
+			ReportingController: EventSource,
+			ReportingInstance:   c.Instance,
+			Action:              "Reconcile",
+			Reason:              e.Reason,
+			Note:                note,
+			Type:                e.Type,
+			Regarding: corev1.ObjectReference{Kind: gvk.Kind, APIVersion: gvk.GroupVersion().String(),
+				Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion()},
+		}
+		if err := c.Client.Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("record %s event: %w", e.Reason, err)
+		}
+	}
+	return nil
+}
+
+// EventSource is the reportingController of the watcher's Events.
+const EventSource = "headwater-watcher"
 
 // orphaned handles an outcome for an object that no longer exists: an
 // artifact stored after the object's deletion job ran is removed too.

@@ -147,6 +147,42 @@ func Summarize(kind source.Kind, obj source.Object) {
 	conditions.Delete(obj, meta.ReadyCondition)
 }
 
+// Reannounce returns the new artifact's Event of a stored outcome whose
+// artifact obj's status holds (digest and update time): the Event Apply
+// returns for it when it stores a new digest, which the watcher writes
+// before acknowledging the outcome. For a redelivered outcome that an
+// earlier attempt applied, Apply finds nothing new, but that attempt may
+// have ended (the watcher killed, the Event refused) before its Event was
+// written: the watcher writes this one, so a new artifact's Event is
+// recorded at least once.
+func Reannounce(kind source.Kind, obj source.Object, eventType string, o *events.Outcome) []Event {
+	prev := *kind.Status(obj).Artifact
+	if eventType != events.TypeArtifactStored || o.Artifact == nil || prev == nil ||
+		prev.Digest != o.Artifact.Digest || !prev.LastUpdateTime.Equal(&o.Artifact.LastUpdateTime) {
+		return nil
+	}
+	reason, msg := meta.SucceededReason, kind.ReadyMessage(prev.Revision)
+	if kind.StoredCondition != nil {
+		reason, msg = kind.StoredCondition(obj, o)
+	}
+	return []Event{newArtifactEvent(kind, o, reason, msg)}
+}
+
+// newArtifactEvent is the Event of a new artifact: NewArtifact with the
+// outcome's message (Flux's), or the kind's own reason (a HelmChart's
+// ChartPullSucceeded); msg and reason are the ArtifactInStorage condition's.
+func newArtifactEvent(kind source.Kind, o *events.Outcome, reason, msg string) Event {
+	m := o.EventMessage
+	if m == "" {
+		m = msg
+	}
+	r := NewArtifactReason
+	if kind.StoredCondition != nil {
+		r = reason
+	}
+	return Event{Type: corev1.EventTypeNormal, Reason: r, Message: m}
+}
+
 // Apply writes an outcome of eventType (a public type such as
 // events.TypeArtifactStored) into obj's status, but for Ready (see
 // Summarize), and returns the Events it deserves. obj must be the live
@@ -194,15 +230,7 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 		switch {
 		case eventType == events.TypeArtifactStored && !stale && (prev == nil || prev.Digest != o.Artifact.Digest):
-			m := o.EventMessage
-			if m == "" {
-				m = msg
-			}
-			r := NewArtifactReason
-			if kind.StoredCondition != nil {
-				r = reason
-			}
-			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: r, Message: m})
+			out = append(out, newArtifactEvent(kind, o, reason, msg))
 		case wasFailing:
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg})
 		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:

@@ -658,3 +658,42 @@ func TestApplyHelmChartVerification(t *testing.T) {
 	Apply(kind, c, events.TypeArtifactUnchanged, &events.Outcome{Job: job(1, ""), Revision: "1.0.0", Artifact: c.Status.Artifact})
 	wantNoCondition(t, c, sourcev1.SourceVerifiedCondition)
 }
+
+// TestReannounce checks the Event recorded again for a redelivered stored
+// outcome: only when the status holds exactly the outcome's artifact,
+// which an earlier attempt applied.
+func TestReannounce(t *testing.T) {
+	at := time.Now().Truncate(time.Second)
+	stored := &events.Outcome{Job: job(1, ""), Revision: rev2, Artifact: artifact(rev2, "sha256:b", at), EventMessage: "stored artifact for commit 'Change'"}
+	tests := []struct {
+		name      string
+		status    *meta.Artifact
+		eventType string
+		outcome   *events.Outcome
+		want      []Event
+	}{
+		{name: "applied by an earlier attempt", status: artifact(rev2, "sha256:b", at), eventType: events.TypeArtifactStored, outcome: stored,
+			want: []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact for commit 'Change'"}}},
+		{name: "not applied yet", status: artifact(rev1, "sha256:a", at.Add(-time.Hour)), eventType: events.TypeArtifactStored, outcome: stored},
+		{name: "no artifact yet", eventType: events.TypeArtifactStored, outcome: stored},
+		{name: "same digest stored again later", status: artifact(rev2, "sha256:b", at.Add(time.Minute)), eventType: events.TypeArtifactStored, outcome: stored},
+		{name: "unchanged", status: artifact(rev2, "sha256:b", at), eventType: events.TypeArtifactUnchanged, outcome: stored},
+		{name: "failed", status: artifact(rev2, "sha256:b", at), eventType: events.TypeArtifactFailed,
+			outcome: &events.Outcome{Job: job(1, ""), Failure: &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: "x", Message: "y"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+			g.Status.Artifact = tt.status
+			got := Reannounce(source.GitRepository(), g, tt.eventType, tt.outcome)
+			if len(got) != len(tt.want) {
+				t.Fatalf("events = %+v, want %+v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("event %d = %+v, want %+v", i, got[i], tt.want[i])
+				}
+			}
+		})
+	}
+}
