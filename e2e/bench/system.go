@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -86,7 +85,7 @@ func startEnv(ctx context.Context, o Options, name string, sys System) (*harness
 // documentation gives for a run outside a cluster: its own storage
 // directory and artifact server, no leader election, no events sink.
 func startFlux(ctx context.Context, env *harness.Env, bin string) error {
-	ports, err := freePorts(3)
+	ports, err := harness.FreePorts(3)
 	if err != nil {
 		return err
 	}
@@ -120,18 +119,4 @@ func startFlux(ctx context.Context, env *harness.Env, bin string) error {
 		return fmt.Errorf("flux source-controller: %w", err)
 	}
 	return nil
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

@@ -147,7 +147,7 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 // startNATSProcess runs NATS as `headwater-nats serve` (Config.NATSBin), a
 // Service of its own, admitting the identities whose seeds are in keys.
 func (e *Env) startNATSProcess(ctx context.Context, keys string) error {
-	ports, err := freePorts(2)
+	ports, err := FreePorts(2)
 	if err != nil {
 		return err
 	}
@@ -250,7 +250,7 @@ func (e *Env) defineServices() error {
 	extraServers := 2 * e.Config.extraArtifactServers()
 	extraWatchers := 2 * e.Config.extraWatchers()
 	extraWorkers := max(e.Config.FetcherReplicas-1, 0) + max(e.Config.PackagerReplicas-1, 0)
-	ports, err := freePorts(6 + extraServers + extraWatchers + extraWorkers)
+	ports, err := FreePorts(6 + extraServers + extraWatchers + extraWorkers)
 	if err != nil {
 		return err
 	}
@@ -443,9 +443,9 @@ func (e *Env) Kubectl(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// freePorts returns n distinct free TCP ports on 127.0.0.1. They are free
+// FreePorts returns n distinct free TCP ports on 127.0.0.1. They are free
 // when this returns; a service binds them a moment later.
-func freePorts(n int) ([]int, error) {
+func FreePorts(n int) ([]int, error) {
 	var ports []int
 	var listeners []net.Listener
 	defer func() {

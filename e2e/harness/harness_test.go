@@ -42,7 +42,7 @@ func fakeService(addr string) {
 }
 
 func TestServiceLifecycle(t *testing.T) {
-	ports, err := freePorts(1)
+	ports, err := FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}

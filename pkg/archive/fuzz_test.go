@@ -44,15 +44,7 @@ func FuzzCanonicalize(f *testing.F) {
 		files := 0
 		for _, e := range es {
 			name := e.hdr.Name
-			n := strings.TrimSuffix(name, "/")
-			if n == "" || strings.HasPrefix(name, "/") || strings.Contains(name, "\\") {
-				t.Fatalf("unsafe name %q accepted", name)
-			}
-			for _, seg := range strings.Split(n, "/") {
-				if seg == ".." || seg == "." || seg == "" {
-					t.Fatalf("unsafe or unclean name %q accepted", name)
-				}
-			}
+			n := checkSafeName(t, name)
 			if seen[n] {
 				t.Fatalf("name %q appears twice", name)
 			}
@@ -130,15 +122,7 @@ func FuzzMerge(f *testing.F) {
 		files, size := 0, int64(0)
 		for _, e := range es {
 			name := e.hdr.Name
-			n := strings.TrimSuffix(name, "/")
-			if n == "" || strings.HasPrefix(name, "/") || strings.Contains(name, "\\") {
-				t.Fatalf("unsafe name %q accepted", name)
-			}
-			for _, seg := range strings.Split(n, "/") {
-				if seg == ".." || seg == "." || seg == "" {
-					t.Fatalf("unsafe or unclean name %q accepted", name)
-				}
-			}
+			n := checkSafeName(t, name)
 			if _, dup := kinds[n]; dup {
 				t.Fatalf("name %q appears twice", name)
 			}
@@ -175,4 +159,20 @@ func FuzzMerge(f *testing.F) {
 			t.Fatalf("merging the merged tar again changed it")
 		}
 	})
+}
+
+// checkSafeName fails the fuzz run if an archive holds name, which is not
+// a clean relative path, and returns it without a directory's slash.
+func checkSafeName(t *testing.T, name string) string {
+	t.Helper()
+	n := strings.TrimSuffix(name, "/")
+	if n == "" || strings.HasPrefix(name, "/") || strings.Contains(name, "\\") {
+		t.Fatalf("unsafe name %q accepted", name)
+	}
+	for _, seg := range strings.Split(n, "/") {
+		if seg == ".." || seg == "." || seg == "" {
+			t.Fatalf("unsafe or unclean name %q accepted", name)
+		}
+	}
+	return n
 }
