@@ -217,6 +217,20 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 				return result, err
 			}
 		} else {
+			if staged := h.flights.recent(contentKey); staged != nil {
+				// A flight of the content landed a moment ago: its staged
+				// content, if still there, or the content cache, which
+				// knows the content once the packager deleted it, saves
+				// the download.
+				if result, done, err := h.copyStaged(ctx, work, req, staged, share, notices); done || err != nil {
+					h.flights.land(contentKey, fl, nil)
+					return result, err
+				}
+				if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
+					h.flights.land(contentKey, fl, nil)
+					return result, err
+				}
+			}
 			landed := false
 			lead = func(staged *events.Fetched) {
 				if !landed {
@@ -318,7 +332,6 @@ func (h *Handler) follow(ctx, work context.Context, req *events.FetchRequested, 
 	notices []events.Notice) (result string, done bool, err error) {
 	release := sync.OnceFunc(fl.copied)
 	defer release()
-	log := logr.FromContextOrDiscard(ctx)
 	// Proven while the leader downloads.
 	if err := share.ProveAccess(work); err != nil {
 		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
@@ -327,9 +340,29 @@ func (h *Handler) follow(ctx, work context.Context, req *events.FetchRequested, 
 	if staged == nil {
 		return "", false, nil
 	}
+	return h.stageCopy(ctx, work, req, staged, notices, release)
+}
+
+// copyStaged hands the content a flight that already landed staged to the
+// packager as this job's, as follow does, once this source's credentials
+// proved they can read the upstream. done is false when the staged content
+// is gone (the packager took it): the caller looks in the content cache.
+func (h *Handler) copyStaged(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched, share source.Shareable,
+	notices []events.Notice) (result string, done bool, err error) {
+	if err := share.ProveAccess(work); err != nil {
+		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
+	}
+	return h.stageCopy(ctx, work, req, staged, notices, func() {})
+}
+
+// stageCopy copies staged content to the job's staging key, calls release
+// once the copy is made, and hands the copy to the packager.
+func (h *Handler) stageCopy(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched,
+	notices []events.Notice, release func()) (result string, done bool, err error) {
+	log := logr.FromContextOrDiscard(ctx)
 	key := storage.StagingKey(req.Job.ID)
 	if _, err := h.Storage.Copy(work, staged.Staging, key); err != nil {
-		log.Info("copying the content another fetch staged failed: fetching", "error", err.Error())
+		log.Info("the content another fetch staged could not be copied", "error", err.Error())
 		return "", false, nil
 	}
 	release()

@@ -533,6 +533,21 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name, result string)
 	return n
 }
 
+// eventuallyHistogramCount waits for the count of name's samples with the
+// result to reach want (a handler observes its duration after it published
+// its job, so a test may see the job first), and returns the last count.
+func eventuallyHistogramCount(t *testing.T, reg *prometheus.Registry, name, result string, want uint64) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := histogramCount(t, reg, name, result)
+		if n >= want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func jobsTotal(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -617,7 +632,45 @@ func TestConcurrentFetchesOfOneContentDownloadOnce(t *testing.T) {
 	if len(a) == 0 || !slices.Equal(a, b) {
 		t.Errorf("staged %q and %q, want the same content", a, b)
 	}
-	if n := histogramCount(t, e.reg, "headwater_fetch_duration_seconds", ResultJoined); n != 1 {
+	if n := eventuallyHistogramCount(t, e.reg, "headwater_fetch_duration_seconds", ResultJoined, 1); n != 1 {
 		t.Errorf("%d fetches joined another, want 1", n)
+	}
+}
+
+// TestFetchJustAfterALandingCopiesItsStagedContent fetches one content
+// twice, the second only once the first staged its content and before any
+// packager recorded it in the content cache: the second copies what the
+// first staged instead of cloning. Once the staged content is gone (the
+// packager took it) and the cache does not know the content, a third
+// fetch clones.
+func TestFetchJustAfterALandingCopiesItsStagedContent(t *testing.T) {
+	e := newEnv(t, 5, func(h *Handler) { h.ContentCache = true })
+	e.request(t, "job-a", nil)
+	first := e.fetched(t)
+	e.request(t, "job-b", func(r *events.FetchRequested) { r.Job.Object.Name, r.Job.Object.UID = "podinfo-b", "uid-b" })
+	second := e.fetched(t)
+	if n := e.uploads.Load(); n != 1 {
+		t.Errorf("%d clones for a fetch just after another of its content, want 1", n)
+	}
+	if first.Staging == second.Staging || first.ContentKey != second.ContentKey || first.Revision != second.Revision {
+		t.Fatalf("jobs %+v and %+v: want their own staging keys, one content key and revision", first, second)
+	}
+	if a, b := e.staged(t, first.Staging), e.staged(t, second.Staging); len(a) == 0 || !slices.Equal(a, b) {
+		t.Errorf("staged %q and %q, want the same content", a, b)
+	}
+	if n := eventuallyHistogramCount(t, e.reg, "headwater_fetch_duration_seconds", ResultJoined, 1); n != 1 {
+		t.Errorf("%d fetches joined another, want 1", n)
+	}
+
+	want := e.staged(t, first.Staging)
+	must(t, e.store.Delete(e.ctx, first.Staging))
+	must(t, e.store.Delete(e.ctx, second.Staging))
+	e.request(t, "job-c", func(r *events.FetchRequested) { r.Job.Object.Name, r.Job.Object.UID = "podinfo-c", "uid-c" })
+	third := e.fetched(t)
+	if n := e.uploads.Load(); n != 2 {
+		t.Errorf("%d clones once the staged content was gone and the cache did not know it, want 2", n)
+	}
+	if got := e.staged(t, third.Staging); !slices.Equal(got, want) {
+		t.Errorf("third fetch staged %q, want %q", got, want)
 	}
 }

@@ -3,6 +3,7 @@ package fetch
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 )
@@ -15,9 +16,27 @@ import (
 // not one per fetcher worker that starts before the content cache knows
 // the content. Keys are content keys (contentcache.Key), so only sources
 // that would reuse each other's artifact join.
+//
+// A fetch that arrives just after the leader landed, before the packager
+// recorded the content in the content cache, finds the landing (landed)
+// and copies the staged content if the packager has not deleted it yet.
 type inflight struct {
 	mu      sync.Mutex
 	flights map[string]*flight
+	// landed holds the staged job of flights that landed within
+	// landedFor, by key.
+	landed map[string]landing
+}
+
+// landedFor is how long a landed flight's staged content is offered to
+// late fetches of its content: longer than the packager takes to record
+// the content in the content cache, after which the cache serves them.
+const landedFor = time.Minute
+
+// landing is a flight's staged job and when it landed.
+type landing struct {
+	staged *events.Fetched
+	at     time.Time
 }
 
 // flight is one download that others may join.
@@ -52,12 +71,36 @@ func (f *inflight) join(key string) (fl *flight, leader bool) {
 // failed), lets the followers copy it, and waits until they have; later
 // fetches of the key start their own flight (or find the content cache).
 func (f *inflight) land(key string, fl *flight, staged *events.Fetched) {
+	now := time.Now()
 	f.mu.Lock()
 	delete(f.flights, key)
+	for k, l := range f.landed {
+		if now.Sub(l.at) > landedFor {
+			delete(f.landed, k)
+		}
+	}
+	if staged != nil {
+		if f.landed == nil {
+			f.landed = map[string]landing{}
+		}
+		f.landed[key] = landing{staged: staged, at: now}
+	}
 	f.mu.Unlock()
 	fl.staged = staged
 	close(fl.done)
 	fl.copies.Wait()
+}
+
+// recent returns the staged job of the flight of key that landed within
+// landedFor, or nil. Its staged content may be gone already: the
+// packager deletes it once packaged.
+func (f *inflight) recent(key string) *events.Fetched {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.landed[key]; ok && time.Since(l.at) <= landedFor {
+		return l.staged
+	}
+	return nil
 }
 
 // wait returns the leader's staged job, or nil when it failed or ctx ended

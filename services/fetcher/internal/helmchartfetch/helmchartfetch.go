@@ -32,7 +32,6 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/repo"
 	"sigs.k8s.io/yaml"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -155,7 +154,7 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 // version as Flux's ChartRepository.GetChartVersion: an exact match
 // first, else the highest that satisfies the constraint (default "*":
 // the latest stable), ties broken by creation time.
-func (s *Source) version(ctx context.Context, indexPath, name, want string) (*repo.ChartVersion, error) {
+func (s *Source) version(ctx context.Context, indexPath, name, want string) (*helmindex.ChartVersion, error) {
 	obj, err := s.Storage.Open(ctx, indexPath)
 	if err != nil {
 		return nil, &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ReadOperationFailedReason,
@@ -171,7 +170,7 @@ func (s *Source) version(ctx context.Context, indexPath, name, want string) (*re
 }
 
 // pickVersion picks a version among a chart's entries (see version).
-func pickVersion(cvs repo.ChartVersions, name, want string) (*repo.ChartVersion, error) {
+func pickVersion(cvs helmindex.ChartVersions, name, want string) (*helmindex.ChartVersion, error) {
 	fail := func(err error) error {
 		return buildFailure(failure.Stalling, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
 			fmt.Errorf("failed to get chart version for remote reference: %w", err))
@@ -196,7 +195,7 @@ func pickVersion(cvs repo.ChartVersions, name, want string) (*repo.ChartVersion,
 	}
 	type match struct {
 		v  *semver.Version
-		cv *repo.ChartVersion
+		cv *helmindex.ChartVersion
 	}
 	var matches []match
 	for _, cv := range cvs {
@@ -239,7 +238,7 @@ type resolved struct {
 	src     *Source
 	access  *helmfetch.Access
 	spec    *sourcev1.HelmChartSpec
-	entry   *repo.ChartVersion
+	entry   *helmindex.ChartVersion
 	version string // the revision: the entry's version, maybe with metadata
 }
 
@@ -264,7 +263,7 @@ func (r *resolved) ContentIdentity() ([]string, bool) {
 func (r *resolved) ProveAccess(context.Context) error { return nil }
 
 // chartURL is the entry's first URL, resolved against the repository's.
-func chartURL(a *helmfetch.Access, cv *repo.ChartVersion) (string, error) {
+func chartURL(a *helmfetch.Access, cv *helmindex.ChartVersion) (string, error) {
 	if len(cv.URLs) == 0 {
 		return "", fmt.Errorf("chart '%s' version '%s' has no downloadable URLs", cv.Name, cv.Version)
 	}
@@ -330,7 +329,7 @@ func (s *Source) packageContent(ch *chart.Chart, spec *sourcev1.HelmChartSpec, v
 
 // pull downloads the chart archive of cv from the repository of a to p,
 // within the chart size limit, and loads it (checking it).
-func (s *Source) pull(ctx context.Context, a *helmfetch.Access, cv *repo.ChartVersion, p string) (*chart.Chart, error) {
+func (s *Source) pull(ctx context.Context, a *helmfetch.Access, cv *helmindex.ChartVersion, p string) (*chart.Chart, error) {
 	pullErr := func(h failure.Handling, err error) error {
 		return buildFailure(h, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error", err)
 	}

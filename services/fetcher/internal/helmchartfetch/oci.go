@@ -23,11 +23,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/registry"
-	"helm.sh/helm/v3/pkg/repo"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -94,9 +94,9 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 			return nil, buildFailure(failure.Transient, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
 				fmt.Errorf("failed to get chart version for remote reference: could not fetch tags for '%s': %w", "oci://"+ref, err))
 		}
-		cvs := make(repo.ChartVersions, 0, len(tags))
+		cvs := make(helmindex.ChartVersions, 0, len(tags))
 		for _, t := range tags {
-			cvs = append(cvs, &repo.ChartVersion{Metadata: &chart.Metadata{Name: spec.Chart, Version: strings.ReplaceAll(t, "_", "+")}})
+			cvs = append(cvs, &helmindex.ChartVersion{Metadata: &chart.Metadata{Name: spec.Chart, Version: strings.ReplaceAll(t, "_", "+")}})
 		}
 		cv, err := pickVersion(cvs, spec.Chart, spec.Version)
 		if err != nil {

@@ -16,7 +16,6 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/repo"
 	"sigs.k8s.io/yaml"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -314,7 +313,7 @@ func (b *depBuilder) anonymous(ctx context.Context, dep *chart.Dependency) (*cha
 }
 
 // pull downloads a dependency's chart with access.
-func (b *depBuilder) pull(ctx context.Context, access *helmfetch.Access, cv *repo.ChartVersion) (*chart.Chart, error) {
+func (b *depBuilder) pull(ctx context.Context, access *helmfetch.Access, cv *helmindex.ChartVersion) (*chart.Chart, error) {
 	b.n++
 	p := filepath.Join(b.work, fmt.Sprintf("dependency-%d.tgz", b.n))
 	defer os.Remove(p)

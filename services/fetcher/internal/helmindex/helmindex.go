@@ -20,7 +20,6 @@ import (
 	"io"
 	"strings"
 
-	"helm.sh/helm/v3/pkg/repo"
 	"sigs.k8s.io/yaml"
 )
 
@@ -68,7 +67,7 @@ func Check(r io.Reader) error {
 // Versions returns the entries of the chart named name in the index r,
 // in the index's order, or nil when the index has none. Only that chart's
 // entry is held in memory. The index should have passed Check.
-func Versions(r io.Reader, name string) (repo.ChartVersions, error) {
+func Versions(r io.Reader, name string) (ChartVersions, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	first, err := firstByte(br)
 	if err != nil {
@@ -156,7 +155,7 @@ func skipJSON(dec *json.Decoder) error {
 }
 
 // jsonVersions finds entries.<name> in a JSON index and decodes only it.
-func jsonVersions(r io.Reader, name string) (repo.ChartVersions, error) {
+func jsonVersions(r io.Reader, name string) (ChartVersions, error) {
 	dec := json.NewDecoder(r)
 	if _, err := dec.Token(); err != nil {
 		return nil, fmt.Errorf("%w: invalid JSON: %w", ErrNotIndex, err)
@@ -186,7 +185,7 @@ func jsonVersions(r io.Reader, name string) (repo.ChartVersions, error) {
 				}
 				continue
 			}
-			var versions repo.ChartVersions
+			var versions ChartVersions
 			if err := dec.Decode(&versions); err != nil {
 				return nil, fmt.Errorf("%w: entry of chart '%s': %w", ErrNotIndex, name, err)
 			}
@@ -287,7 +286,7 @@ func yamlKeys(r *bufio.Reader) (map[string]bool, error) {
 
 // yamlVersions finds entries.<name> in a block-style YAML index by
 // indentation and unmarshals only its lines.
-func yamlVersions(r *bufio.Reader, name string) (repo.ChartVersions, error) {
+func yamlVersions(r *bufio.Reader, name string) (ChartVersions, error) {
 	ls := &lines{br: r}
 	inEntries, childIndent := false, -1
 	var block bytes.Buffer
@@ -325,7 +324,7 @@ func yamlVersions(r *bufio.Reader, name string) (repo.ChartVersions, error) {
 			if inEntries {
 				if v := strings.TrimSpace(afterKey(l.text)); v != "" && v[0] == '{' {
 					// entries in flow style on one line.
-					var entries map[string]repo.ChartVersions
+					var entries map[string]ChartVersions
 					if err := yaml.Unmarshal([]byte(v), &entries); err != nil {
 						return nil, fmt.Errorf("%w: entries: %w", ErrNotIndex, err)
 					}
@@ -356,7 +355,7 @@ func yamlVersions(r *bufio.Reader, name string) (repo.ChartVersions, error) {
 	if !capturing {
 		return nil, nil
 	}
-	var entry map[string]repo.ChartVersions
+	var entry map[string]ChartVersions
 	if err := yaml.Unmarshal(block.Bytes(), &entry); err != nil {
 		return nil, fmt.Errorf("%w: entry of chart '%s': %w", ErrNotIndex, name, err)
 	}
