@@ -54,6 +54,7 @@ done
 # A service binary links only what it runs: the test servers of the
 # testsupport module, and the NATS server they embed, are for tests and the
 # local runner (e2e) only; a service dials NATS through pkg/bus.
+heavy='^(k8s\.io/kubectl|helm\.sh/helm/v3/pkg/(repo|getter|action|kube|cli))(/|$)'
 forbidden='^(github\.com/nats-io/nats-server/v2|github\.com/headwater-gitops/headwater/testsupport)(/|$)'
 for m in "${modules[@]}"; do
 	[[ $m == services/* ]] || continue
@@ -65,6 +66,14 @@ for m in "${modules[@]}"; do
 	fi
 	if linked=$(grep -E "$forbidden" <<<"$deps"); then
 		say "$m: the service binary links test support; only tests may import it:"
+		say "$(sed 's/^/  /' <<<"$linked")"
+		fail=1
+	fi
+	# Every replica maps its whole binary: Helm's repo, getter and action
+	# packages link kubectl and most of client-go (half the fetcher's size)
+	# for nothing a service runs.
+	if linked=$(grep -E "$heavy" <<<"$deps"); then
+		say "$m: the service binary links a package it does not need, which doubles its size:"
 		say "$(sed 's/^/  /' <<<"$linked")"
 		fail=1
 	fi
