@@ -30,7 +30,6 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/storage"
 	"github.com/go-git/go-git/v5/storage/filesystem"
-	"github.com/go-git/go-git/v5/storage/memory"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
@@ -117,7 +116,7 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if err != nil {
 		return nil, err
 	}
-	res := &resolved{url: spec.URL, ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil,
+	res := &resolved{url: spec.URL, http: u.Scheme != "ssh", ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil,
 		submodules: spec.RecurseSubmodules, sparse: sparseDirs(spec.SparseCheckout), refCache: s.RefCache}
 	if req.Job.ReconcileToken != "" {
 		// A reconcile requested (say, after a push) must see the remote
@@ -133,7 +132,9 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 
 // resolved is a spec.ref resolved to a commit.
 type resolved struct {
-	url         string
+	url string
+	// http is true for an http or https URL (stateless upload-pack).
+	http        bool
 	ref         *ref
 	creds       *credentials
 	ignore      *string
@@ -149,8 +150,9 @@ type resolved struct {
 	// refCache shares listings.
 	refCache *RefCache
 	// listed is true once the remote answered a listing with this
-	// source's credentials.
+	// source's credentials; adv is that listing.
 	listed bool
+	adv    *advertised
 	// freshAfter, when set, is the time a shared listing must have started
 	// at or after: when the user asked for the reconcile.
 	freshAfter time.Time
@@ -231,17 +233,7 @@ func (r *resolved) resolve(ctx context.Context) error {
 // list asks the remote for its references, or takes a listing the ref
 // cache shares.
 func (r *resolved) list(ctx context.Context) (*listed, error) {
-	refs, err := r.refCache.list(ctx, r.url+"\x00"+r.creds.fingerprint, r.freshAfter, func(ctx context.Context) ([]*plumbing.Reference, error) {
-		remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{r.url}})
-		return remote.ListContext(ctx, &git.ListOptions{
-			Auth:          r.creds.method,
-			CABundle:      r.creds.ca,
-			ClientCert:    r.creds.cert,
-			ClientKey:     r.creds.key,
-			ProxyOptions:  r.creds.proxyFor(ctx),
-			PeelingOption: git.AppendPeeled,
-		})
-	})
+	adv, err := r.refCache.list(ctx, r.url+"\x00"+r.creds.fingerprint, r.freshAfter, r.advertise)
 	if err != nil {
 		// Flux words it as a clone, or as a list when it had an artifact
 		// to compare with.
@@ -251,8 +243,8 @@ func (r *resolved) list(ctx context.Context) (*listed, error) {
 		}
 		return nil, gitError(err, format, r.url)
 	}
-	r.listed = true
-	return newListed(refs), nil
+	r.listed, r.adv = true, adv
+	return newListed(adv.refs), nil
 }
 
 // ContentIdentity is what, besides the revision, determines the
@@ -352,7 +344,7 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		opts.RefSpecs = []config.RefSpec{config.RefSpec("+" + src + ":" + targetRef)}
 		opts.Depth = 1
 	}
-	if err := repo.FetchContext(ctx, opts); err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
+	if err := r.fetch(ctx, repo, storer, opts); err != nil {
 		return nil, gitError(err, checkoutPrefix+"unable to clone '%s': %w", r.url)
 	}
 
@@ -425,6 +417,24 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 	}
 	content.Root, content.Exclude = tree, excludeGitDir(filter.Exclude)
 	return content, nil
+}
+
+// fetch downloads what opts ask for into the repository. A reference
+// resolved from a listing over HTTP is fetched in one request (see
+// fetchListed); should that fail, go-git's fetch tries again from the
+// start, advertisement included (the remote may have moved the reference
+// away from the listed commit).
+func (r *resolved) fetch(ctx context.Context, repo *git.Repository, st storage.Storer, opts *git.FetchOptions) error {
+	if r.ref.kind != refCommit && !r.submodules && r.adv != nil && r.http {
+		err := r.fetchListed(ctx, st)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	if err := repo.FetchContext(ctx, opts); err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
+		return err
+	}
+	return nil
 }
 
 // fetchedCommit returns the commit to check out: the spec's commit, or the

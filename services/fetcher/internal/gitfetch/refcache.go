@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -56,7 +55,7 @@ type RefCache struct {
 // refEntry is one listing, in flight until done is closed.
 type refEntry struct {
 	done    chan struct{}
-	refs    []*plumbing.Reference
+	adv     *advertised
 	err     error
 	started time.Time // when it was asked for
 	at      time.Time // when it finished
@@ -90,7 +89,7 @@ func NewRefCache(ttl time.Duration, maxEntries int, reg prometheus.Registerer) *
 // deadline; the caller stops waiting when ctx ends. The result is shared:
 // it must not be modified.
 func (c *RefCache) list(ctx context.Context, key string, notBefore time.Time,
-	fn func(context.Context) ([]*plumbing.Reference, error)) ([]*plumbing.Reference, error) {
+	fn func(context.Context) (*advertised, error)) (*advertised, error) {
 	if c == nil || c.ttl <= 0 {
 		return fn(ctx)
 	}
@@ -114,9 +113,9 @@ func (c *RefCache) list(ctx context.Context, key string, notBefore time.Time,
 		}
 		go func() {
 			defer cancel()
-			refs, err := fn(lctx)
+			adv, err := fn(lctx)
 			c.mu.Lock()
-			e.refs, e.err, e.at = refs, err, c.now()
+			e.adv, e.err, e.at = adv, err, c.now()
 			if err != nil && c.entries[key] == e {
 				// Only the fetches already waiting see a failure.
 				delete(c.entries, key)
@@ -128,7 +127,7 @@ func (c *RefCache) list(ctx context.Context, key string, notBefore time.Time,
 	c.mu.Unlock()
 	select {
 	case <-e.done:
-		return e.refs, e.err
+		return e.adv, e.err
 	case <-ctx.Done():
 	}
 	if leader && errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -139,7 +138,7 @@ func (c *RefCache) list(ctx context.Context, key string, notBefore time.Time,
 		defer t.Stop()
 		select {
 		case <-e.done:
-			return e.refs, e.err
+			return e.adv, e.err
 		case <-t.C:
 		}
 	}

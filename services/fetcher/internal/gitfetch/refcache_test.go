@@ -219,9 +219,9 @@ func TestRefCacheBounded(t *testing.T) {
 	now := time.Now()
 	cache.now = func() time.Time { return now }
 	calls := 0
-	list := func(context.Context) ([]*plumbing.Reference, error) {
+	list := func(context.Context) (*advertised, error) {
 		calls++
-		return []*plumbing.Reference{plumbing.NewHashReference("refs/heads/master", plumbing.ZeroHash)}, nil
+		return &advertised{refs: []*plumbing.Reference{plumbing.NewHashReference("refs/heads/master", plumbing.ZeroHash)}}, nil
 	}
 	ctx := context.Background()
 	for _, key := range []string{"a", "b", "c"} {
@@ -251,7 +251,7 @@ func TestRefCacheWaiterCancelled(t *testing.T) {
 	cache := NewRefCache(time.Minute, 0, nil)
 	release := make(chan struct{})
 	started := make(chan struct{})
-	slow := func(ctx context.Context) ([]*plumbing.Reference, error) {
+	slow := func(ctx context.Context) (*advertised, error) {
 		close(started)
 		<-release
 		return nil, ctx.Err()
@@ -265,7 +265,7 @@ func TestRefCacheWaiterCancelled(t *testing.T) {
 	<-started
 	follower := make(chan error, 1)
 	go func() {
-		_, err := cache.list(context.Background(), "k", time.Time{}, func(context.Context) ([]*plumbing.Reference, error) {
+		_, err := cache.list(context.Background(), "k", time.Time{}, func(context.Context) (*advertised, error) {
 			t.Error("the follower listed instead of waiting")
 			return nil, nil
 		})
