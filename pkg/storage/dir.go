@@ -66,8 +66,17 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
 	if _, err := io.Copy(f, contextReader{ctx, r}); err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", key, err)
 	}
-	if err := f.Sync(); err != nil {
-		return Info{}, fmt.Errorf("put %s: sync: %w", key, err)
+	// Staged content is scratch: a job whose staged content a crash lost
+	// is redelivered and stages it again, so it is not worth a flush to
+	// the disk. Everything else must be on the disk before it appears.
+	if !strings.HasPrefix(key, StagingDir+"/") {
+		if err := f.Sync(); err != nil {
+			return Info{}, fmt.Errorf("put %s: sync: %w", key, err)
+		}
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return Info{}, fmt.Errorf("put %s: stat: %w", key, err)
 	}
 	if err := f.Close(); err != nil {
 		return Info{}, fmt.Errorf("put %s: close: %w", key, err)
@@ -76,7 +85,7 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
 		return Info{}, fmt.Errorf("put %s: rename: %w", key, err)
 	}
 	committed = true
-	return d.Stat(ctx, key)
+	return info(key, fi), nil
 }
 
 // createIn creates the new file name in dir, creating dir first. Delete
@@ -152,8 +161,9 @@ func (d *Dir) Delete(_ context.Context, key string) error {
 	if err := d.root.Remove(key); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %s: %w", key, err)
 	}
-	// Prune empty parents; Remove fails harmlessly on a non-empty one.
-	for dir := path.Dir(key); dir != "." && dir != "/"; dir = path.Dir(dir) {
+	// Prune empty parents; Remove fails harmlessly on a non-empty one. The
+	// staging directory stays: every job stages in it.
+	for dir := path.Dir(key); dir != "." && dir != "/" && dir != StagingDir; dir = path.Dir(dir) {
 		if d.root.Remove(dir) != nil {
 			break
 		}

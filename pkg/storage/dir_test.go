@@ -2,7 +2,9 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -140,5 +142,40 @@ func TestDirSweepTemporary(t *testing.T) {
 		if want := !slices.Contains(abandoned, k); (err == nil) != want {
 			t.Errorf("%s exists: %v, want %v", k, err == nil, want)
 		}
+	}
+}
+
+// TestDirKeepsStagingDir deletes the last staged file and an artifact: the
+// artifact's emptied directories go, the staging directory stays for the
+// next job, and what a Put returns describes what it stored.
+func TestDirKeepsStagingDir(t *testing.T) {
+	root := t.TempDir()
+	d, err := NewDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	for _, key := range []string{StagingKey("job"), "gitrepository/ns/app/a.tar.gz"} {
+		got, err := d.Put(ctx, key, strings.NewReader("content"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := d.Stat(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want || got.Size != int64(len("content")) {
+			t.Errorf("put %s returned %+v, stat says %+v", key, got, want)
+		}
+		if err := d.Delete(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, StagingDir)); err != nil || !fi.IsDir() {
+		t.Errorf("staging directory after its last file was deleted: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "gitrepository")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an artifact's emptied directories stayed: %v", err)
 	}
 }
