@@ -77,6 +77,12 @@ type Kind struct {
 	// ReadyFormat and NewArtifact (a HelmChart's ChartPullSucceeded
 	// "pulled '<chart>' chart with version '<version>'").
 	StoredCondition func(obj Object, o *events.Outcome) (reason, message string)
+	// Recovered, when set, gives Flux's message of the Event for a
+	// recovery that kept the stored artifact (reason Succeeded): the new
+	// artifact's message as Flux words it without a fresh fetch (a
+	// GitRepository's "stored artifact for commit '<revision>'"). Nil
+	// means the Ready message.
+	Recovered func(obj Object, art *meta.Artifact) string
 	// Progress, when set, records what a new job is made from in status
 	// before the job is published (a HelmChart's
 	// observedSourceArtifactRevision, which Flux records before building).

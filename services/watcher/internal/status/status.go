@@ -246,6 +246,9 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 			out = append(out, newArtifactEvent(kind, o, reason, msg))
 		case wasFailing:
 			art := *st.Artifact
+			if kind.Recovered != nil {
+				msg = kind.Recovered(obj, art)
+			}
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg, Revision: art.Revision, Digest: art.Digest})
 		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:
 			// Flux records a no-change reconcile of a GitRepository as a

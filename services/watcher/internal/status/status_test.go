@@ -198,7 +198,7 @@ func TestApply(t *testing.T) {
 				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 				wantNoCondition(t, g, sourcev1.FetchFailedCondition)
 			},
-			events: []Event{{Type: corev1.EventTypeNormal, Reason: meta.SucceededReason, Message: readyMessage(rev1), Revision: rev1, Digest: "sha256:a"}},
+			events: []Event{{Type: corev1.EventTypeNormal, Reason: meta.SucceededReason, Message: "stored artifact for commit '" + rev1 + "'", Revision: rev1, Digest: "sha256:a"}},
 		},
 		{
 			name: "a stale outcome from an older generation changes nothing",
