@@ -47,7 +47,8 @@ func GitRepository() Kind {
 		Recovered: func(_ Object, art *meta.Artifact) string {
 			return fmt.Sprintf("stored artifact for commit '%s'", art.Revision)
 		},
-		UpToDateReason: sourcev1.GitOperationSucceedReason,
+		UpToDateReason:     sourcev1.GitOperationSucceedReason,
+		TracesVerification: true,
 		Status: func(o Object) Status {
 			st := &o.(*sourcev1.GitRepository).Status
 			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}

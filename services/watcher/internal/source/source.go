@@ -94,6 +94,10 @@ type Kind struct {
 	// '<revision>'" whenever revision is not prev's (a HelmChart's differs:
 	// NewChart).
 	Outdated func(obj Object, prev *meta.Artifact, revision string) (reason, message string, outdated bool)
+	// TracesVerification is set for the kinds whose successful signature
+	// check Flux records as a trace Event (a GitRepository's "verified
+	// signature of ..."); the others only set SourceVerified.
+	TracesVerification bool
 	// UpToDateReason is the reason Flux logs when nothing changed upstream.
 	UpToDateReason string
 	// Status returns the object's common status fields.

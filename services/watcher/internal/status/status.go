@@ -241,6 +241,10 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		if current && kind.Observe != nil {
 			kind.Observe(obj)
 		}
+		if v := o.Verification; eventType == events.TypeArtifactStored && kind.TracesVerification && v != nil && v.Verified {
+			// Flux's trace for the signatures checked on a fetch.
+			out = append(out, Event{Type: eventv1.EventTypeTrace, Reason: v.Reason, Message: v.Message})
+		}
 		switch {
 		case eventType == events.TypeArtifactStored && !stale && (prev == nil || prev.Digest != o.Artifact.Digest):
 			out = append(out, newArtifactEvent(kind, o, reason, msg))

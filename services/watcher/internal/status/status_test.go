@@ -351,10 +351,18 @@ func TestApplyVerification(t *testing.T) {
 	}
 	t.Run("verified", func(t *testing.T) {
 		g := newRepo()
-		Apply(kind, g, events.TypeArtifactStored, &events.Outcome{Job: job(1, ""), Revision: rev1,
-			Artifact:     artifact(rev1, "sha256:a", time.Now()),
+		got := Apply(kind, g, events.TypeArtifactStored, &events.Outcome{Job: job(1, ""), Revision: rev1,
+			Artifact: artifact(rev1, "sha256:a", time.Now()), EventMessage: "m",
 			Verification: &events.Verification{Mode: "HEAD", Verified: true, Reason: meta.SucceededReason, Message: "verified signature of commit"}})
 		wantCondition(t, g, sourcev1.SourceVerifiedCondition, metav1.ConditionTrue, meta.SucceededReason, "verified signature of commit")
+		// Flux's trace for the check, before the new artifact's Event.
+		want := []Event{
+			{Type: eventv1.EventTypeTrace, Reason: meta.SucceededReason, Message: "verified signature of commit"},
+			{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "m", Revision: rev1, Digest: "sha256:a"},
+		}
+		if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+			t.Errorf("events = %+v, want %+v", got, want)
+		}
 		if g.Status.SourceVerificationMode == nil || *g.Status.SourceVerificationMode != sourcev1.ModeGitHEAD {
 			t.Errorf("sourceVerificationMode = %v", g.Status.SourceVerificationMode)
 		}
