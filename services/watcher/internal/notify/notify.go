@@ -236,25 +236,57 @@ func (f *Forwarder) Forward(obj runtime.Object, metadata map[string]string, even
 	}
 }
 
-// Start posts queued Events, one at a time and in order, until ctx ends.
+// drainTimeout bounds the posting of the Events still queued when the
+// watcher stops.
+const drainTimeout = 5 * time.Second
+
+// Start posts queued Events, one at a time and in order, until ctx ends;
+// then, for up to drainTimeout, it posts what is still queued (and the
+// Event whose post ctx's end interrupted).
 func (f *Forwarder) Start(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			f.drain(nil)
 			return nil
 		case ev := <-f.queue:
-			if err := f.post(ctx, ev); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				f.results.WithLabelValues(resultFailed).Inc()
-				f.log.Error(err, "unable to post event", "reason", ev.Reason, "kind", ev.InvolvedObject.Kind,
-					"namespace", ev.InvolvedObject.Namespace, "name", ev.InvolvedObject.Name)
-				continue
+			err := f.post(ctx, ev)
+			if err != nil && ctx.Err() != nil {
+				f.drain(&ev)
+				return nil
 			}
-			f.results.WithLabelValues(resultPosted).Inc()
+			f.count(ev, err)
 		}
 	}
+}
+
+// drain posts first (when not nil), then the queued Events, until the
+// queue is empty or drainTimeout has passed.
+func (f *Forwarder) drain(first *eventv1.Event) {
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	if first != nil {
+		f.count(*first, f.post(ctx, *first))
+	}
+	for ctx.Err() == nil {
+		select {
+		case ev := <-f.queue:
+			f.count(ev, f.post(ctx, ev))
+		default:
+			return
+		}
+	}
+}
+
+// count counts and logs the result of posting ev.
+func (f *Forwarder) count(ev eventv1.Event, err error) {
+	if err != nil {
+		f.results.WithLabelValues(resultFailed).Inc()
+		f.log.Error(err, "unable to post event", "reason", ev.Reason, "kind", ev.InvolvedObject.Kind,
+			"namespace", ev.InvolvedObject.Namespace, "name", ev.InvolvedObject.Name)
+		return
+	}
+	f.results.WithLabelValues(resultPosted).Inc()
 }
 
 // NeedLeaderElection is false: a replica posts what it recorded, and only

@@ -343,3 +343,44 @@ func TestRecorderPostsWhatItRecords(t *testing.T) {
 		t.Errorf("kubernetes event %q", got)
 	}
 }
+
+// TestDrainOnStop checks that the Events still queued when the watcher
+// stops are posted before Start returns.
+func TestDrainOnStop(t *testing.T) {
+	r := newReceiver(t, nil)
+	f, err := New(Options{Addr: r.URL, Scheme: scheme(t), Log: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := gitRepository()
+	for _, reason := range []string{"First", "Second", "Third"} {
+		f.Forward(obj, nil, corev1.EventTypeNormal, reason, "m")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.events(); len(got) != 3 || got[0].Reason != "First" || got[2].Reason != "Third" {
+		t.Errorf("posted %+v, want First, Second and Third in order", got)
+	}
+}
+
+// TestQueueFullDrops checks that Forward never blocks: with nothing
+// posting, Events beyond the queue's size are dropped and counted.
+func TestQueueFullDrops(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f, err := New(Options{Addr: "http://127.0.0.1:1/", Scheme: scheme(t), QueueSize: 2, Registerer: reg, Log: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		f.Forward(gitRepository(), nil, corev1.EventTypeWarning, "GitOperationFailed", "m")
+	}
+	if n := testutil.ToFloat64(f.results.WithLabelValues(resultDropped)); n != 3 {
+		t.Errorf("dropped %v, want 3", n)
+	}
+	if n, err := testutil.GatherAndCount(reg, "headwater_notifications_total"); err != nil || n != 3 {
+		t.Errorf("headwater_notifications_total has %d series (%v), want posted, failed and dropped", n, err)
+	}
+}
