@@ -60,6 +60,24 @@ func ArtifactMetadata(revision, digest string) map[string]string {
 	return map[string]string{RevisionKey: revision, DigestKey: digest}
 }
 
+// Annotations is what Flux annotates an Event about obj with, in
+// Kubernetes and in the notification: metadata (may be nil) and obj's own
+// annotations under event.toolkit.fluxcd.io/. Nil when there are none.
+func Annotations(obj runtime.Object, metadata map[string]string) map[string]string {
+	out := maps.Clone(metadata)
+	if a, ok := obj.(interface{ GetAnnotations() map[string]string }); ok {
+		for k, v := range a.GetAnnotations() {
+			if strings.HasPrefix(k, eventv1.Group+"/") {
+				if out == nil {
+					out = map[string]string{}
+				}
+				out[k] = v
+			}
+		}
+	}
+	return out
+}
+
 // Flux's HTTP client settings (fluxcd/pkg/runtime/events.NewRecorder, with
 // go-retryablehttp's defaults).
 const (
@@ -206,17 +224,7 @@ func (f *Forwarder) Forward(obj runtime.Object, metadata map[string]string, even
 			"cannot post event", "reason", reason)
 		return
 	}
-	meta := maps.Clone(metadata)
-	if a, ok := obj.(interface{ GetAnnotations() map[string]string }); ok {
-		for k, v := range a.GetAnnotations() {
-			if strings.HasPrefix(k, eventv1.Group+"/") {
-				if meta == nil {
-					meta = map[string]string{}
-				}
-				meta[k] = v
-			}
-		}
-	}
+	meta := Annotations(obj, metadata)
 	ev := eventv1.Event{
 		InvolvedObject:      *ref,
 		Severity:            sev,
@@ -330,15 +338,16 @@ func (r *Recorder) Eventf(regarding, related runtime.Object, eventType, reason, 
 }
 
 // AnnotatedEventf records an Event with annotations and posts it with them
-// as metadata.
+// as metadata; both also carry the object's event.toolkit.fluxcd.io/
+// annotations, as Flux's.
 func (r *Recorder) AnnotatedEventf(regarding, related runtime.Object, annotations map[string]string,
 	eventType, reason, action, note string, args ...any) {
 	k8sType := eventType
 	if eventType == eventv1.EventTypeTrace {
 		k8sType = corev1.EventTypeNormal
 	}
-	if len(annotations) > 0 {
-		r.Recorder.AnnotatedEventf(regarding, related, annotations, k8sType, reason, action, note, args...)
+	if all := Annotations(regarding, annotations); len(all) > 0 {
+		r.Recorder.AnnotatedEventf(regarding, related, all, k8sType, reason, action, note, args...)
 	} else {
 		r.Recorder.Eventf(regarding, related, k8sType, reason, action, note, args...)
 	}

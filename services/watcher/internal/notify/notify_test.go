@@ -318,6 +318,14 @@ func TestNewWithoutAddress(t *testing.T) {
 			t.Errorf("kubernetes event %q, want %q", got, want)
 		}
 	}
+	// The Kubernetes Event carries the metadata and the object's Flux
+	// event annotations, as Flux's.
+	k8s.Verbose = true
+	rec.AnnotatedEventf(gitRepository(), nil, ArtifactMetadata("r", "d"), corev1.EventTypeNormal, "NewArtifact", "Reconcile", "m")
+	want := "Normal NewArtifact Reconcile m map[event.toolkit.fluxcd.io/commit:a1b2c3 source.toolkit.fluxcd.io/digest:d source.toolkit.fluxcd.io/revision:r]"
+	if got := <-k8s.Events; got != want {
+		t.Errorf("kubernetes event %q, want %q", got, want)
+	}
 	for _, addr := range []string{"ftp://x/", "localhost:9090", "://"} {
 		if _, err := New(Options{Addr: addr, Scheme: scheme(t)}); err == nil {
 			t.Errorf("New(%q): no error", addr)

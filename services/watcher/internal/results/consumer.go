@@ -213,7 +213,7 @@ func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.E
 		}
 		ev := &eventsv1.Event{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x%02x", obj.GetName(), now.UnixNano(), i), Namespace: obj.GetNamespace(),
-				Annotations: metadata(e)},
+				Annotations: notify.Annotations(obj, metadata(e))},
 			EventTime:           metav1.NewMicroTime(now),
 			ReportingController: EventSource,
 			ReportingInstance:   c.Instance,
