@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -131,12 +132,13 @@ func New(o Options) (*Forwarder, error) {
 	if o.Addr == "" {
 		return nil, nil
 	}
+	// The address is not repeated in errors: it may carry credentials.
 	u, err := url.Parse(o.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("events address: %w", err)
+		return nil, errors.New("events address: not a valid URL")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("events address %q: want an http:// or https:// URL", o.Addr)
+		return nil, errors.New("events address: want an http:// or https:// URL")
 	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = DefaultQueueSize
