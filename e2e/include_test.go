@@ -132,7 +132,7 @@ func TestIncludeUnavailable(t *testing.T) {
 	if obj.Status.Artifact != nil {
 		t.Errorf("artifact %+v while the include is unavailable", obj.Status.Artifact)
 	}
-	waitKubeEvent(t, name, corev1.EventTypeWarning, "NotFound", func(msg string) bool { return strings.HasPrefix(msg, wantMsg) })
+	waitKubeEvent(t, name, corev1.EventTypeNormal, "NotFound", func(msg string) bool { return strings.HasPrefix(msg, wantMsg) })
 
 	// The included source appears; toPath defaults to its name.
 	lateFiles := map[string]string{"late.yaml": "late: true\n"}

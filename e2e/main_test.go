@@ -26,6 +26,9 @@ const e2eMaxFileSize = 1 << 20
 var (
 	env      *harness.Env
 	recorder = &eventRecorder{}
+	// notifications receives what the watcher posts to -events-addr, as
+	// Flux's notification-controller would (notify_test.go).
+	notifications *notificationReceiver
 )
 
 func TestMain(m *testing.M) {
@@ -57,6 +60,9 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	ctrllog.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	notifications = startNotificationReceiver()
+	defer notifications.Close()
+	cfg.ExtraArgs[harness.Watcher] = append(cfg.ExtraArgs[harness.Watcher], "-events-addr", notifications.URL)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	env, err = harness.Start(ctx, cfg)

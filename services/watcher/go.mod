@@ -3,10 +3,12 @@ module github.com/headwater-gitops/headwater/services/watcher
 go 1.26.0
 
 require (
+	github.com/fluxcd/pkg/apis/event v0.27.2
 	github.com/fluxcd/pkg/apis/meta v1.30.2
 	github.com/fluxcd/pkg/runtime v0.110.3
 	github.com/fluxcd/source-controller/api v1.9.5
 	github.com/go-logr/logr v1.4.4
+	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/headwater-gitops/headwater/pkg v0.0.0
 	github.com/headwater-gitops/headwater/testsupport v0.0.0
 	github.com/nats-io/nats.go v1.55.0
@@ -47,10 +49,12 @@ require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
 	github.com/klauspost/crc32 v1.3.0 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/minio/crc64nvme v1.1.1 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/minio/md5-simd v1.1.2 // indirect

@@ -31,6 +31,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
@@ -56,6 +57,7 @@ type options struct {
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
 	jobKeyFile              string
+	eventsAddr              string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -76,6 +78,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
 		"File holding the secret (32 bytes or more) every watcher replica seals its jobs with; default: the bus identity's -nats-nkey, then -nats-creds.")
+	fs.StringVar(&o.eventsAddr, "events-addr", "",
+		"URL of Flux's notification-controller events receiver (as Flux's flag): every Event recorded is also posted there in Flux's format; empty posts none.")
 }
 
 func main() {
@@ -155,9 +159,22 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.AddReadyzCheck("nats", func(*http.Request) error { return conn.Healthy() }); err != nil {
 		return err
 	}
+	// Every Event recorded is also posted to Flux's notification-controller
+	// when -events-addr is set, as Flux's source-controller does.
+	notifier, err := notify.New(notify.Options{Addr: o.eventsAddr, Scheme: scheme, Registerer: crmetrics.Registry,
+		Log: log.WithName("notify")})
+	if err != nil {
+		return err
+	}
+	if notifier != nil {
+		if err := mgr.Add(notifier); err != nil {
+			return err
+		}
+	}
 	for _, kind := range source.Kinds() {
 		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
-			Recorder: mgr.GetEventRecorder("headwater-watcher"), RequeueDependency: o.requeueDependency}
+			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
+			RequeueDependency: o.requeueDependency}
 		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
 		}
@@ -170,7 +187,8 @@ func run(ctx context.Context, o options) error {
 		Seal:        key,
 		Client:      mgr.GetClient(),
 		Live:        mgr.GetAPIReader(),
-		Recorder:    mgr.GetEventRecorder(results.EventSource),
+		Recorder:    &notify.Recorder{Recorder: mgr.GetEventRecorder(results.EventSource), Forwarder: notifier},
+		Notify:      notifier,
 		Instance:    instance,
 		Concurrency: o.eventConcurrency,
 		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, service),
@@ -179,7 +197,7 @@ func run(ctx context.Context, o options) error {
 	}); err != nil {
 		return err
 	}
-	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns)
+	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns, "notifications", notifier != nil)
 	return mgr.Start(ctx)
 }
 

@@ -495,7 +495,7 @@ func testInclude(t *testing.T, e *env) {
 		c := conditions.Get(&got, sourcev1.IncludeUnavailableCondition)
 		return c != nil && c.Reason == "NotFound" && conditions.IsFalse(&got, meta.ReadyCondition)
 	})
-	waitEvent(t, e, "parent", corev1.EventTypeWarning, "NotFound",
+	waitEvent(t, e, "parent", corev1.EventTypeNormal, "NotFound", // Flux's trace
 		conditions.Get(&got, sourcev1.IncludeUnavailableCondition).Message)
 
 	child := &sourcev1.GitRepository{

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	eventv1 "github.com/fluxcd/pkg/apis/event/v1beta1"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	"github.com/fluxcd/pkg/runtime/jitter"
@@ -53,7 +54,8 @@ type Reconciler struct {
 	// Seal seals every job published, so that only outcomes of jobs this
 	// watcher (or another replica) issued are applied.
 	Seal *seal.Key
-	// Recorder records Kubernetes Events.
+	// Recorder records Kubernetes Events; it takes Flux's trace type
+	// (eventv1.EventTypeTrace) as a notify.Recorder does.
 	Recorder recorder.EventRecorder
 	// RequeueDependency is how often a source waiting for another one (an
 	// include without an artifact) looks again.
@@ -149,7 +151,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // waiting records that no job can be made yet, as a failed job's outcome
 // is recorded (status.MarkFailure): the failure's condition, Ready=False
-// with its reason and message, a Warning Event when that is news, and a
+// with its reason and message, an Event when that is news (a Warning, or
+// Flux's trace for the waits Flux traces: fluxTraces), and a
 // look again after its RetryAfter (RequeueDependency when unset), or only on
 // a spec change when it stalls.
 func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.Error) (ctrl.Result, error) {
@@ -171,7 +174,11 @@ func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.
 	}
 	msg := f.Error()
 	if r.Recorder != nil && (old == nil || old.Reason != f.Reason || old.Message != msg) {
-		r.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, f.Reason, "Reconcile", "%s", msg)
+		eventType := corev1.EventTypeWarning
+		if fluxTraces[f.Reason] && !f.Stalled() {
+			eventType = eventv1.EventTypeTrace
+		}
+		r.Recorder.Eventf(obj, nil, eventType, f.Reason, "Reconcile", "%s", msg)
 	}
 	log.FromContext(ctx).Info("waiting", "reason", f.Reason, "message", msg, "handling", f.Handling.String())
 	if f.Stalled() {
@@ -182,6 +189,13 @@ func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.
 	}
 	return ctrl.Result{RequeueAfter: r.RequeueDependency}, nil
 }
+
+// fluxTraces are the reasons of the waits Flux records as traces (a Normal
+// Event, not posted to the notification-controller): a GitRepository's
+// include not found or without an artifact (Flux's serror.Waiting), a
+// HelmChart's source without an artifact. Every other failure is a
+// Warning, posted.
+var fluxTraces = map[string]bool{"NotFound": true, "NoArtifact": true, source.NoSourceArtifactReason: true}
 
 // makeStatic turns an object of a kind Flux leaves alone (a HelmRepository
 // of type oci) into what Flux makes of it: its artifacts deleted, no

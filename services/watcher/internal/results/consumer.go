@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	eventv1 "github.com/fluxcd/pkg/apis/event/v1beta1"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
@@ -49,8 +51,13 @@ type Consumer struct {
 	// Live reads objects from the API server.
 	Live client.Reader
 	// Recorder records Kubernetes Events, but for a new artifact's, which
-	// the consumer writes itself before acknowledging the outcome.
+	// the consumer writes itself before acknowledging the outcome. It
+	// takes Flux's trace type (eventv1.EventTypeTrace) as a notify.Recorder
+	// does.
 	Recorder recorder.EventRecorder
+	// Notify posts the Events the consumer writes itself to the
+	// notification-controller; nil posts none.
+	Notify *notify.Forwarder
 	// Instance names this watcher replica in the Events it writes
 	// (reportingInstance).
 	Instance string
@@ -162,7 +169,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 			durable = append(durable, e)
 			continue
 		}
-		c.Recorder.Eventf(obj, nil, e.Type, e.Reason, "Reconcile", "%s", e.Message)
+		c.Recorder.AnnotatedEventf(obj, nil, metadata(e), e.Type, e.Reason, "Reconcile", "%s", e.Message)
 	}
 	if len(durable) == 0 && d.Attempt > 1 {
 		durable = announced
@@ -174,12 +181,22 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	return nil
 }
 
+// metadata is what Flux annotates an Event with: the artifact's revision
+// and digest on the Events about it; nil on the others.
+func metadata(e status.Event) map[string]string {
+	if e.Revision == "" && e.Digest == "" {
+		return nil
+	}
+	return notify.ArtifactMetadata(e.Revision, e.Digest)
+}
+
 // maxNoteLength is the longest note (message) the events.k8s.io API
 // accepts.
 const maxNoteLength = 1024
 
 // record writes evs about obj to the API server, each as an events.k8s.io
-// Event as the manager's recorder would, but synchronously.
+// Event as the manager's recorder would, but synchronously, and queues it
+// for the notification-controller once written.
 func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.Event) error {
 	if len(evs) == 0 {
 		return nil
@@ -195,7 +212,8 @@ func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.E
 			note = strings.ToValidUTF8(note[:maxNoteLength], "")
 		}
 		ev := &eventsv1.Event{
-			ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x%02x", obj.GetName(), now.UnixNano(), i), Namespace: obj.GetNamespace()},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x%02x", obj.GetName(), now.UnixNano(), i), Namespace: obj.GetNamespace(),
+				Annotations: notify.Annotations(obj, metadata(e))},
 			EventTime:           metav1.NewMicroTime(now),
 			ReportingController: EventSource,
 			ReportingInstance:   c.Instance,
@@ -209,6 +227,7 @@ func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.E
 		if err := c.Client.Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("record %s event: %w", e.Reason, err)
 		}
+		c.Notify.Forward(obj, metadata(e), e.Type, e.Reason, e.Message)
 	}
 	return nil
 }
@@ -232,7 +251,8 @@ func (c *Consumer) orphaned(ctx context.Context, eventType string, o *events.Out
 // artifacts of a deleted source are gone: the outcome of the deletion job
 // the finalizer made (not of the clean-up of an artifact stored after it).
 // The object is usually gone by then; the Event names it by kind,
-// namespace, name and UID.
+// namespace, name and UID. As Flux's, it is a trace: a Normal Event, not
+// posted to the notification-controller.
 func (c *Consumer) garbageCollected(o *events.Outcome) {
 	if o.Job.ID != events.DeletionJobID(o.Job.Object.UID) || c.Recorder == nil {
 		return
@@ -245,10 +265,10 @@ func (c *Consumer) garbageCollected(o *events.Outcome) {
 	obj.SetNamespace(o.Job.Object.Namespace)
 	obj.SetName(o.Job.Object.Name)
 	obj.SetUID(types.UID(o.Job.Object.UID))
-	c.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, "GarbageCollectionSucceeded", "Reconcile", "%s", status.GarbageCollectedMessage)
+	c.Recorder.Eventf(obj, nil, eventv1.EventTypeTrace, "GarbageCollectionSucceeded", "Reconcile", "%s", status.GarbageCollectedMessage)
 }
 
-// logOutcome logs what Flux records as trace events: the no-change messages.
+// logOutcome logs each outcome, as Flux logs what it records.
 func logOutcome(log logr.Logger, kind source.Kind, eventType string, o *events.Outcome) {
 	switch eventType {
 	case events.TypeArtifactUnchanged:

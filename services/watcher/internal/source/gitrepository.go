@@ -42,8 +42,13 @@ func GitRepository() Kind {
 			g.Status.ObservedInclude = g.Spec.Include
 			g.Status.ObservedSparseCheckout = g.Spec.SparseCheckout
 		},
-		ReadyFormat:    "stored artifact for revision '%s'",
-		UpToDateReason: sourcev1.GitOperationSucceedReason,
+		ReadyFormat: "stored artifact for revision '%s'",
+		// Flux names the commit by its reference when it did not clone.
+		Recovered: func(_ Object, art *meta.Artifact) string {
+			return fmt.Sprintf("stored artifact for commit '%s'", art.Revision)
+		},
+		UpToDateReason:     sourcev1.GitOperationSucceedReason,
+		TracesVerification: true,
 		Status: func(o Object) Status {
 			st := &o.(*sourcev1.GitRepository).Status
 			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}

@@ -2,8 +2,10 @@ package source
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 
+	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -39,6 +41,7 @@ func OCIRepository() Kind {
 			}
 		},
 		ReadyFormat:    "stored artifact for digest '%s'",
+		Recovered:      ociRecovered,
 		UpToDateReason: sourcev1.ArtifactUpToDateReason,
 		Status: func(o Object) Status {
 			st := &o.(*sourcev1.OCIRepository).Status
@@ -83,4 +86,15 @@ func ociRecord(o Object, _ string, out *events.Outcome) {
 	default:
 		conditions.MarkFalse(r, sourcev1.SourceVerifiedCondition, v.Reason, "%s", v.Message)
 	}
+}
+
+// ociRecovered is Flux's message for an OCIRepository's artifact: its
+// revision and spec.url, and the origin source and revision when the
+// artifact's metadata has both.
+func ociRecovered(o Object, art *meta.Artifact) string {
+	msg := fmt.Sprintf("stored artifact with revision '%s' from '%s'", art.Revision, o.(*sourcev1.OCIRepository).Spec.URL)
+	if src, rev := art.Metadata["org.opencontainers.image.source"], art.Metadata["org.opencontainers.image.revision"]; src != "" && rev != "" {
+		msg = fmt.Sprintf("%s, origin source '%s', origin revision '%s'", msg, src, rev)
+	}
+	return msg
 }

@@ -77,6 +77,12 @@ type Kind struct {
 	// ReadyFormat and NewArtifact (a HelmChart's ChartPullSucceeded
 	// "pulled '<chart>' chart with version '<version>'").
 	StoredCondition func(obj Object, o *events.Outcome) (reason, message string)
+	// Recovered, when set, gives Flux's message of the Event for a
+	// recovery that kept the stored artifact (reason Succeeded): the new
+	// artifact's message as Flux words it without a fresh fetch (a
+	// GitRepository's "stored artifact for commit '<revision>'"). Nil
+	// means the Ready message.
+	Recovered func(obj Object, art *meta.Artifact) string
 	// Progress, when set, records what a new job is made from in status
 	// before the job is published (a HelmChart's
 	// observedSourceArtifactRevision, which Flux records before building).
@@ -88,6 +94,10 @@ type Kind struct {
 	// '<revision>'" whenever revision is not prev's (a HelmChart's differs:
 	// NewChart).
 	Outdated func(obj Object, prev *meta.Artifact, revision string) (reason, message string, outdated bool)
+	// TracesVerification is set for the kinds whose successful signature
+	// check Flux records as a trace Event (a GitRepository's "verified
+	// signature of ..."); the others only set SourceVerified.
+	TracesVerification bool
 	// UpToDateReason is the reason Flux logs when nothing changed upstream.
 	UpToDateReason string
 	// Status returns the object's common status fields.

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -82,5 +83,35 @@ func TestKindsRefuseCredentials(t *testing.T) {
 		if f := failure.As(err); f == nil || f.Reason != sourcev1.URLInvalidReason || req.Spec() != nil {
 			t.Errorf("%s: Request = %v with spec %v, want URLInvalid and no spec", tc.kind.Name, err, req.Spec())
 		}
+	}
+}
+
+// TestRecovered checks the messages of the Event for a recovery that kept
+// the stored artifact, as Flux's source-controller v1.9.1 words them.
+func TestRecovered(t *testing.T) {
+	oci := &sourcev1.OCIRepository{Spec: sourcev1.OCIRepositorySpec{URL: "oci://registry/app"}}
+	tests := []struct {
+		name string
+		kind Kind
+		obj  Object
+		art  *meta.Artifact
+		want string
+	}{
+		{name: "git", kind: GitRepository(), obj: &sourcev1.GitRepository{},
+			art:  &meta.Artifact{Revision: "main@sha1:abc"},
+			want: "stored artifact for commit 'main@sha1:abc'"},
+		{name: "oci", kind: OCIRepository(), obj: oci, art: &meta.Artifact{Revision: "v1@sha256:def"},
+			want: "stored artifact with revision 'v1@sha256:def' from 'oci://registry/app'"},
+		{name: "oci with origin", kind: OCIRepository(), obj: oci,
+			art: &meta.Artifact{Revision: "v1@sha256:def", Metadata: map[string]string{
+				"org.opencontainers.image.source": "https://github.com/org/app", "org.opencontainers.image.revision": "main@sha1:abc"}},
+			want: "stored artifact with revision 'v1@sha256:def' from 'oci://registry/app', origin source 'https://github.com/org/app', origin revision 'main@sha1:abc'"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.kind.Recovered(tt.obj, tt.art); got != tt.want {
+				t.Errorf("Recovered = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

@@ -29,6 +29,7 @@ package status
 import (
 	"fmt"
 
+	eventv1 "github.com/fluxcd/pkg/apis/event/v1beta1"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -42,10 +43,16 @@ import (
 
 // Event is a Kubernetes Event to record for the object.
 type Event struct {
-	// Type is corev1.EventTypeNormal or corev1.EventTypeWarning.
+	// Type is corev1.EventTypeNormal, corev1.EventTypeWarning or Flux's
+	// eventv1.EventTypeTrace: recorded as a Normal Event, never posted to
+	// the notification-controller.
 	Type    string
 	Reason  string
 	Message string
+	// Revision and Digest are the stored artifact's, on the Events Flux
+	// annotates with them (a new artifact, a recovery): posted to the
+	// notification-controller as metadata.
+	Revision, Digest string
 }
 
 // Event reasons Flux uses that the API module does not define.
@@ -63,6 +70,12 @@ const (
 // revision unchanged.
 func NoChangeMessage(revision string) string {
 	return fmt.Sprintf("no changes since last reconciliation: observed revision '%s'", revision)
+}
+
+// UpToDateMessage is Flux's message for a reconcile whose stored artifact
+// has the upstream revision (reason ArtifactUpToDate).
+func UpToDateMessage(revision string) string {
+	return fmt.Sprintf("artifact up-to-date with remote revision: '%s'", revision)
 }
 
 // GarbageCollectedMessage is Flux's message for the artifacts of a deleted
@@ -180,7 +193,7 @@ func newArtifactEvent(kind source.Kind, o *events.Outcome, reason, msg string) E
 	if kind.StoredCondition != nil {
 		r = reason
 	}
-	return Event{Type: corev1.EventTypeNormal, Reason: r, Message: m}
+	return Event{Type: corev1.EventTypeNormal, Reason: r, Message: m, Revision: o.Artifact.Revision, Digest: o.Artifact.Digest}
 }
 
 // Apply writes an outcome of eventType (a public type such as
@@ -228,16 +241,29 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		if current && kind.Observe != nil {
 			kind.Observe(obj)
 		}
+		if v := o.Verification; eventType == events.TypeArtifactStored && kind.TracesVerification && v != nil && v.Verified {
+			// Flux's trace for the signatures checked on a fetch.
+			out = append(out, Event{Type: eventv1.EventTypeTrace, Reason: v.Reason, Message: v.Message})
+		}
 		switch {
 		case eventType == events.TypeArtifactStored && !stale && (prev == nil || prev.Digest != o.Artifact.Digest):
 			out = append(out, newArtifactEvent(kind, o, reason, msg))
 		case wasFailing:
-			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg})
+			art := *st.Artifact
+			if kind.Recovered != nil {
+				msg = kind.Recovered(obj, art)
+			}
+			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg, Revision: art.Revision, Digest: art.Digest})
 		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:
 			// Flux records a no-change reconcile of a GitRepository as a
-			// Normal Event (Kubernetes aggregates the repeats); for the
-			// kinds whose reason is ArtifactUpToDate it only logs.
-			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: kind.UpToDateReason, Message: NoChangeMessage(o.Revision)})
+			// trace: a Normal Event (Kubernetes aggregates the repeats),
+			// not posted to the notification-controller.
+			out = append(out, Event{Type: eventv1.EventTypeTrace, Reason: kind.UpToDateReason, Message: NoChangeMessage(o.Revision)})
+		case eventType == events.TypeArtifactUnchanged:
+			// The other kinds' no-change reconciles: Flux's trace
+			// ArtifactUpToDate, recorded the same way.
+			out = append(out, Event{Type: eventv1.EventTypeTrace, Reason: sourcev1.ArtifactUpToDateReason,
+				Message: UpToDateMessage((*st.Artifact).Revision)})
 		}
 	case events.TypeArtifactFailed:
 		data := o.Failure

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	eventv1 "github.com/fluxcd/pkg/apis/event/v1beta1"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -63,7 +64,7 @@ func TestApply(t *testing.T) {
 					t.Errorf("observedGeneration %d, lastHandledReconcileAt %q", g.Status.ObservedGeneration, g.Status.LastHandledReconcileAt)
 				}
 			},
-			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact for commit 'first'"}},
+			events: []Event{{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "stored artifact for commit 'first'", Revision: rev1, Digest: "sha256:a"}},
 		},
 		{
 			name: "unchanged keeps the artifact and says so, as Flux does for a GitRepository",
@@ -80,7 +81,7 @@ func TestApply(t *testing.T) {
 					t.Errorf("lastHandledReconcileAt = %q", g.Status.LastHandledReconcileAt)
 				}
 			},
-			events: []Event{{corev1.EventTypeNormal, sourcev1.GitOperationSucceedReason, "no changes since last reconciliation: observed revision '" + rev1 + "'"}},
+			events: []Event{{Type: eventv1.EventTypeTrace, Reason: sourcev1.GitOperationSucceedReason, Message: "no changes since last reconciliation: observed revision '" + rev1 + "'"}},
 		},
 		{
 			name: "failure keeps the previous artifact and warns",
@@ -101,7 +102,7 @@ func TestApply(t *testing.T) {
 					t.Errorf("previous artifact lost: %+v", g.Status.Artifact)
 				}
 			},
-			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
+			events: []Event{{Type: corev1.EventTypeWarning, Reason: failure.Reason, Message: failure.Message}},
 		},
 		{
 			name: "a failure that found the stored artifact corrupt takes it out of storage",
@@ -118,8 +119,8 @@ func TestApply(t *testing.T) {
 				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, failure.Reason, failure.Message)
 			},
 			events: []Event{
-				{corev1.EventTypeWarning, ArtifactVerificationFailedReason, "failed to verify integrity of artifact: computed digest doesn't match 'sha256:a'"},
-				{corev1.EventTypeWarning, failure.Reason, failure.Message},
+				{Type: corev1.EventTypeWarning, Reason: ArtifactVerificationFailedReason, Message: "failed to verify integrity of artifact: computed digest doesn't match 'sha256:a'"},
+				{Type: corev1.EventTypeWarning, Reason: failure.Reason, Message: failure.Message},
 			},
 		},
 		{
@@ -135,7 +136,7 @@ func TestApply(t *testing.T) {
 					t.Errorf("artifact = %+v, want the previous one kept", g.Status.Artifact)
 				}
 			},
-			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
+			events: []Event{{Type: corev1.EventTypeWarning, Reason: failure.Reason, Message: failure.Message}},
 		},
 		{
 			name: "a failure at the stored revision does not mark it outdated",
@@ -147,7 +148,7 @@ func TestApply(t *testing.T) {
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
 				wantNoCondition(t, g, sourcev1.ArtifactOutdatedCondition)
 			},
-			events: []Event{{corev1.EventTypeWarning, failure.Reason, failure.Message}},
+			events: []Event{{Type: corev1.EventTypeWarning, Reason: failure.Reason, Message: failure.Message}},
 		},
 		{
 			name: "success clears ArtifactOutdated",
@@ -160,7 +161,7 @@ func TestApply(t *testing.T) {
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
 				wantNoCondition(t, g, sourcev1.ArtifactOutdatedCondition)
 			},
-			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "m"}},
+			events: []Event{{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "m", Revision: rev2, Digest: "sha256:b"}},
 		},
 		{
 			name: "the same failure again records no second event",
@@ -182,7 +183,7 @@ func TestApply(t *testing.T) {
 				wantCondition(t, g, meta.StalledCondition, metav1.ConditionTrue, sourcev1.URLInvalidReason, "invalid url")
 				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, sourcev1.URLInvalidReason, "invalid url")
 			},
-			events: []Event{{corev1.EventTypeWarning, sourcev1.URLInvalidReason, "invalid url"}},
+			events: []Event{{Type: corev1.EventTypeWarning, Reason: sourcev1.URLInvalidReason, Message: "invalid url"}},
 		},
 		{
 			name: "recovery clears failures and says so",
@@ -197,7 +198,7 @@ func TestApply(t *testing.T) {
 				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 				wantNoCondition(t, g, sourcev1.FetchFailedCondition)
 			},
-			events: []Event{{corev1.EventTypeNormal, meta.SucceededReason, readyMessage(rev1)}},
+			events: []Event{{Type: corev1.EventTypeNormal, Reason: meta.SucceededReason, Message: "stored artifact for commit '" + rev1 + "'", Revision: rev1, Digest: "sha256:a"}},
 		},
 		{
 			name: "a stale outcome from an older generation changes nothing",
@@ -230,7 +231,7 @@ func TestApply(t *testing.T) {
 					t.Errorf("observedGeneration = %d, want 1", g.Status.ObservedGeneration)
 				}
 			},
-			events: []Event{{corev1.EventTypeNormal, NewArtifactReason, "m"}},
+			events: []Event{{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "m", Revision: rev1, Digest: "sha256:a"}},
 		},
 		{
 			name:      "notices become events",
@@ -241,8 +242,8 @@ func TestApply(t *testing.T) {
 				wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, readyMessage(rev1))
 			},
 			events: []Event{
-				{corev1.EventTypeWarning, "ArtifactVerificationFailed", "failed to verify integrity of artifact: computed digest doesn't match 'sha256:z'"},
-				{corev1.EventTypeNormal, NewArtifactReason, "m"},
+				{Type: corev1.EventTypeWarning, Reason: "ArtifactVerificationFailed", Message: "failed to verify integrity of artifact: computed digest doesn't match 'sha256:z'"},
+				{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "m", Revision: rev1, Digest: "sha256:a"},
 			},
 		},
 	}
@@ -289,6 +290,25 @@ func wantNoCondition(t *testing.T, g conditions.Getter, typ string) {
 
 func readyMessage(rev string) string { return source.GitRepository().ReadyMessage(rev) }
 
+// TestApplyUpToDate checks Flux's trace for a no-change reconcile of the
+// kinds other than GitRepository: ArtifactUpToDate with the stored
+// artifact's revision, recorded but not posted.
+func TestApplyUpToDate(t *testing.T) {
+	b := &sourcev1.Bucket{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "default", UID: "u", Generation: 1}}
+	rev := "sha256:" + strings.Repeat("ab", 32)
+	b.Status.ObservedGeneration = 1
+	b.Status.Artifact = artifact(rev, "sha256:d", time.Now())
+	o := &events.Outcome{Job: job(1, ""), Revision: rev, Artifact: b.Status.Artifact.DeepCopy()}
+	o.Job.Object.Kind = sourcev1.BucketKind
+
+	got := Apply(source.Bucket(), b, events.TypeArtifactUnchanged, o)
+	want := Event{Type: eventv1.EventTypeTrace, Reason: sourcev1.ArtifactUpToDateReason,
+		Message: "artifact up-to-date with remote revision: '" + rev + "'"}
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("events = %+v, want %+v", got, want)
+	}
+}
+
 func TestApplyBucket(t *testing.T) {
 	b := &sourcev1.Bucket{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "default", UID: "u", Generation: 1}}
 	b.Status.ObservedGeneration = -1
@@ -315,7 +335,7 @@ func TestApplyBucket(t *testing.T) {
 	if b.Status.ObservedIgnore == nil || *b.Status.ObservedIgnore != ignore {
 		t.Errorf("observedIgnore = %v", b.Status.ObservedIgnore)
 	}
-	want := []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact with 1 fetched files from 'testbucket' bucket"}}
+	want := []Event{{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "stored artifact with 1 fetched files from 'testbucket' bucket", Revision: rev, Digest: "sha256:d"}}
 	if len(got) != 1 || got[0] != want[0] {
 		t.Errorf("events = %+v, want %+v", got, want)
 	}
@@ -331,10 +351,18 @@ func TestApplyVerification(t *testing.T) {
 	}
 	t.Run("verified", func(t *testing.T) {
 		g := newRepo()
-		Apply(kind, g, events.TypeArtifactStored, &events.Outcome{Job: job(1, ""), Revision: rev1,
-			Artifact:     artifact(rev1, "sha256:a", time.Now()),
+		got := Apply(kind, g, events.TypeArtifactStored, &events.Outcome{Job: job(1, ""), Revision: rev1,
+			Artifact: artifact(rev1, "sha256:a", time.Now()), EventMessage: "m",
 			Verification: &events.Verification{Mode: "HEAD", Verified: true, Reason: meta.SucceededReason, Message: "verified signature of commit"}})
 		wantCondition(t, g, sourcev1.SourceVerifiedCondition, metav1.ConditionTrue, meta.SucceededReason, "verified signature of commit")
+		// Flux's trace for the check, before the new artifact's Event.
+		want := []Event{
+			{Type: eventv1.EventTypeTrace, Reason: meta.SucceededReason, Message: "verified signature of commit"},
+			{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "m", Revision: rev1, Digest: "sha256:a"},
+		}
+		if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+			t.Errorf("events = %+v, want %+v", got, want)
+		}
 		if g.Status.SourceVerificationMode == nil || *g.Status.SourceVerificationMode != sourcev1.ModeGitHEAD {
 			t.Errorf("sourceVerificationMode = %v", g.Status.SourceVerificationMode)
 		}
@@ -505,7 +533,7 @@ func TestApplyOCIRepository(t *testing.T) {
 		r.Status.ObservedLayerSelector == nil || *r.Status.ObservedLayerSelector != *r.Spec.LayerSelector {
 		t.Errorf("observedIgnore %v, observedLayerSelector %v", r.Status.ObservedIgnore, r.Status.ObservedLayerSelector)
 	}
-	if want := (Event{corev1.EventTypeNormal, NewArtifactReason, msg}); len(got) != 1 || got[0] != want {
+	if want := (Event{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: msg, Revision: rev, Digest: "sha256:d"}); len(got) != 1 || got[0] != want {
 		t.Errorf("events = %+v, want %+v", got, want)
 	}
 
@@ -647,7 +675,7 @@ func TestApplyHelmChartVerification(t *testing.T) {
 	wantCondition(t, c, sourcev1.BuildFailedCondition, metav1.ConditionTrue, "ChartVerificationError", msg)
 	wantCondition(t, c, meta.ReadyCondition, metav1.ConditionFalse, "ChartVerificationError", msg)
 	wantCondition(t, c, sourcev1.ArtifactOutdatedCondition, metav1.ConditionTrue, "NewChart", "new 'podinfo' chart with version '2.0.0'")
-	if want := (Event{corev1.EventTypeWarning, "ChartVerificationError", msg}); len(got) != 1 || got[0] != want {
+	if want := (Event{Type: corev1.EventTypeWarning, Reason: "ChartVerificationError", Message: msg}); len(got) != 1 || got[0] != want {
 		t.Errorf("events = %+v, want %+v", got, want)
 	}
 	if c.Status.Artifact == nil || c.Status.Artifact.Revision != "1.0.0" {
@@ -673,7 +701,7 @@ func TestReannounce(t *testing.T) {
 		want      []Event
 	}{
 		{name: "applied by an earlier attempt", status: artifact(rev2, "sha256:b", at), eventType: events.TypeArtifactStored, outcome: stored,
-			want: []Event{{corev1.EventTypeNormal, NewArtifactReason, "stored artifact for commit 'Change'"}}},
+			want: []Event{{Type: corev1.EventTypeNormal, Reason: NewArtifactReason, Message: "stored artifact for commit 'Change'", Revision: rev2, Digest: "sha256:b"}}},
 		{name: "not applied yet", status: artifact(rev1, "sha256:a", at.Add(-time.Hour)), eventType: events.TypeArtifactStored, outcome: stored},
 		{name: "no artifact yet", eventType: events.TypeArtifactStored, outcome: stored},
 		{name: "same digest stored again later", status: artifact(rev2, "sha256:b", at.Add(time.Minute)), eventType: events.TypeArtifactStored, outcome: stored},
