@@ -40,7 +40,7 @@ const s3Secret = "headwater-s3"
 
 // natsIdentities are the bus identities whose public keys the NATS
 // configuration reads from <IDENTITY>_NKEY (see e2e/cmd/headwater-nats).
-var natsIdentities = []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "SUBSCRIBER"}
+var natsIdentities = []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "RECEIVER", "SUBSCRIBER"}
 
 // setNATSUserKeys puts a fresh public key for every identity in the
 // environment, as the Secret headwater-nats-users (or compose's users.env)
