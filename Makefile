@@ -11,7 +11,7 @@
 SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
-SERVICES    := watcher fetcher packager artifact-server
+SERVICES    := watcher fetcher packager artifact-server receiver
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
@@ -78,7 +78,7 @@ run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C st
 ##@ Build
 
 .PHONY: build
-build: ## Build the four services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
+build: ## Build the services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
 	@mkdir -p $(BIN_DIR)
 	@echo "==> version $(VERSION), revision $(REVISION)"
 	@for s in $(SERVICES); do \
