@@ -19,8 +19,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fluxcd/pkg/runtime/conditions"
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/runtime/conditions"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 

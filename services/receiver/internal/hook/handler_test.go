@@ -15,8 +15,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fluxcd/pkg/apis/meta"
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
