@@ -25,8 +25,9 @@ import (
 // becomes Ready with Flux's webhook path; a push to the git server
 // followed by a real GitHub push payload, signed with the token's HMAC, moves
 // the GitRepository (interval 1h) and the one its `*` + matchLabels entry
-// selects to the new commit; a request signed with another key is refused
-// (400, as Flux) and fetches nothing, an unknown path is 404, and a
+// selects to the new commit (the token never on the bus); a request signed
+// with another key is refused (400, as Flux) and fetches nothing, an
+// unknown path is 404, and a
 // Receiver whose token Secret is missing is not Ready and has no path.
 func TestWebhookReceiver(t *testing.T) {
 	requireEnv(t)
@@ -34,9 +35,11 @@ func TestWebhookReceiver(t *testing.T) {
 	const (
 		name     = "webhook"
 		labeled  = "webhook-labeled"
-		token    = "e2e-webhook-token-0123456789"
 		receiver = "webhook-github"
 	)
+	// The bus tap checks, at the end of the run, that the token never
+	// crossed the bus.
+	token := urlCredential(receiver)
 	repo, commitA := newRepo(t, name, map[string]string{"app.yaml": "version: a\n"})
 	url := env.Git.RepoURL(name)
 	hourly := func(o *sourcev1.GitRepository) { o.Spec.Interval = metav1.Duration{Duration: time.Hour} }

@@ -20,13 +20,13 @@ import (
 
 // options are the runner's flags (environment: HEADWATER_<FLAG>).
 type options struct {
-	binDir    string
-	crdDir    string
+	binDir string
+	crdDir string
 	// receiversCRDDir holds the Receiver CRD; set, the webhook receiver
 	// runs too.
 	receiversCRDDir string
 	assetsDir       string
-	stateDir  string
+	stateDir        string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
