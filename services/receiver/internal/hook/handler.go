@@ -89,9 +89,9 @@ func (h *Handler) Register(reg prometheus.Registerer) {
 
 // ServeHTTP answers as Flux's receiver does: 404 for a path no Receiver
 // has, 503 for a suspended or not ready Receiver, 413 for a body over
-// MaxBodyBytes, 400 for a request that does not validate, 500 when the
-// token cannot be read or the hook cannot be published, and 200 once the
-// hook is on the bus. A GitHub ping that validates is answered 200 and
+// MaxBodyBytes, 400 for a request that does not validate or whose token
+// Secret is gone, 500 when the API server or the bus cannot be reached,
+// and 200 once the hook is on the bus. A GitHub ping that validates is answered 200 and
 // triggers nothing.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	result := h.serve(w, r)
@@ -141,7 +141,15 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 		secret = rcv.Spec.SecretRef.Name
 	}
 	token, err := h.Tokens.Token(ctx, rcv.Namespace, secret)
+	if errors.Is(err, ErrNoToken) {
+		// The Secret or its key is gone since the Receiver was made
+		// Ready: the request cannot validate (Flux: 400).
+		log.Info("refusing a hook", "reason", err.Error())
+		w.WriteHeader(http.StatusBadRequest)
+		return resultInvalid
+	}
 	if err != nil {
+		// The API server did not answer: the provider may retry.
 		log.Error(err, "reading the receiver's token")
 		w.WriteHeader(http.StatusInternalServerError)
 		return resultError

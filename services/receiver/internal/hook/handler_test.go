@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/sha512"
 	"encoding/hex"
+	"fmt"
 	"hash"
 	"net/http"
 	"net/http/httptest"
@@ -42,9 +43,12 @@ func (rs receivers) ByWebhookPath(_ context.Context, path string) (*notification
 type tokens map[string]string
 
 func (t tokens) Token(_ context.Context, namespace, name string) ([]byte, error) {
+	if name == "unreachable" {
+		return nil, os.ErrDeadlineExceeded
+	}
 	v, ok := t[namespace+"/"+name]
 	if !ok {
-		return nil, os.ErrNotExist
+		return nil, fmt.Errorf("%w: secret %s/%s not found", ErrNoToken, namespace, name)
 	}
 	return []byte(v), nil
 }
@@ -101,7 +105,9 @@ func TestHandler(t *testing.T) {
 	notReady.Status.Conditions[0].Status = metav1.ConditionFalse
 	noSecret := receiver("no-secret", notificationv1.GenericReceiver)
 	noSecret.Spec.SecretRef.Name = "missing"
-	all := receivers{github, gitlab, bitbucket, generic, hmacRcv, harbor, suspended, notReady, noSecret}
+	apiDown := receiver("api-down", notificationv1.GenericReceiver)
+	apiDown.Spec.SecretRef.Name = "unreachable"
+	all := receivers{github, gitlab, bitbucket, generic, hmacRcv, harbor, suspended, notReady, noSecret, apiDown}
 
 	sha256sig := "sha256=" + sign(sha256.New, testToken, push)
 	tests := []struct {
@@ -159,7 +165,8 @@ func TestHandler(t *testing.T) {
 		{name: "outside /hook/", rcv: generic, path: "/other", code: 404},
 		{name: "suspended", rcv: suspended, code: 503},
 		{name: "not ready", rcv: notReady, code: 503},
-		{name: "token secret missing", rcv: noSecret, code: 500},
+		{name: "token secret missing", rcv: noSecret, code: 400},
+		{name: "API server unreachable", rcv: apiDown, code: 500},
 		{name: "body over 3 MiB", rcv: generic, body: bytes.Repeat([]byte("a"), MaxBodyBytes+1), code: 413},
 		{name: "body of exactly 3 MiB", rcv: generic, body: bytes.Repeat([]byte("a"), MaxBodyBytes), code: 200, hooked: true},
 	}

@@ -2,10 +2,12 @@ package hook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -47,6 +49,10 @@ func (c CachedReceivers) ByWebhookPath(ctx context.Context, path string) (*notif
 	return &list.Items[0], nil
 }
 
+// ErrNoToken is wrapped by Token's errors when the Secret or its "token"
+// key does not exist: the request cannot be validated (400, as Flux).
+var ErrNoToken = errors.New("no token")
+
 // SecretTokens reads tokens with a direct GET of the one Secret a
 // Receiver names: the receiver may get Secrets, never list or watch them,
 // so it holds no Secret but the one it needs, and only for the request.
@@ -59,11 +65,14 @@ func (s SecretTokens) Token(ctx context.Context, namespace, name string) ([]byte
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	var secret corev1.Secret
 	if err := s.Reader.Get(ctx, key, &secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			err = errors.Join(ErrNoToken, err)
+		}
 		return nil, fmt.Errorf("unable to read token from secret '%s': %w", key, err)
 	}
 	token, ok := secret.Data["token"]
 	if !ok {
-		return nil, fmt.Errorf("invalid '%s' secret data: required field 'token'", key)
+		return nil, fmt.Errorf("%w: invalid '%s' secret data: required field 'token'", ErrNoToken, key)
 	}
 	return token, nil
 }
