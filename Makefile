@@ -11,12 +11,13 @@
 SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
-SERVICES    := watcher fetcher packager artifact-server
+SERVICES    := watcher fetcher packager artifact-server receiver
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
 CRD_DIR     := deploy/crds
 RBAC_DIR    := deploy/base/rbac
+RECEIVERS_DIR := deploy/components/receivers
 
 KUBE_VERSION           := v1.34.4
 ETCD_VERSION           := v3.6.16
@@ -73,12 +74,12 @@ help: ## Show this help.
 
 .PHONY: run
 run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C stops it).
-	$(BIN_DIR)/headwater-local -bin-dir $(BIN_DIR) -crd-dir $(CURDIR)/$(CRD_DIR)
+	$(BIN_DIR)/headwater-local -bin-dir $(BIN_DIR) -crd-dir $(CURDIR)/$(CRD_DIR) -receivers-crd-dir $(CURDIR)/$(RECEIVERS_DIR)/crd
 
 ##@ Build
 
 .PHONY: build
-build: ## Build the four services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
+build: ## Build the services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
 	@mkdir -p $(BIN_DIR)
 	@echo "==> version $(VERSION), revision $(REVISION)"
 	@for s in $(SERVICES); do \
@@ -118,11 +119,16 @@ controller-gen:
 generate: manifests ## Generate everything generated (CRDs).
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs (from the Flux API module), the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
+manifests: controller-gen ## Generate the CRDs (from the Flux API modules), the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
 	@rm -rf $(CRD_DIR) && mkdir -p $(CRD_DIR)
 	cd pkg && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/source-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
-	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
+	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths=./internal/controller/... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
 	cd services/fetcher && $(CONTROLLER_GEN) rbac:roleName=headwater-fetcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/fetcher
+	@# The receivers component: Flux's Receiver CRD (from the notification-controller API module), the watcher's extra role and the receiver's.
+	@rm -rf $(RECEIVERS_DIR)/crd && mkdir -p $(RECEIVERS_DIR)/crd
+	cd services/receiver && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/notification-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/crd
+	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher-receivers paths=./internal/receiver/... output:rbac:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/rbac/watcher
+	cd services/receiver && $(CONTROLLER_GEN) rbac:roleName=headwater-receiver paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/rbac/receiver
 	cd e2e && go run ./cmd/headwater-nats config > $(CURDIR)/deploy/base/nats/auth.conf
 
 ##@ Test

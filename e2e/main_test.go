@@ -126,7 +126,11 @@ func testConfig() (harness.Config, error) {
 		BinDir:    os.Getenv("HEADWATER_BIN_DIR"),
 		AssetsDir: os.Getenv("KUBEBUILDER_ASSETS"),
 		CRDDir:    filepath.Join(root, "deploy", "crds"),
-		Dir:       os.TempDir(), // replaced by a fresh directory once checked
+		// The webhook receiver runs too (TestWebhookReceiver), as the
+		// receivers component deploys it.
+		Receivers:      true,
+		ReceiverCRDDir: filepath.Join(root, "deploy", "components", "receivers", "crd"),
+		Dir:            os.TempDir(), // replaced by a fresh directory once checked
 		ExtraArgs: map[string][]string{
 			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize)},
 		},

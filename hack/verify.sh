@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # verify.sh checks what must stay in sync (run by `make verify`, after
 # `make manifests` has regenerated the CRDs):
-#   - the generated CRDs, RBAC and NATS authorization match the committed ones;
+#   - the generated CRDs, RBAC and NATS authorization (the receivers
+#     component's included) match the committed ones;
 #   - go.work lists every module of the workspace;
 #   - every module's go.mod and go.sum are tidy;
 #   - every module resolves the shared dependencies to the same versions;
@@ -11,9 +12,12 @@ cd "$(dirname "$0")/.."
 fail=0
 say() { printf '%s\n' "$*" >&2; }
 
-if [ -n "$(git status --porcelain -- deploy/crds deploy/base/rbac deploy/base/nats/auth.conf)" ]; then
-	say "generated manifests (deploy/crds, deploy/base/rbac, deploy/base/nats/auth.conf) are out of date: run 'make manifests' and commit the result"
-	git status --porcelain -- deploy/crds deploy/base/rbac deploy/base/nats/auth.conf >&2
+generated="deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/receivers/crd deploy/components/receivers/rbac"
+# shellcheck disable=SC2086 # a list of paths
+if [ -n "$(git status --porcelain -- $generated)" ]; then
+	say "generated manifests ($generated) are out of date: run 'make manifests' and commit the result"
+	# shellcheck disable=SC2086
+	git status --porcelain -- $generated >&2
 	fail=1
 fi
 

@@ -84,6 +84,9 @@ type Measurement struct {
 	Counters map[string]int64
 	// Notes say what could not be measured.
 	Notes []string
+	// Latency, when set, summarises the latencies the scenario timed
+	// (scenario k: hook POST to new revision in status).
+	Latency *Latency
 }
 
 // ServiceCPU is the CPU time of the system's processes together.

@@ -163,6 +163,23 @@ func TestMet(t *testing.T) {
 	if got := targetA.Met(nil, flux); got != "n/a" {
 		t.Errorf("Met without a measurement = %q", got)
 	}
+	// Scenario k's latency target shows the figures in the table.
+	hooked := *m
+	hooked.Latency = latencyOf("hook", []time.Duration{300 * time.Millisecond, 400 * time.Millisecond, 2500 * time.Millisecond})
+	for _, tt := range []struct {
+		m    *Measurement
+		want string
+	}{
+		{&hooked, "p99 (p50 0.40 s, p99 2.50 s) no"},
+		{m, "p99 (not measured) no"},
+	} {
+		if got := targetK.Met(tt.m, nil); got != tt.want {
+			t.Errorf("targetK.Met = %q, want %q", got, tt.want)
+		}
+	}
+	if got := targetK.String(); got != "p99 ≤ 2s" {
+		t.Errorf("targetK = %q", got)
+	}
 	var out strings.Builder
 	WriteTable(&out, []Row{
 		{Scenario: "x", Target: targetA, Headwater: m, BaseName: "Flux " + FluxVersion, Base: flux},
@@ -180,6 +197,23 @@ func TestMet(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestLatencyOf(t *testing.T) {
+	var samples []time.Duration
+	for i := 100; i >= 1; i-- {
+		samples = append(samples, time.Duration(i)*time.Millisecond)
+	}
+	l := latencyOf("x", samples)
+	if l.N != 100 || l.P50 != 50*time.Millisecond || l.P99 != 99*time.Millisecond || l.Max != 100*time.Millisecond {
+		t.Errorf("latencyOf(1..100 ms) = %+v", l)
+	}
+	if latencyOf("x", nil) != nil {
+		t.Error("latencyOf(no samples) is not nil")
+	}
+	if one := latencyOf("x", []time.Duration{time.Second}); one.P50 != time.Second || one.P99 != time.Second {
+		t.Errorf("latencyOf(one sample) = %+v", one)
 	}
 }
 

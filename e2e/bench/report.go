@@ -29,6 +29,9 @@ type Target struct {
 	MaxRSS map[string]uint64
 	// MaxCounters bounds counters of the measurement, by name.
 	MaxCounters map[string]int64
+	// MaxP99 bounds the 99th percentile of the latencies the scenario
+	// timed (Measurement.Latency); the table shows its p50 and p99.
+	MaxP99 time.Duration
 }
 
 // Row is one scenario: Headwater's measurement and its baseline's (Flux's,
@@ -59,7 +62,7 @@ func WriteTable(w io.Writer, rows []Row) {
 	fmt.Fprintln(w, "Both systems ran in this process's run, one after the other, each on a fresh local kube-apiserver and etcd")
 	fmt.Fprintln(w, "and the same git server, registry and chart repository, on this machine. Wall: from the first create (or")
 	fmt.Fprintln(w, "annotate) until the last object is seen in the awaited state (d: a fixed window). CPU: utime+stime of the")
-	fmt.Fprintln(w, "system's processes (Headwater: the four services and NATS; Flux: source-controller) including waited-for")
+	fmt.Fprintln(w, "system's processes (Headwater: its services, the receiver in k, and NATS; Flux: source-controller) including waited-for")
 	fmt.Fprintln(w, "children. Peak RSS: the sum of those processes' VmHWM, reset when the scenario starts (an upper bound of their")
 	fmt.Fprintln(w, "peak together). Ratios are Headwater / baseline; lower is better.")
 	fmt.Fprintln(w)
@@ -140,6 +143,9 @@ func (t Target) String() string {
 	for _, name := range slices.Sorted(maps.Keys(t.MaxCounters)) {
 		parts = append(parts, fmt.Sprintf("%s ≤ %d", name, t.MaxCounters[name]))
 	}
+	if t.MaxP99 > 0 {
+		parts = append(parts, fmt.Sprintf("p99 ≤ %s", t.MaxP99))
+	}
 	if len(parts) == 0 {
 		return "none set"
 	}
@@ -186,6 +192,13 @@ func (t Target) Met(h, base *Measurement) string {
 	for _, name := range slices.Sorted(maps.Keys(t.MaxCounters)) {
 		n, found := h.Counters[name]
 		check(name, found && n <= t.MaxCounters[name])
+	}
+	if t.MaxP99 > 0 {
+		if l := h.Latency; l != nil {
+			check(fmt.Sprintf("p99 (p50 %.2f s, p99 %.2f s)", l.P50.Seconds(), l.P99.Seconds()), l.P99 <= t.MaxP99)
+		} else {
+			check("p99 (not measured)", false)
+		}
 	}
 	if len(parts) == 0 {
 		return "n/a"

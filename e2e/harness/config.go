@@ -23,6 +23,8 @@ const (
 	Fetcher        = "fetcher"
 	Packager       = "packager"
 	ArtifactServer = "artifact-server"
+	// Receiver is the webhook receiver, run with Config.Receivers.
+	Receiver = "receiver"
 	// NATS is the name of the NATS server's Service when it runs in a
 	// process of its own (Config.NATSBin).
 	NATS = "nats"
@@ -87,6 +89,14 @@ type Config struct {
 	// and a log of its own and the same command line otherwise; they share
 	// their service's durable consumer, so each job goes to one of them.
 	FetcherReplicas, PackagerReplicas int
+	// Receivers serves Flux's Receivers, as the receivers component does:
+	// the Receiver CRD from ReceiverCRDDir is installed, the watcher runs
+	// with -receivers, and the receiver service starts after the others,
+	// on Env.ReceiverAddr.
+	Receivers bool
+	// ReceiverCRDDir holds the Receiver CRD (`make manifests`), with
+	// Receivers.
+	ReceiverCRDDir string
 }
 
 // Check reports every binary or manifest the Env needs that is missing; the
@@ -108,6 +118,14 @@ func (c Config) Check() error {
 	need(c.AssetsDir, "KUBEBUILDER_ASSETS", controlPlaneBinaries)
 	if !c.NoServices {
 		need(c.BinDir, "the service bin directory", ServiceNames)
+		if c.Receivers {
+			need(c.BinDir, "the service bin directory", []string{Receiver})
+		}
+	}
+	if c.Receivers {
+		if m, _ := filepath.Glob(filepath.Join(c.ReceiverCRDDir, "*.yaml")); len(m) == 0 {
+			missing = append(missing, "no Receiver CRD in "+c.ReceiverCRDDir)
+		}
 	}
 	if c.CRDDir == "" {
 		missing = append(missing, "the CRD directory is not set")

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -55,6 +56,9 @@ type Env struct {
 	// ArtifactAddr is the artifact-server's advertised host:port, the
 	// authority of every artifact URL.
 	ArtifactAddr string
+	// ReceiverAddr is where the webhook receiver serves /hook/<digest>
+	// (host:port), with Config.Receivers.
+	ReceiverAddr string
 	// ArtifactServerAddrs are the addresses the artifact-server replicas
 	// listen on, the first being ArtifactAddr; each serves every artifact.
 	ArtifactServerAddrs []string
@@ -201,10 +205,17 @@ func (e *Env) startControlPlane() error {
 	if err := sourcev1.AddToScheme(e.Scheme); err != nil {
 		return fmt.Errorf("scheme: %w", err)
 	}
+	crdDirs := []string{c.CRDDir}
+	if c.Receivers {
+		if err := notificationv1.AddToScheme(e.Scheme); err != nil {
+			return fmt.Errorf("scheme: %w", err)
+		}
+		crdDirs = append(crdDirs, c.ReceiverCRDDir)
+	}
 	useExisting := false
 	e.controlPlane = &envtest.Environment{
 		Scheme:                e.Scheme,
-		CRDDirectoryPaths:     []string{c.CRDDir},
+		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: c.AssetsDir,
 		UseExistingCluster:    &useExisting,
@@ -250,10 +261,11 @@ func (e *Env) defineServices() error {
 	extraServers := 2 * e.Config.extraArtifactServers()
 	extraWatchers := 2 * e.Config.extraWatchers()
 	extraWorkers := max(e.Config.FetcherReplicas-1, 0) + max(e.Config.PackagerReplicas-1, 0)
-	ports, err := FreePorts(6 + extraServers + extraWatchers + extraWorkers)
+	ports, err := FreePorts(8 + extraServers + extraWatchers + extraWorkers)
 	if err != nil {
 		return err
 	}
+	receiverPorts, ports := ports[len(ports)-2:], ports[:len(ports)-2]
 	addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
 	e.ArtifactAddr = addr(0)
 	telemetry := map[string]string{ArtifactServer: addr(1), Packager: addr(2), Fetcher: addr(3), Watcher: addr(4)}
@@ -274,6 +286,9 @@ func (e *Env) defineServices() error {
 		Fetcher:  append(common(Fetcher), "-storage-path", e.StoragePath),
 		Watcher:  append(common(Watcher), "-health-addr", watcherHealth),
 	}
+	if e.Config.Receivers {
+		args[Watcher] = append(args[Watcher], "-receivers")
+	}
 	for _, name := range ServiceNames {
 		ready := "http://" + telemetry[name] + "/readyz"
 		if name == Watcher {
@@ -289,6 +304,9 @@ func (e *Env) defineServices() error {
 			TelemetryAddr: telemetry[name],
 		})
 	}
+	if e.Config.Receivers {
+		e.addReceiver(receiverPorts, env, common)
+	}
 	if err := e.addArtifactServerReplicas(ports[6 : 6+extraServers]); err != nil {
 		return err
 	}
@@ -301,6 +319,29 @@ func (e *Env) defineServices() error {
 	e.useS3Storage()
 	e.useOwnTempDirs()
 	return nil
+}
+
+// addReceiver defines the webhook receiver, started after the others: it
+// serves /hook/<digest> on Env.ReceiverAddr.
+func (e *Env) addReceiver(ports []int, env []string, common func(string) []string) {
+	e.ReceiverAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
+	telemetry := "127.0.0.1:" + strconv.Itoa(ports[1])
+	args := common(Receiver)
+	for i := range args {
+		if args[i] == "-telemetry-addr" {
+			args[i+1] = telemetry
+		}
+	}
+	args = append(args, "-receiver-addr", e.ReceiverAddr)
+	e.services = append(e.services, &Service{
+		Name:          Receiver,
+		Path:          filepath.Join(e.Config.BinDir, Receiver),
+		Args:          append(args, e.Config.ExtraArgs[Receiver]...),
+		Env:           env,
+		LogPath:       filepath.Join(e.Config.Dir, "logs", Receiver+".log"),
+		ReadyURL:      "http://" + telemetry + "/readyz",
+		TelemetryAddr: telemetry,
+	})
 }
 
 // useOwnTempDirs gives every service process a temporary directory of its

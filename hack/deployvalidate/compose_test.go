@@ -64,7 +64,7 @@ func TestCompose(t *testing.T) {
 		t.Errorf("nats: the JetStream store %q is not on a volume", opts.StoreDir)
 	}
 	if len(opts.Nkeys) != len(natsIdentities) || opts.NoAuthUser != "" {
-		t.Errorf("nats: %d NKey users (no-auth user %q), want Headwater's five identities only", len(opts.Nkeys), opts.NoAuthUser)
+		t.Errorf("nats: %d NKey users (no-auth user %q), want Headwater's identities only", len(opts.Nkeys), opts.NoAuthUser)
 	}
 	if nats.HealthCheck == nil || len(nats.HealthCheck.Test) == 0 {
 		t.Errorf("nats: no healthcheck")

@@ -40,7 +40,7 @@ const s3Secret = "headwater-s3"
 
 // natsIdentities are the bus identities whose public keys the NATS
 // configuration reads from <IDENTITY>_NKEY (see e2e/cmd/headwater-nats).
-var natsIdentities = []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "SUBSCRIBER"}
+var natsIdentities = []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "RECEIVER", "SUBSCRIBER"}
 
 // setNATSUserKeys puts a fresh public key for every identity in the
 // environment, as the Secret headwater-nats-users (or compose's users.env)
@@ -61,7 +61,7 @@ func setNATSUserKeys(t *testing.T) {
 // (e2e/cmd/headwater-nats): the users' public keys for the NATS server, and
 // each service's own key.
 var natsSecrets = []string{"headwater-nats-users", "headwater-nats-watcher", "headwater-nats-fetcher",
-	"headwater-nats-packager", "headwater-nats-artifact-server"}
+	"headwater-nats-packager", "headwater-nats-artifact-server", "headwater-nats-receiver"}
 
 // natsTLSSecret and natsClientTLSSecret are the certificates
 // components/nats-tls reads: the server's and the services'; the user
@@ -860,7 +860,9 @@ func checkNATSCluster(t *testing.T, m *Manifests) {
 		t.Errorf("nats: routes %v, want every pod %v", routes, want)
 	}
 	c := sts.Spec.Template.Spec.Containers[0]
-	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "cluster" && int(p.ContainerPort) == opts.Cluster.Port }) {
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool {
+		return p.Name == "cluster" && int(p.ContainerPort) == opts.Cluster.Port
+	}) {
 		t.Errorf("nats: no container port cluster = %d", opts.Cluster.Port)
 	}
 	headless, ok := m.Service(sts.Spec.ServiceName)
@@ -921,4 +923,91 @@ func TestDeployProductionOverlay(t *testing.T) {
 		t.Errorf("overlays/production renders %d resources, want deploy/base's %d and a PodDisruptionBudget and a NetworkPolicy",
 			m.Count, base.Count)
 	}
+}
+
+// TestReceiversComponent checks components/receivers: the Receiver CRD,
+// the receiver Deployment behind Flux's Service name webhook-receiver,
+// reachable on its webhook port, with the least rights (list and watch
+// Receivers, get Secrets, never list them or write anything); the
+// watcher with -receivers and the rights to write Receivers' status.
+func TestReceiversComponent(t *testing.T) {
+	m, flags := buildWith(t, "receivers")
+	for kind, names := range map[string][]string{
+		"CustomResourceDefinition": {"receivers.notification.toolkit.fluxcd.io"},
+		"Deployment":               {"receiver"},
+		"Service":                  {"webhook-receiver"},
+		"ServiceAccount":           {"receiver"},
+		"ClusterRole":              {"headwater-receiver", "headwater-watcher-receivers"},
+		"ClusterRoleBinding":       {"headwater-receiver", "headwater-watcher-receivers"},
+		"NetworkPolicy":            {"receiver"},
+	} {
+		for _, n := range names {
+			if !m.Has(kind, n) {
+				t.Errorf("no %s %s (have %v)", kind, n, m.Names(kind))
+			}
+		}
+	}
+
+	c, _ := container(t, m, "receiver")
+	for _, p := range CheckEnv("receiver", flags["receiver"], envNames(c)) {
+		t.Error(p)
+	}
+	if u, ok := FlagValue(c, "nats-url"); !ok {
+		t.Error("receiver: -nats-url is not set")
+	} else {
+		checkNATSURL(t, m, "receiver", u)
+	}
+	addr, ok := FlagValue(c, "receiver-addr")
+	if !ok {
+		t.Fatal("receiver: -receiver-addr is not set")
+	}
+	port, err := addrPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := m.Service("webhook-receiver")
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 80 {
+		t.Errorf("Service webhook-receiver: ports %v, want 80 as Flux's", svc.Spec.Ports)
+	} else if p, err := ContainerPort(c, svc.Spec.Ports[0].TargetPort); err != nil || p != port {
+		t.Errorf("Service webhook-receiver targets port %d (%v), the receiver listens on %d", p, err, port)
+	}
+
+	rr, _ := m.ClusterRole("headwater-receiver")
+	for _, verb := range []string{"get", "list", "watch"} {
+		if !Allows(rr.Rules, "notification.toolkit.fluxcd.io", "receivers", verb) {
+			t.Errorf("receiver cannot %s receivers", verb)
+		}
+	}
+	if !Allows(rr.Rules, "", "secrets", "get") {
+		t.Error("receiver cannot get the token Secrets")
+	}
+	for _, verb := range []string{"list", "watch", "create", "update", "patch", "delete"} {
+		if Allows(rr.Rules, "", "secrets", verb) {
+			t.Errorf("receiver may %s Secrets; it needs get only", verb)
+		}
+		if verb != "list" && verb != "watch" && Allows(rr.Rules, "notification.toolkit.fluxcd.io", "receivers/status", verb) {
+			t.Errorf("receiver may %s receivers' status; only the watcher writes", verb)
+		}
+	}
+
+	wr, _ := m.ClusterRole("headwater-watcher-receivers")
+	if !Allows(wr.Rules, "notification.toolkit.fluxcd.io", "receivers/status", "patch") {
+		t.Error("watcher cannot patch receivers' status")
+	}
+	if Allows(wr.Rules, "", "secrets", "list") {
+		t.Error("watcher may list Secrets; it gets the one a Receiver names")
+	}
+	w, _ := container(t, m, "watcher")
+	if v, ok := FlagValue(w, "receivers"); !ok || v != "true" {
+		t.Errorf("watcher: -receivers %q, want true", v)
+	}
+}
+
+// envNames lists the names of a container's environment variables.
+func envNames(c corev1.Container) []string {
+	var names []string
+	for _, e := range c.Env {
+		names = append(names, e.Name)
+	}
+	return names
 }

@@ -150,10 +150,11 @@ func ServiceFlags(root, service string) (FlagSet, error) {
 	return out, nil
 }
 
-// AllServiceFlags returns ServiceFlags for every one of Services.
+// AllServiceFlags returns ServiceFlags for every one of Services and
+// OptionalServices.
 func AllServiceFlags(root string) (map[string]FlagSet, error) {
 	out := map[string]FlagSet{}
-	for _, s := range Services {
+	for _, s := range slices.Concat(Services, OptionalServices) {
 		fs, err := ServiceFlags(root, s)
 		if err != nil {
 			return nil, err

@@ -5,15 +5,20 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // Services are Headwater's services: each is built from services/<name> and
 // runs in a container of the same name.
 var Services = []string{"watcher", "fetcher", "packager", "artifact-server"}
 
-// IsService reports whether name is one of Services.
+// OptionalServices are the services a component adds: the webhook
+// receiver (components/receivers, the compose profile "receivers").
+var OptionalServices = []string{"receiver"}
+
+// IsService reports whether name is one of Services or OptionalServices.
 func IsService(name string) bool {
-	for _, s := range Services {
+	for _, s := range append(slices.Clone(Services), OptionalServices...) {
 		if s == name {
 			return true
 		}

@@ -103,6 +103,38 @@ func TestServicesWorkWithinTheirPermissions(t *testing.T) {
 	}
 }
 
+// TestReceiverHooksReachTheWatcher checks the webhook path within the
+// permissions: the receiver creates the streams and publishes a hook, and
+// the watcher, on its second stream, pulls and acknowledges it.
+func TestReceiverHooksReachTheWatcher(t *testing.T) {
+	url, ids := secureBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	receiver := connectAs(t, url, ids, events.ReceiverIdentity)
+	if err := receiver.EnsureStreams(ctx); err != nil {
+		t.Fatalf("receiver ensures the streams: %v", err)
+	}
+	watcher := connectAs(t, url, ids, events.WatcherIdentity)
+	cons, err := watcher.JoinStream(ctx, events.HookStream, events.WatcherConsumer, events.ConsumerOptions{})
+	if err != nil {
+		t.Fatalf("watcher joins %s: %v", events.HookStream, err)
+	}
+	job := events.Job{ID: "delivery-1", Object: events.ObjectRef{Kind: events.ReceiverKind, Namespace: "default", Name: "github"}}
+	hook := &events.HookReceived{Job: job, Type: "github", Event: "push",
+		Resources: []events.HookResource{{Kind: "GitRepository", Name: "podinfo", Namespace: "default"}}}
+	if err := receiver.NewPublisher(events.ReceiverIdentity).Publish(ctx, events.HookSubject("default", "github"),
+		events.TypeHookReceived, job, hook); err != nil {
+		t.Fatalf("receiver publishes a hook: %v", err)
+	}
+	msg, err := cons.Next(jetstreamWait())
+	if err != nil {
+		t.Fatalf("watcher pulls the hook: %v", err)
+	}
+	if err := msg.DoubleAck(ctx); err != nil {
+		t.Errorf("watcher acknowledges the hook: %v", err)
+	}
+}
+
 // TestBusRefusesWhatAnIdentityMayNotDo checks the server's side: a client
 // without a key is refused, and each identity's publishes outside its
 // subjects, subscriptions to others' replies and consumer takeovers are
@@ -127,6 +159,13 @@ func TestBusRefusesWhatAnIdentityMayNotDo(t *testing.T) {
 		{events.WatcherIdentity, events.PublishSubject("GitRepository")}, // forge a result
 		{events.SubscriberIdentity, events.EventSubject("GitRepository", "a", "b")},
 		{events.SubscriberIdentity, events.FetchSubject("GitRepository")},
+		{events.SubscriberIdentity, events.HookSubject("a", "b")},
+		// The internet-facing receiver publishes hooks and nothing else.
+		{events.ReceiverIdentity, events.FetchSubject("GitRepository")},
+		{events.ReceiverIdentity, events.EventSubject("GitRepository", "a", "b")},
+		{events.ReceiverIdentity, "$JS.API.CONSUMER.CREATE." + events.HookStream + "." + events.WatcherConsumer},
+		{events.ReceiverIdentity, "$JS.API.STREAM.UPDATE." + events.HookStream},
+		{events.FetcherIdentity, events.HookSubject("a", "b")},
 		// Take over another service's consumer or rewrite a stream it
 		// does not own.
 		{events.FetcherIdentity, "$JS.API.CONSUMER.CREATE." + events.EventStream + "." + events.WatcherConsumer},

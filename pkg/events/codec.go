@@ -32,10 +32,11 @@ var dataTypes = map[string]func() any{
 	TypeArtifactUnchanged: func() any { return new(Outcome) },
 	TypeArtifactFailed:    func() any { return new(Outcome) },
 	TypeArtifactDeleted:   func() any { return new(Outcome) },
+	TypeHookReceived:      func() any { return new(HookReceived) },
 }
 
 // Message is a decoded bus message: the CloudEvent and its typed data, one of
-// *FetchRequested, *DeleteRequested, *Fetched or *Outcome.
+// *FetchRequested, *DeleteRequested, *Fetched, *Outcome or *HookReceived.
 type Message struct {
 	Event cloudevents.Event
 	Data  any
@@ -103,6 +104,8 @@ func JobOf(data any) Job {
 		return d.Job
 	case *Outcome:
 		return d.Job
+	case *HookReceived:
+		return d.Job
 	}
 	return Job{}
 }
@@ -115,6 +118,9 @@ func validate(data any) error {
 		return errors.New("job has no id")
 	case j.Object.Kind == "" || j.Object.Namespace == "" || j.Object.Name == "":
 		return errors.New("job does not name an object")
+	}
+	if h, ok := data.(*HookReceived); ok && h.Job.Object.Kind != ReceiverKind {
+		return errors.New("hook does not name a Receiver")
 	}
 	if f, ok := data.(*Fetched); ok && (f.Staging == "" || f.ArtifactName == "") {
 		return errors.New("fetched job has no staging key or artifact name")

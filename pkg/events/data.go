@@ -70,6 +70,10 @@ type FetchRequested struct {
 	// Force asks for a fresh fetch and artifact even when the revision is
 	// unchanged, because a content-affecting part of the spec changed.
 	Force bool `json:"force,omitempty"`
+	// Fresh asks for the upstream as it is now: no reference listing made
+	// before the job was requested may answer it (a webhook said the
+	// upstream changed).
+	Fresh bool `json:"fresh,omitempty"`
 	// Includes are the artifacts of other sources to copy into this one's
 	// (a GitRepository's spec.include), resolved by the watcher to the
 	// artifacts those sources have now. Their digests are part of what the
@@ -285,3 +289,44 @@ type Notice struct {
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
 }
+
+// HookReceived is the data of TypeHookReceived: a webhook receiver
+// accepted a valid request for a Receiver. The watcher reads the Receiver
+// again before it acts, so the resources listed here say what the receiver
+// saw (for subscribers and logs); they grant nothing.
+type HookReceived struct {
+	// Job names the Receiver (Object.Kind "Receiver") and the delivery:
+	// its ID is derived from the provider's delivery ID when it sends one
+	// (X-GitHub-Delivery, X-Request-UUID, ...), so a provider's redelivery
+	// within the duplicate window is stored once. It is not sealed: only
+	// the receiver identity may publish hooks.
+	Job Job `json:"job"`
+	// Type is the Receiver's spec.type, e.g. "github".
+	Type string `json:"type"`
+	// Event is the provider's event type (X-GitHub-Event, X-Gitlab-Event,
+	// X-Event-Key), empty for the generic types.
+	Event string `json:"event,omitempty"`
+	// Resources are the Receiver's spec.resources, each namespace resolved
+	// (the Receiver's own when unset).
+	Resources []HookResource `json:"resources"`
+}
+
+// HookResource is one entry of a Receiver's spec.resources: one object,
+// or with Name "*" every object of Kind in Namespace matching MatchLabels.
+type HookResource struct {
+	// APIVersion is the object's API version, empty for the default of
+	// its kind.
+	APIVersion string `json:"apiVersion,omitempty"`
+	// Kind is the object's kind, e.g. "GitRepository".
+	Kind string `json:"kind"`
+	// Name is the object's name, or "*" for every object matching
+	// MatchLabels.
+	Name string `json:"name"`
+	// Namespace is the object's namespace.
+	Namespace string `json:"namespace"`
+	// MatchLabels selects the objects when Name is "*".
+	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+}
+
+// ReceiverKind is the Object.Kind of a HookReceived job.
+const ReceiverKind = "Receiver"

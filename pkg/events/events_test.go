@@ -96,6 +96,17 @@ func sampleData() map[string]any {
 		TypeArtifactUnchanged: testOutcome(false),
 		TypeArtifactFailed:    testOutcome(true),
 		TypeArtifactDeleted:   &Outcome{Job: testJob()},
+		TypeHookReceived: &HookReceived{
+			Job: Job{ID: testJob().ID, RequestedAt: testJob().RequestedAt,
+				Object: ObjectRef{Kind: ReceiverKind, Namespace: "flux-system", Name: "github", UID: "9c1d", Generation: 2}},
+			Type:  "github",
+			Event: "push",
+			Resources: []HookResource{
+				{Kind: "GitRepository", Name: "podinfo.v2", Namespace: "flux-system"},
+				{APIVersion: "source.toolkit.fluxcd.io/v1", Kind: "OCIRepository", Name: "*", Namespace: "apps",
+					MatchLabels: map[string]string{"team": "a"}},
+			},
+		},
 	}
 }
 
@@ -118,6 +129,11 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			job := JobOf(data)
 			id := MessageID(job, typ)
 			subject := ObjectSubject(job.Object)
+			if want := "gitrepository/flux-system/podinfo.v2"; typ != TypeHookReceived && subject != want {
+				t.Fatalf("subject %q, want %q", subject, want)
+			} else if want := "receiver/flux-system/github"; typ == TypeHookReceived && subject != want {
+				t.Fatalf("subject %q, want %q", subject, want)
+			}
 			before := time.Now().UTC().Add(-time.Second)
 			body, err := Encode("fetcher", typ, id, subject, data)
 			if err != nil {
@@ -133,7 +149,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 				{"id", e.ID(), id},
 				{"source", e.Source(), "headwater/fetcher"},
 				{"type", e.Type(), typ},
-				{"subject", e.Subject(), "gitrepository/flux-system/podinfo.v2"},
+				{"subject", e.Subject(), subject},
 				{"datacontenttype", e.DataContentType(), "application/json"},
 				{"specversion", e.SpecVersion(), "1.0"},
 			} {
@@ -319,6 +335,7 @@ func TestSubjects(t *testing.T) {
 		{"event dotted name", EventSubject("GitRepository", "flux-system", "my.app.v1"), "headwater.events.gitrepository.flux-system.my_app_v1"},
 		{"event upper-case kind", EventSubject("OCIRepository", "ns", "n"), "headwater.events.ocirepository.ns.n"},
 		{"event wildcards", EventSubject("Bucket", "n*s", "a>b c"), "headwater.events.bucket.n_s.a_b_c"},
+		{"hook", HookSubject("flux-system", "github.app"), "headwater.hooks.flux-system.github_app"},
 		{"object", ObjectSubject(ObjectRef{Kind: "GitRepository", Namespace: "flux-system", Name: "my.app"}), "gitrepository/flux-system/my.app"},
 	}
 	for _, tc := range tests {
@@ -381,6 +398,7 @@ func TestPublicType(t *testing.T) {
 		{TypeArtifactUnchanged, "", false},
 		{TypeArtifactFailed, "", false},
 		{TypeArtifactDeleted, "", false},
+		{TypeHookReceived, "", false},
 		{"", "", false},
 		{"io.headwater.job.package.succeeded.v2", "", false},
 	}
@@ -486,10 +504,10 @@ func TestStreams(t *testing.T) {
 			t.Errorf("stream name %q is not a valid JetStream name", s.Name)
 		}
 	}
-	if got, want := slices.Sorted(maps.Keys(byName)), []string{EventStream, FetchStream, PackageStream, PublishStream}; !slices.Equal(got, want) {
+	if got, want := slices.Sorted(maps.Keys(byName)), []string{EventStream, FetchStream, HookStream, PackageStream, PublishStream}; !slices.Equal(got, want) {
 		t.Fatalf("streams %q, want %q", got, want)
 	}
-	for _, name := range []string{FetchStream, PackageStream, PublishStream} {
+	for _, name := range []string{FetchStream, PackageStream, PublishStream, HookStream} {
 		if byName[name].Retention != jetstream.WorkQueuePolicy {
 			t.Errorf("%s: retention %v, want work queue", name, byName[name].Retention)
 		}
@@ -519,6 +537,7 @@ func TestStreams(t *testing.T) {
 		{PackageSubject("GitRepository"), PackageStream},
 		{PublishSubject("GitRepository"), PublishStream},
 		{EventSubject("GitRepository", "flux-system", "a.b"), EventStream},
+		{HookSubject("flux-system", "github"), HookStream},
 	} {
 		var in []string
 		for _, s := range streams {

@@ -19,11 +19,14 @@ const (
 	ArtifactServerIdentity = "artifact-server"
 	// SubscriberIdentity may only read the public events.
 	SubscriberIdentity = "subscriber"
+	// ReceiverIdentity is the internet-facing webhook receiver: it may
+	// only publish the hooks it accepted.
+	ReceiverIdentity = "receiver"
 )
 
 // Identities lists every identity, services first.
 func Identities() []string {
-	return []string{WatcherIdentity, FetcherIdentity, PackagerIdentity, ArtifactServerIdentity, SubscriberIdentity}
+	return []string{WatcherIdentity, FetcherIdentity, PackagerIdentity, ArtifactServerIdentity, ReceiverIdentity, SubscriberIdentity}
 }
 
 // InboxPrefix is the prefix of the reply subjects an identity's
@@ -41,8 +44,10 @@ type Permission struct {
 type role struct {
 	// publishes are the subject prefixes it publishes jobs or events on.
 	publishes []string
-	// stream and consumer it consumes, if any.
-	stream, consumer string
+	// streams it consumes, if any, each with the durable consumer named
+	// consumer.
+	streams  []string
+	consumer string
 	// readsStream lets it read messages of its stream by sequence (the
 	// packager's janitors list the jobs still waiting).
 	readsStream bool
@@ -52,13 +57,17 @@ func roleOf(identity string) (role, bool) {
 	switch identity {
 	case WatcherIdentity:
 		// Deletion jobs go to the packagers.
-		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, stream: EventStream, consumer: WatcherConsumer}, true
+		// It also turns the hooks receivers accepted into fetch jobs.
+		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, streams: []string{EventStream, HookStream}, consumer: WatcherConsumer}, true
 	case FetcherIdentity:
-		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, stream: FetchStream, consumer: FetcherConsumer}, true
+		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, streams: []string{FetchStream}, consumer: FetcherConsumer}, true
 	case PackagerIdentity:
-		return role{publishes: []string{PublishSubjectPrefix}, stream: PackageStream, consumer: PackagerConsumer, readsStream: true}, true
+		return role{publishes: []string{PublishSubjectPrefix}, streams: []string{PackageStream}, consumer: PackagerConsumer, readsStream: true}, true
 	case ArtifactServerIdentity:
-		return role{publishes: []string{EventSubjectPrefix}, stream: PublishStream, consumer: ArtifactServerConsumer}, true
+		return role{publishes: []string{EventSubjectPrefix}, streams: []string{PublishStream}, consumer: ArtifactServerConsumer}, true
+	case ReceiverIdentity:
+		// Internet-facing: it consumes nothing and publishes only hooks.
+		return role{publishes: []string{HookSubjectPrefix}}, true
 	case SubscriberIdentity:
 		return role{}, true
 	}
@@ -71,7 +80,7 @@ func roleOf(identity string) (role, bool) {
 // exists with another configuration), so services start in any order.
 func StreamOwner(stream string) string {
 	for _, id := range Identities() {
-		if r, _ := roleOf(id); r.stream == stream {
+		if r, _ := roleOf(id); slices.Contains(r.streams, stream) {
 			return id
 		}
 	}
@@ -99,17 +108,19 @@ func Permissions(identity string) (p Permission, ok bool) {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.INFO."+s.Name, "$JS.API.STREAM.CREATE."+s.Name)
 	}
 	api := "$JS.API.CONSUMER."
-	p.Publish = append(p.Publish,
-		"$JS.API.STREAM.UPDATE."+r.stream,
-		api+"CREATE."+r.stream+"."+r.consumer,
-		api+"CREATE."+r.stream+"."+r.consumer+".>",
-		api+"DURABLE.CREATE."+r.stream+"."+r.consumer,
-		api+"INFO."+r.stream+"."+r.consumer,
-		api+"MSG.NEXT."+r.stream+"."+r.consumer,
-		"$JS.ACK."+r.stream+"."+r.consumer+".>",
-	)
-	if r.readsStream {
-		p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+r.stream)
+	for _, stream := range r.streams {
+		p.Publish = append(p.Publish,
+			"$JS.API.STREAM.UPDATE."+stream,
+			api+"CREATE."+stream+"."+r.consumer,
+			api+"CREATE."+stream+"."+r.consumer+".>",
+			api+"DURABLE.CREATE."+stream+"."+r.consumer,
+			api+"INFO."+stream+"."+r.consumer,
+			api+"MSG.NEXT."+stream+"."+r.consumer,
+			"$JS.ACK."+stream+"."+r.consumer+".>",
+		)
+		if r.readsStream {
+			p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+stream)
+		}
 	}
 	p.Subscribe = []string{InboxPrefix(identity) + ".>"}
 	slices.Sort(p.Publish)

@@ -16,6 +16,9 @@ const (
 	PublishStream = "HEADWATER_PUBLISH"
 	// EventStream keeps the recent public events of every source.
 	EventStream = "HEADWATER_EVENTS"
+	// HookStream holds the webhooks receivers accepted until the watcher
+	// has turned them into fetch jobs.
+	HookStream = "HEADWATER_HOOKS"
 )
 
 // Durable consumer names, one per service; replicas of a service share it,
@@ -56,6 +59,7 @@ func Streams(replicas int) []jetstream.StreamConfig {
 		job(FetchStream, FetchSubjectPrefix, "Headwater fetch jobs: one per source reconcile"),
 		job(PackageStream, PackageSubjectPrefix, "Headwater packaging and deletion jobs"),
 		job(PublishStream, PublishSubjectPrefix, "Headwater job results waiting to be announced"),
+		job(HookStream, HookSubjectPrefix, "Headwater webhooks accepted by a receiver, waiting for the watcher"),
 		{
 			Name:              EventStream,
 			Description:       "Headwater public CloudEvents, per source",

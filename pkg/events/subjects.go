@@ -16,6 +16,8 @@ const (
 	PublishSubjectPrefix = "headwater.jobs.publish"
 	// EventSubjectPrefix is the prefix of the public event subjects.
 	EventSubjectPrefix = "headwater.events"
+	// HookSubjectPrefix is the prefix of the webhook subjects.
+	HookSubjectPrefix = "headwater.hooks"
 )
 
 // FetchSubject is where fetch jobs for a kind are published.
@@ -35,6 +37,12 @@ func PublishSubject(kind string) string { return PublishSubjectPrefix + "." + to
 // headwater.events.gitrepository.<namespace>.* for one namespace.
 func EventSubject(kind, namespace, name string) string {
 	return fmt.Sprintf("%s.%s.%s.%s", EventSubjectPrefix, token(kind), token(namespace), token(name))
+}
+
+// HookSubject is where the hooks a Receiver accepted are published:
+// headwater.hooks.<namespace>.<name>, spelled as in EventSubject.
+func HookSubject(namespace, name string) string {
+	return fmt.Sprintf("%s.%s.%s", HookSubjectPrefix, token(namespace), token(name))
 }
 
 // token lower-cases s and replaces the characters NATS reserves.

@@ -36,6 +36,12 @@ const (
 	// TypeDeleted says a packager removed a deleted source's artifacts.
 	// Data: Outcome. Published on PublishSubject(kind).
 	TypeDeleted = "io.headwater.job.delete.succeeded.v1"
+
+	// TypeHookReceived says a webhook receiver accepted a valid push for a
+	// Receiver (notification.toolkit.fluxcd.io/v1). Data: HookReceived.
+	// Published by the receiver on HookSubject(namespace, name); the
+	// watcher turns it into fetch jobs.
+	TypeHookReceived = "io.headwater.hook.received.v1"
 )
 
 // Public CloudEvent types, published by the artifact-server on

@@ -14,6 +14,7 @@ import (
 	"os"
 	"time"
 
+	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	"github.com/fluxcd/pkg/runtime/jitter"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -32,6 +34,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
@@ -58,6 +61,9 @@ type options struct {
 	kubeAPIBurst            int
 	jobKeyFile              string
 	eventsAddr              string
+	// receivers serves Flux's Receivers (the receivers component).
+	receivers       bool
+	hookMinInterval time.Duration
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -80,6 +86,11 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"File holding the secret (32 bytes or more) every watcher replica seals its jobs with; default: the bus identity's -nats-nkey, then -nats-creds.")
 	fs.StringVar(&o.eventsAddr, "events-addr", "",
 		"URL of Flux's notification-controller events receiver (as Flux's flag): every Event recorded is also posted there in Flux's format; empty posts none.")
+	fs.BoolVar(&o.receivers, "receivers", false,
+		"Serve Flux's Receivers (notification.toolkit.fluxcd.io/v1) with the receiver service: write their status and turn their hooks into fetch jobs. "+
+			"Needs the Receiver CRD (deploy/components/receivers); leave off where Flux's notification-controller serves them.")
+	fs.DurationVar(&o.hookMinInterval, "hook-min-interval", controller.DefaultHookInterval,
+		"Least time between two webhook-triggered fetches of one source; hooks within it are coalesced into one fetch at its end.")
 }
 
 func main() {
@@ -116,6 +127,11 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := sourcev1.AddToScheme(scheme); err != nil {
 		return err
+	}
+	if o.receivers {
+		if err := notificationv1.AddToScheme(scheme); err != nil {
+			return err
+		}
 	}
 	ns := o.leaderElectionNamespace
 	if ns == "" {
@@ -171,12 +187,28 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
+	jobMetrics := telemetry.NewJobMetrics(crmetrics.Registry, service)
+	triggers := map[string]*controller.Triggers{}
 	for _, kind := range source.Kinds() {
 		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
 			RequeueDependency: o.requeueDependency}
+		if o.receivers {
+			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
+			triggers[kind.Name] = r.Triggers
+		}
 		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
+		}
+	}
+	if o.receivers {
+		rr := &receiver.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("headwater-watcher")}
+		if err := rr.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("set up receiver controller: %w", err)
+		}
+		if err := mgr.Add(&receiver.Hooks{Conn: conn, Client: mgr.GetClient(), Scheme: scheme, Triggers: triggers,
+			Recorder: mgr.GetEventRecorder("headwater-watcher"), Metrics: jobMetrics, Log: log.WithName("hooks")}); err != nil {
+			return err
 		}
 	}
 	host, _ := os.Hostname()
@@ -191,13 +223,14 @@ func run(ctx context.Context, o options) error {
 		Notify:      notifier,
 		Instance:    instance,
 		Concurrency: o.eventConcurrency,
-		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, service),
+		Metrics:     jobMetrics,
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
 		Log:         log.WithName("results"),
 	}); err != nil {
 		return err
 	}
-	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns, "notifications", notifier != nil)
+	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
+		"notifications", notifier != nil, "receivers", o.receivers)
 	return mgr.Start(ctx)
 }
 

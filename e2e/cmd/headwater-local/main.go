@@ -1,6 +1,7 @@
 // Command headwater-local is `make run`: Headwater on the embedded default.
 // It starts a local API server, embedded NATS, directory storage, a git
-// server and the four services (built by make into -bin-dir), applies the
+// server and the services (built by make into -bin-dir, the webhook
+// receiver included), applies the
 // sample GitRepository, shows it become Ready, and runs until Ctrl-C, then
 // stops everything it started. Its state lives in -state-dir (.run).
 package main
@@ -19,15 +20,20 @@ import (
 
 // options are the runner's flags (environment: HEADWATER_<FLAG>).
 type options struct {
-	binDir    string
-	crdDir    string
-	assetsDir string
-	stateDir  string
+	binDir string
+	crdDir string
+	// receiversCRDDir holds the Receiver CRD; set, the webhook receiver
+	// runs too.
+	receiversCRDDir string
+	assetsDir       string
+	stateDir        string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.binDir, "bin-dir", "bin", "Directory of the service binaries (make build).")
 	fs.StringVar(&o.crdDir, "crd-dir", "deploy/crds", "Directory of the CRD manifests (make manifests).")
+	fs.StringVar(&o.receiversCRDDir, "receivers-crd-dir", "deploy/components/receivers/crd",
+		"Directory of the Receiver CRD (make manifests): the webhook receiver runs too; empty leaves it out.")
 	fs.StringVar(&o.assetsDir, "assets-dir", os.Getenv("KUBEBUILDER_ASSETS"), "Directory of kube-apiserver, etcd and kubectl (default $KUBEBUILDER_ASSETS).")
 	fs.StringVar(&o.stateDir, "state-dir", ".run", "Directory for the runner's state and logs; cleared at start.")
 }

@@ -23,7 +23,8 @@ func run(ctx context.Context, o options, p *walkthrough.Printer) (err error) {
 	for _, d := range []struct {
 		dst *string
 		src string
-	}{{&cfg.Dir, o.stateDir}, {&cfg.BinDir, o.binDir}, {&cfg.CRDDir, o.crdDir}, {&cfg.AssetsDir, o.assetsDir}} {
+	}{{&cfg.Dir, o.stateDir}, {&cfg.BinDir, o.binDir}, {&cfg.CRDDir, o.crdDir}, {&cfg.AssetsDir, o.assetsDir},
+		{&cfg.ReceiverCRDDir, o.receiversCRDDir}} {
 		if d.src == "" {
 			continue
 		}
@@ -31,6 +32,7 @@ func run(ctx context.Context, o options, p *walkthrough.Printer) (err error) {
 			return fmt.Errorf("path %s: %w", d.src, err)
 		}
 	}
+	cfg.Receivers = cfg.ReceiverCRDDir != ""
 	if err := cfg.Check(); err != nil {
 		return fmt.Errorf("%w\n(`make run` builds everything first)", err)
 	}

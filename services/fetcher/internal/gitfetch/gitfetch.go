@@ -118,9 +118,10 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	}
 	res := &resolved{url: spec.URL, http: u.Scheme != "ssh", ref: r, creds: creds, ignore: spec.Ignore, hadArtifact: req.Previous != nil,
 		submodules: spec.RecurseSubmodules, sparse: sparseDirs(spec.SparseCheckout), refCache: s.RefCache}
-	if req.Job.ReconcileToken != "" {
-		// A reconcile requested (say, after a push) must see the remote
-		// as it is now, not a listing from before the request.
+	if req.Job.ReconcileToken != "" || req.Fresh {
+		// A reconcile requested (say, after a push), or a webhook's job,
+		// must see the remote as it is now, not a listing from before
+		// the request.
 		res.freshAfter = req.Job.RequestedAt
 	}
 	res.verify = s.verification(req)

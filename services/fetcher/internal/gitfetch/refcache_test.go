@@ -283,8 +283,8 @@ func TestRefCacheWaiterCancelled(t *testing.T) {
 }
 
 // TestRefCacheRequestedReconcileIsFresh checks that a reconcile the user
-// requested (after a push, say) never takes a listing from before the
-// request, while other fetches share it.
+// requested (after a push, say), or a webhook's job (Fresh), never takes a
+// listing from before the request, while other fetches share it.
 func TestRefCacheRequestedReconcileIsFresh(t *testing.T) {
 	root := t.TempDir()
 	repo, err := gitserver.NewRepo(root, "app", t.TempDir(), "master")
@@ -301,10 +301,11 @@ func TestRefCacheRequestedReconcileIsFresh(t *testing.T) {
 	now := time.Now()
 	cache.now = func() time.Time { return now }
 	src := &Source{RefCache: cache}
-	resolve := func(token string, requestedAt time.Time) string {
+	resolve := func(token string, requestedAt time.Time, fresh ...bool) string {
 		t.Helper()
 		req := request(proxy.url+"/app.git", nil)
 		req.Job.ReconcileToken, req.Job.RequestedAt = token, requestedAt
+		req.Fresh = len(fresh) > 0 && fresh[0]
 		res, err := src.Resolve(context.Background(), req)
 		must(t, err)
 		return res.Revision()
@@ -338,5 +339,20 @@ func TestRefCacheRequestedReconcileIsFresh(t *testing.T) {
 		if got := proxy.listings.Load(); got != st.listings {
 			t.Errorf("%s: %d listings, want %d", st.name, got, st.listings)
 		}
+	}
+
+	// A webhook's job carries no token but is fresh: it lists again.
+	must(t, repo.Write(map[string]string{"a": "3"}))
+	c3, err := repo.Commit("three")
+	must(t, err)
+	now = start.Add(3 * time.Second)
+	if rev := resolve("", now); rev != "master@sha1:"+c2 {
+		t.Errorf("interval reconcile after a push: revision %s, want the shared listing's %s", rev, c2)
+	}
+	if rev := resolve("", now, true); rev != "master@sha1:"+c3 {
+		t.Errorf("webhook job: revision %s, want commit %s", rev, c3)
+	}
+	if got := proxy.listings.Load(); got != 3 {
+		t.Errorf("webhook job: %d listings, want 3", got)
 	}
 }

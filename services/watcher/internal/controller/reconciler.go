@@ -62,6 +62,9 @@ type Reconciler struct {
 	RequeueDependency time.Duration
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
+	// Triggers, when set, are the reconciles webhooks ask for (see
+	// Triggers); their jobs are fresh.
+	Triggers *Triggers
 }
 
 // SetupWithManager registers the reconciler. It reacts to spec changes
@@ -77,6 +80,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 		if err := r.Kind.Setup(ctx, mgr, b); err != nil {
 			return err
 		}
+	}
+	if r.Triggers != nil {
+		b = b.WatchesRawSource(r.Triggers.Source())
 	}
 	return b.Complete(r)
 }
@@ -117,6 +123,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	fetch.Force = force
+	fetch.Fresh = r.Triggers.Fresh(req.NamespacedName)
 	fetch.Job = r.job(obj, fetch)
 	job := fetch.Job
 
@@ -145,7 +152,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// The bus is unreachable: retry with controller-runtime's backoff.
 		return ctrl.Result{}, err
 	}
-	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force)
+	if fetch.Fresh {
+		r.Triggers.Published(req.NamespacedName)
+	}
+	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force, "fresh", fetch.Fresh)
 	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(obj.GetRequeueAfter())}, nil
 }
 
@@ -268,6 +278,11 @@ func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events
 	token, _ := meta.ReconcileAnnotationValue(obj.GetAnnotations())
 	h := sha256.New()
 	fmt.Fprintf(h, "force=%t\n", fetch.Force)
+	if fetch.Fresh {
+		// A webhook's job is one of its own, even within the second of
+		// an interval's.
+		h.Write([]byte("fresh\n"))
+	}
 	if fetch.Previous != nil {
 		fmt.Fprintf(h, "previous=%s\n", fetch.Previous.Digest)
 	}

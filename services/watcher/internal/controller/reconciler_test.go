@@ -41,6 +41,7 @@ func TestJobID(t *testing.T) {
 		"included artifact changed": {Includes: include("sha256:2")},
 		"forced":                    {Includes: include("sha256:1"), Force: true},
 		"stored artifact changed":   {Includes: include("sha256:1"), Previous: &meta.Artifact{Digest: "sha256:p"}},
+		"webhook's fresh job":       {Includes: include("sha256:1"), Fresh: true},
 	} {
 		if got := r.job(obj, fetch); got.ID == base.ID {
 			t.Errorf("%s: same ID %s, so the new job would be dropped as a duplicate", name, got.ID)

@@ -209,9 +209,21 @@ func printNextSteps(env *harness.Env, p *Printer, obj *sourcev1.GitRepository, w
 		"  git -C " + workTree + " push -q origin " + Branch,
 		"  " + kubectl + " annotate --overwrite gitrepository/podinfo " + meta.ReconcileRequestAnnotation + "=\"$(date +%s)\"",
 		"",
-		"Service logs: " + filepath.Join(env.Config.Dir, "logs"),
-		"Press Ctrl-C to stop everything.",
 	}
+	if env.ReceiverAddr != "" {
+		lines = append(lines,
+			"Or let a webhook ask: Flux's Receivers are served at http://"+env.ReceiverAddr+"/hook/<digest>:",
+			"",
+			"  "+kubectl+" create secret generic webhook-token --from-literal=token=change-me",
+			"  printf '%s\\n' 'apiVersion: notification.toolkit.fluxcd.io/v1' 'kind: Receiver' 'metadata: {name: podinfo}' \\",
+			"    'spec: {type: generic, secretRef: {name: webhook-token}, resources: [{kind: GitRepository, name: podinfo}]}' | "+kubectl+" apply -f -",
+			"  curl -X POST http://"+env.ReceiverAddr+"$("+kubectl+" get receiver podinfo -o jsonpath='{.status.webhookPath}')",
+			"")
+	}
+	lines = append(lines,
+		"Service logs: "+filepath.Join(env.Config.Dir, "logs"),
+		"Press Ctrl-C to stop everything.",
+	)
 	for _, l := range lines {
 		p.print(l)
 	}

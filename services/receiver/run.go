@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+
+	"github.com/headwater-gitops/headwater/services/receiver/internal/hook"
+)
+
+// shutdownTimeout bounds how long requests in progress may finish after a
+// stop signal.
+const shutdownTimeout = 10 * time.Second
+
+// Flux's limits on the receiver's requests.
+const (
+	maxHeaderBytes    = 256 << 10
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 30 * time.Second
+)
+
+// run serves the webhook endpoint until ctx ends. It logs with ctx's logger.
+func run(ctx context.Context, o options) error {
+	log := logr.FromContextOrDiscard(ctx)
+	ctrl.SetLogger(log)
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := notificationv1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	// The informer cache holds Receivers only; Secrets are read one at a
+	// time, live (hook.SecretTokens).
+	receivers, err := cache.New(cfg, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		return fmt.Errorf("receiver cache: %w", err)
+	}
+	if err := hook.IndexWebhookPath(ctx, receivers); err != nil {
+		return err
+	}
+	live, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+
+	conn, err := bus.Connect(ctx, o.bus, service, log)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := conn.EnsureStreams(ctx); err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cacheErr := make(chan error, 1)
+	go func() { cacheErr <- receivers.Start(ctx) }()
+	if !receivers.WaitForCacheSync(ctx) {
+		cancel()
+		return errors.Join(errors.New("receiver cache did not sync"), <-cacheErr)
+	}
+
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
+	h := &hook.Handler{
+		Receivers: hook.CachedReceivers{Reader: receivers},
+		Tokens:    hook.SecretTokens{Reader: live},
+		Hooks:     conn.NewPublisher(service),
+		Log:       log.WithName("hook"),
+	}
+	h.Register(reg)
+	mux := http.NewServeMux()
+	mux.Handle(notificationv1.ReceiverWebhookPath, h)
+
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", o.addr, err)
+	}
+	srv := &http.Server{
+		Handler:           mux,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		IdleTimeout:       2 * time.Minute,
+	}
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
+		_ = ln.Close()
+		return err
+	}
+	serveErr := make(chan error, 1)
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		serveErr <- err
+		cancel()
+	}()
+	log.Info("serving webhooks", "addr", ln.Addr().String())
+
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, scancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer scancel()
+	shutErr := srv.Shutdown(sctx)
+	if shutErr != nil {
+		shutErr = fmt.Errorf("http shutdown: %w", shutErr)
+	}
+	return errors.Join(<-serveErr, shutErr, <-cacheErr)
+}
+
+// restConfig loads the kubeconfig flag, then $KUBECONFIG, then in-cluster.
+func restConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes config: %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,80 @@
+package receiver
+
+import (
+	"strings"
+	"testing"
+
+	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/fluxcd/pkg/runtime/conditions"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestMark(t *testing.T) {
+	tests := []struct {
+		name, reason, msg, path string
+		ready                   metav1.ConditionStatus
+		reconciling, stalled    bool
+		observed                bool
+	}{
+		{name: "initialized", reason: meta.SucceededReason, msg: "Receiver initialized for path: /hook/ab", path: "/hook/ab",
+			ready: metav1.ConditionTrue, observed: true},
+		{name: "token missing", reason: notificationv1.TokenNotFoundReason, msg: "unable to read token",
+			ready: metav1.ConditionFalse, reconciling: true},
+		{name: "unsupported", reason: UnsupportedReason, msg: "receiver type 'harbor' is not supported",
+			ready: metav1.ConditionFalse, stalled: true, observed: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			obj := &notificationv1.Receiver{ObjectMeta: metav1.ObjectMeta{Generation: 3,
+				Annotations: map[string]string{meta.ReconcileRequestAnnotation: "now"}}}
+			obj.Status.WebhookPath = "/hook/old"
+			conditions.MarkStalled(obj, "Old", "old")
+			mark(obj, tc.reason, tc.msg, tc.path)
+			c := conditions.Get(obj, meta.ReadyCondition)
+			if c == nil || c.Status != tc.ready || c.Reason != tc.reason || c.Message != tc.msg {
+				t.Errorf("Ready %+v", c)
+			}
+			if got := conditions.Has(obj, meta.ReconcilingCondition); got != tc.reconciling {
+				t.Errorf("Reconciling %v, want %v", got, tc.reconciling)
+			}
+			if got := conditions.IsTrue(obj, meta.StalledCondition); got != tc.stalled {
+				t.Errorf("Stalled %v, want %v", got, tc.stalled)
+			}
+			if got := obj.Status.ObservedGeneration == 3; got != tc.observed {
+				t.Errorf("observedGeneration %d", obj.Status.ObservedGeneration)
+			}
+			if obj.Status.WebhookPath != tc.path || obj.Status.LastHandledReconcileAt != "now" {
+				t.Errorf("webhookPath %q, lastHandledReconcileAt %q", obj.Status.WebhookPath, obj.Status.LastHandledReconcileAt)
+			}
+			if ready(obj) != (tc.ready == metav1.ConditionTrue) {
+				t.Errorf("ready() = %v", ready(obj))
+			}
+		})
+	}
+}
+
+func TestUnsupported(t *testing.T) {
+	res := func(filter string) notificationv1.ReceiverResource {
+		return notificationv1.ReceiverResource{Filter: filter,
+			CrossNamespaceObjectReference: notificationv1.CrossNamespaceObjectReference{Kind: "GitRepository", Name: "a"}}
+	}
+	tests := []struct {
+		name string
+		spec notificationv1.ReceiverSpec
+		want string // a part of the message; "" for supported
+	}{
+		{"github", notificationv1.ReceiverSpec{Type: "github", Resources: []notificationv1.ReceiverResource{res("")}}, ""},
+		{"generic-hmac", notificationv1.ReceiverSpec{Type: "generic-hmac"}, ""},
+		{"harbor", notificationv1.ReceiverSpec{Type: "harbor"}, "receiver type 'harbor' is not supported"},
+		{"resourceFilter", notificationv1.ReceiverSpec{Type: "github", ResourceFilter: "true"}, "spec.resourceFilter"},
+		{"resource filter", notificationv1.ReceiverSpec{Type: "gitlab", Resources: []notificationv1.ReceiverResource{res("true")}},
+			"the filter of resource GitRepository/a"},
+	}
+	for _, tc := range tests {
+		got := unsupported(&notificationv1.Receiver{Spec: tc.spec})
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
