@@ -3,8 +3,8 @@ module github.com/headwater-gitops/headwater/services/watcher
 go 1.26.0
 
 require (
-	github.com/fluxcd/pkg/apis/event v0.27.2
 	github.com/fluxcd/notification-controller/api v1.9.4
+	github.com/fluxcd/pkg/apis/event v0.27.2
 	github.com/fluxcd/pkg/apis/meta v1.30.2
 	github.com/fluxcd/pkg/runtime v0.110.3
 	github.com/fluxcd/source-controller/api v1.9.5
