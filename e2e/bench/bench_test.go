@@ -41,7 +41,7 @@ var (
 	sameMemory = Target{Memory: 1}
 	targetA    = Target{Wall: 0.25, CPU: 0.25, Memory: 1, MaxCounters: map[string]int64{CounterGitFetches: 10}}
 	targetB    = Target{Wall: 0.5, CPU: 1, Memory: 1}
-	targetC    = Target{Wall: 0.25, Memory: 1}
+	targetC    = Target{Wall: 0.25, Memory: 1, MinPackagingMBps: 250}
 	targetD    = Target{CPU: 0.5, Memory: 1, MaxCounters: map[string]int64{CounterGitFetches: 0, CounterSourceWrites: 0}}
 	targetG    = Target{Wall: 1.5, CPU: 1.5}
 	targetH    = Target{Wall: 1, Memory: 1, MaxRSS: map[string]uint64{"fetcher": 100 * mib, "packager": 100 * mib}}

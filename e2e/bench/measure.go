@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
 // Role says which part of the system a measured process is.
@@ -57,6 +58,18 @@ type JobStat struct {
 	Busy time.Duration
 }
 
+// PackagingRate is ContentBytes over the time the packager spent on the
+// content it was handed (its busy time on fetch.succeeded jobs: reading
+// the staged tar, compressing, hashing and storing), in bytes per second;
+// 0 when either is unknown.
+func (m *Measurement) PackagingRate() float64 {
+	busy := m.Jobs["packager"][shortType(events.TypeFetched)].Busy
+	if m.ContentBytes <= 0 || busy <= 0 {
+		return 0
+	}
+	return float64(m.ContentBytes) / busy.Seconds()
+}
+
 // Measurement is what one scenario measured, from the moment its objects
 // started being applied until the last one reached the awaited state.
 type Measurement struct {
@@ -79,6 +92,9 @@ type Measurement struct {
 	CPUs int
 	// ArtifactBytes is the size of the artifact, when one is reported.
 	ArtifactBytes int64
+	// ContentBytes is the size of the content packaged, uncompressed, when
+	// the scenario knows it (one source's).
+	ContentBytes int64
 	// Counters are counts a scenario takes of what the system asked of
 	// others (e.g. CounterGitFetches), by name.
 	Counters map[string]int64

@@ -180,6 +180,21 @@ func TestMet(t *testing.T) {
 	if got := targetK.String(); got != "p99 ≤ 2s" {
 		t.Errorf("targetK = %q", got)
 	}
+	// Scenario c's packaging target: content over the packager's busy time.
+	packaged := *m
+	packaged.ContentBytes = 600e6
+	packaged.Jobs = map[string]map[string]JobStat{"packager": {"fetch.succeeded": {Count: 1, Busy: 2 * time.Second}}}
+	for _, tt := range []struct {
+		m    *Measurement
+		want string
+	}{
+		{&packaged, "packaging (300 MB/s) yes"},
+		{m, "packaging (not measured) no"},
+	} {
+		if got := (Target{MinPackagingMBps: 250}).Met(tt.m, nil); got != tt.want {
+			t.Errorf("packaging target Met = %q, want %q", got, tt.want)
+		}
+	}
 	var out strings.Builder
 	WriteTable(&out, []Row{
 		{Scenario: "x", Target: targetA, Headwater: m, BaseName: "Flux " + FluxVersion, Base: flux},

@@ -32,6 +32,9 @@ type Target struct {
 	// MaxP99 bounds the 99th percentile of the latencies the scenario
 	// timed (Measurement.Latency); the table shows its p50 and p99.
 	MaxP99 time.Duration
+	// MinPackagingMBps bounds from below the packager's rate on the
+	// scenario's content (Measurement.PackagingRate), in MB/s.
+	MinPackagingMBps float64
 }
 
 // Row is one scenario: Headwater's measurement and its baseline's (Flux's,
@@ -146,6 +149,9 @@ func (t Target) String() string {
 	if t.MaxP99 > 0 {
 		parts = append(parts, fmt.Sprintf("p99 ≤ %s", t.MaxP99))
 	}
+	if t.MinPackagingMBps > 0 {
+		parts = append(parts, fmt.Sprintf("packaging ≥ %.0f MB/s", t.MinPackagingMBps))
+	}
 	if len(parts) == 0 {
 		return "none set"
 	}
@@ -200,6 +206,13 @@ func (t Target) Met(h, base *Measurement) string {
 			check("p99 (not measured)", false)
 		}
 	}
+	if t.MinPackagingMBps > 0 {
+		if rate := h.PackagingRate(); rate > 0 {
+			check(fmt.Sprintf("packaging (%.0f MB/s)", rate/1e6), rate/1e6 >= t.MinPackagingMBps)
+		} else {
+			check("packaging (not measured)", false)
+		}
+	}
 	if len(parts) == 0 {
 		return "n/a"
 	}
@@ -211,6 +224,9 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 	head := fmt.Sprintf("%s: wall %.1f s (apply %.1f s)", scenario, m.Wall.Seconds(), m.Apply.Seconds())
 	if m.ArtifactBytes > 0 {
 		head += fmt.Sprintf(", artifact %s", bytesString(uint64(m.ArtifactBytes)))
+	}
+	if rate := m.PackagingRate(); rate > 0 {
+		head += fmt.Sprintf(", packaged at %.0f MB/s (%s of content over the packager's busy time)", rate/1e6, bytesString(uint64(m.ContentBytes)))
 	}
 	fmt.Fprintln(w, "- "+head)
 	var cp Usage

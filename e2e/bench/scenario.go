@@ -178,6 +178,7 @@ func LargeTree(ctx context.Context, o Options, sys System) (m *Measurement, err 
 	if a := obj.Status.Artifact; a != nil && a.Size != nil {
 		m.ArtifactBytes = *a.Size
 	}
+	m.ContentBytes = bigTreeSize
 	return m, nil
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/headwater-gitops/headwater/pkg/archive"
+
 	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
 )
 
@@ -28,6 +30,9 @@ type Options struct {
 	// ContentCacheTTL is how long a content cache entry nobody uses is
 	// kept; zero records nothing in the content cache.
 	ContentCacheTTL time.Duration
+	// CompressionLevel is the artifacts' gzip level, 1 (fastest) to 9;
+	// archive.DefaultLevel when 0.
+	CompressionLevel int
 }
 
 // MinContentCacheTTL is the shortest ContentCacheTTL: the packager
@@ -47,6 +52,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"The largest file, in bytes, an artifact may contain; 0 means no limit.")
 	fs.DurationVar(&o.ContentCacheTTL, "content-cache-ttl", time.Hour,
 		"How long an entry of the content cache (artifacts reused by sources with identical content) is kept after its last use; 0 records nothing.")
+	fs.IntVar(&o.CompressionLevel, "compression-level", archive.DefaultLevel,
+		"The gzip level of artifacts, 1 (fastest) to 9 (smallest).")
 }
 
 // Validate reports the first invalid option.
@@ -60,6 +67,8 @@ func (o Options) Validate() error {
 		return errors.New("--artifact-retention-ttl must not be negative")
 	case o.MaxFileSize < 0:
 		return errors.New("--max-file-size must not be negative")
+	case o.CompressionLevel < 0 || o.CompressionLevel > 9:
+		return errors.New("--compression-level must be from 1 to 9")
 	case o.ContentCacheTTL != 0 && o.ContentCacheTTL < MinContentCacheTTL:
 		return fmt.Errorf("--content-cache-ttl must be 0 or at least %s", MinContentCacheTTL)
 	}

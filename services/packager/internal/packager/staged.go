@@ -53,7 +53,8 @@ func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, erro
 	var res archive.Result
 	canonical := g.pipe(func(w io.Writer) error {
 		var err error
-		res, err = archive.Canonicalize(w, in, archive.CanonicalOptions{Algorithm: p.opts.Algorithm(), MaxFileSize: p.opts.MaxFileSize})
+		res, err = archive.Canonicalize(w, in, archive.CanonicalOptions{Algorithm: p.opts.Algorithm(), MaxFileSize: p.opts.MaxFileSize,
+			Level: p.opts.CompressionLevel})
 		if err != nil {
 			// The content itself cannot be archived (an unsafe path, a
 			// file over the limit, a corrupt tar): it fails again.
