@@ -122,7 +122,7 @@ func testConfig() (harness.Config, error) {
 		CRDDir:    filepath.Join(root, "deploy", "crds"),
 		Dir:       os.TempDir(), // replaced by a fresh directory once checked
 		ExtraArgs: map[string][]string{
-			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize)},
+			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize), "-helm-index-max-size", strconv.Itoa(e2eHelmIndexMaxSize)},
 		},
 	}
 	if cfg.BinDir == "" {
