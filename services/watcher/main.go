@@ -56,6 +56,7 @@ type options struct {
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
 	jobKeyFile              string
+	sourceMetricsInterval   time.Duration
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -76,6 +77,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
 		"File holding the secret (32 bytes or more) every watcher replica seals its jobs with; default: the bus identity's -nats-nkey, then -nats-creds.")
+	fs.DurationVar(&o.sourceMetricsInterval, "source-metrics-interval", 30*time.Second,
+		"How often the leader exports every source's Ready condition (headwater_source_condition), from its cache.")
 }
 
 func main() {
@@ -155,9 +158,14 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.AddReadyzCheck("nats", func(*http.Request) error { return conn.Healthy() }); err != nil {
 		return err
 	}
+	reconcileMetrics := controller.NewMetrics(crmetrics.Registry)
+	if err := mgr.Add(controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
+		log.WithName("source-conditions"))); err != nil {
+		return err
+	}
 	for _, kind := range source.Kinds() {
 		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
-			Recorder: mgr.GetEventRecorder("headwater-watcher"), RequeueDependency: o.requeueDependency}
+			Recorder: mgr.GetEventRecorder("headwater-watcher"), RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics}
 		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
 		}
