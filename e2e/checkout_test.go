@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -162,95 +159,6 @@ func TestSparseCheckout(t *testing.T) {
 	}
 	if got := obj.Status.ObservedSparseCheckout; len(got) != 0 {
 		t.Errorf("status.observedSparseCheckout = %v, want none", got)
-	}
-	t.Cleanup(func() { requireServicesRunning(t) })
-}
-
-// TestSymlinkOutside checks that a repository with symbolic links pointing
-// outside its tree gives a Ready artifact without them (and without
-// reading what they point at), while links inside the tree become copies.
-func TestSymlinkOutside(t *testing.T) {
-	requireEnv(t)
-	t.Parallel()
-	const name = "checkout-symlinks"
-	repo, err := env.NewRepo(name, branch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := repo.Write(map[string]string{"deploy/app.yaml": "kind: App\n", "logo.png": "png"}); err != nil {
-		t.Fatal(err)
-	}
-	secret := filepath.Join(t.TempDir(), "secret")
-	if err := os.WriteFile(secret, []byte("deploy/\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	links := map[string]string{
-		"passwd":           "/etc/passwd",
-		"etc":              "/etc",
-		"up":               "../../../../../../../../..",
-		".sourceignore":    secret, // read, it would drop deploy/ and keep logo.png
-		"deploy/copy.yaml": "app.yaml",
-	}
-	for link, target := range links {
-		if err := os.Symlink(target, filepath.Join(repo.Dir, filepath.FromSlash(link))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := repo.Commit("links everywhere")
-	if err != nil {
-		t.Fatal(err)
-	}
-	createSource(t, name, env.Git.RepoURL(name), branch)
-	obj := waitArtifact(t, name, revision(c))
-	want := map[string]string{"deploy/app.yaml": "kind: App\n", "deploy/copy.yaml": "kind: App\n"}
-	if d := diffTrees(artifactFiles(t, obj), want); d != "" {
-		t.Errorf("artifact of a repository with symlinks: %s", d)
-	}
-	t.Cleanup(func() { requireServicesRunning(t) })
-}
-
-// TestFileTooLarge checks that a commit with a file over the fetcher's
-// -max-file-size fails with a clear message and a Warning Event, and that
-// the last good artifact stays served.
-func TestFileTooLarge(t *testing.T) {
-	requireEnv(t)
-	t.Parallel()
-	const name = "checkout-too-large"
-	repo, c1 := newRepo(t, name, map[string]string{"deploy/app.yaml": "kind: App\n"})
-	createSource(t, name, env.Git.RepoURL(name), branch)
-	good := waitArtifact(t, name, revision(c1))
-
-	commit(t, repo, map[string]string{"deploy/huge.yaml": strings.Repeat("x", e2eMaxFileSize+1)}, "a huge file")
-	requestReconcile(t, name)
-	obj := waitCondition(t, name, meta.ReadyCondition, metav1.ConditionFalse, sourcev1.ArchiveOperationFailedReason)
-	ready := condition(t, obj, meta.ReadyCondition)
-	t.Logf("Ready: %s", ready.Message)
-	for _, part := range []string{"file too large", "deploy/huge.yaml", "over the limit"} {
-		if !strings.Contains(ready.Message, part) {
-			t.Errorf("Ready message %q does not say %q", ready.Message, part)
-		}
-	}
-	if strings.Contains(ready.Message, "/tmp") || strings.Contains(ready.Message, "fetch-") {
-		t.Errorf("Ready message %q names a temporary directory", ready.Message)
-	}
-	failed := condition(t, obj, sourcev1.StorageOperationFailedCondition)
-	if failed.Status != metav1.ConditionTrue || failed.Message != ready.Message {
-		t.Errorf("StorageOperationFailed = %s %q, want True with the Ready message", failed.Status, failed.Message)
-	}
-	if c := condition(t, obj, meta.ReadyCondition); c.Reason != sourcev1.ArchiveOperationFailedReason {
-		t.Errorf("Ready reason %s", c.Reason)
-	}
-	if apimeta.IsStatusConditionTrue(obj.Status.Conditions, meta.StalledCondition) {
-		t.Errorf("a file too large stalls the source; a new commit can fix it")
-	}
-	waitKubeEvent(t, name, "Warning", sourcev1.ArchiveOperationFailedReason, func(msg string) bool {
-		return strings.Contains(msg, "deploy/huge.yaml")
-	})
-	if a := obj.Status.Artifact; a == nil || a.Revision != good.Status.Artifact.Revision || a.Digest != good.Status.Artifact.Digest {
-		t.Fatalf("artifact after the failure %+v, want the last good one %+v", a, good.Status.Artifact)
-	}
-	if d := diffTrees(artifactFiles(t, obj), map[string]string{"deploy/app.yaml": "kind: App\n"}); d != "" {
-		t.Errorf("last good artifact: %s", d)
 	}
 	t.Cleanup(func() { requireServicesRunning(t) })
 }

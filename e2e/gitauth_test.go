@@ -121,49 +121,6 @@ func TestGitAuth(t *testing.T) {
 		}
 	})
 
-	// A Secret that cannot work stalls the source: SSH without identity,
-	// a proxy Secret without address.
-	t.Run("auth-stalled", func(t *testing.T) {
-		t.Parallel()
-		tests := []struct {
-			name   string
-			secret map[string]string
-			proxy  bool // the Secret is spec.proxySecretRef, not spec.secretRef
-			url    string
-			inMsg  string
-		}{
-			{name: "auth-ssh-no-identity", secret: map[string]string{"known_hosts": "example.com ssh-ed25519 AAAA\n"},
-				url: "ssh://git@example.com/repo.git", inMsg: "invalid 'ssh' auth option: 'identity' is required"},
-			{name: "auth-proxy-no-address", secret: map[string]string{"username": "flux"}, proxy: true,
-				inMsg: "failed to configure proxy options: secret 'default/auth-proxy-no-address': key 'address' not found"},
-		}
-		for _, tt := range tests {
-			t.Run(tt.name, func(t *testing.T) {
-				t.Parallel()
-				url := tt.url
-				if url == "" {
-					newRepo(t, tt.name, map[string]string{"README.md": "# " + tt.name + "\n"})
-					url = env.Git.RepoURL(tt.name)
-				}
-				authSecret(t, tt.name, tt.secret)
-				ref := withSecret(tt.name)
-				if tt.proxy {
-					ref = withProxySecret(tt.name)
-				}
-				createSource(t, tt.name, url, branch, ref)
-				obj := waitCondition(t, tt.name, meta.StalledCondition, metav1.ConditionTrue, sourcev1.AuthenticationFailedReason)
-				for _, typ := range []string{meta.StalledCondition, meta.ReadyCondition, sourcev1.FetchFailedCondition} {
-					if c := condition(t, obj, typ); !strings.Contains(c.Message, tt.inMsg) {
-						t.Errorf("%s message %q, want %q", typ, c.Message, tt.inMsg)
-					}
-				}
-				waitKubeEvent(t, tt.name, corev1.EventTypeWarning, sourcev1.AuthenticationFailedReason, func(m string) bool {
-					return strings.Contains(m, tt.inMsg)
-				})
-			})
-		}
-	})
-
 	// A server that accepts the SSH connection and never answers: the
 	// fetch gives up at spec.timeout.
 	t.Run("auth-ssh-silent", func(t *testing.T) {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -54,6 +57,13 @@ func runTests(m *testing.M) int {
 			"Run them with `make test`, which builds both (or `make kube-tools build` first).\n", err)
 		return 1
 	}
+	// Every public CloudEvent also goes to an HTTP sink, as a user's would.
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	defer sink.Close()
+	cfg.ExtraArgs[harness.ArtifactServer] = append(cfg.ExtraArgs[harness.ArtifactServer], "-event-sink-url", sink.URL)
 	cfg.Dir, err = os.MkdirTemp("", "headwater-e2e-")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
@@ -132,7 +142,8 @@ func testConfig() (harness.Config, error) {
 		ReceiverCRDDir: filepath.Join(root, "deploy", "components", "receivers", "crd"),
 		Dir:            os.TempDir(), // replaced by a fresh directory once checked
 		ExtraArgs: map[string][]string{
-			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize)},
+			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize), "-helm-index-max-size", strconv.Itoa(e2eHelmIndexMaxSize)},
+			harness.Watcher: {"-source-metrics-interval", "2s"},
 		},
 	}
 	if cfg.BinDir == "" {

@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -241,117 +239,6 @@ func TestOCIRepositoryRefs(t *testing.T) {
 		})
 		checkOCIContent(t, obj, map[string]string{"second.yaml": "2\n"})
 	})
-}
-
-// TestOCIRepositoryBadInput checks what a user sees for an OCIRepository
-// that cannot be fetched (climbing and absolute paths, symlinks out of the
-// tree, a decompression bomb, a layer that is no tar+gzip, a blob that
-// does not match its digest, ...): the condition with Flux's reason and a
-// clear message, Ready=False, a Warning Event, no artifact, every service
-// up; and, after a bad push over a Ready artifact, the last good artifact
-// kept and served.
-func TestOCIRepositoryBadInput(t *testing.T) {
-	requireEnv(t)
-	t.Parallel()
-	reg := registry.New(t, registry.Options{})
-	reg.Push(t, "dotdot", "v1", registry.Artifact{Layers: []registry.Layer{{Data: registry.TarGz(t,
-		registry.Entry{Name: "../../evil", Body: "x"})}}})
-	reg.Push(t, "symlink", "v1", registry.Artifact{Layers: []registry.Layer{{Data: registry.TarGz(t,
-		registry.Entry{Name: "link", Type: tar.TypeSymlink, Linkname: "/etc/passwd"})}}})
-	reg.Push(t, "absolute", "v1", registry.Artifact{Layers: []registry.Layer{{Data: registry.TarGz(t,
-		registry.Entry{Name: "/etc/evil", Body: "x"})}}})
-	// Zeros compress to almost nothing: a small layer, a file over the
-	// fetcher's -max-file-size once extracted.
-	reg.Push(t, "bomb", "v1", registry.Artifact{Layers: []registry.Layer{{Data: registry.TarGz(t,
-		registry.Entry{Name: "zeros", Size: 8 * e2eMaxFileSize})}}})
-	reg.Push(t, "plain-tar", "v1", registry.Artifact{Layers: []registry.Layer{{MediaType: "application/vnd.oci.image.layer.v1.tar", Data: []byte("x")}}})
-	// The registry serves other bytes than the manifest's digest names.
-	original := registry.TarGz(t, registry.Files(map[string]string{"a": "original"})...)
-	reg.Push(t, "corrupt", "v1", registry.Artifact{Layers: []registry.Layer{{Data: original}}})
-	tampered := registry.TarGz(t, registry.Files(map[string]string{"a": "tampered"})...)
-	if len(tampered) != len(original) {
-		t.Fatalf("tampered layer is %d bytes, original %d: make them the same length", len(tampered), len(original))
-	}
-	if err := os.WriteFile(reg.BlobPath(gcrv1.Hash{Algorithm: "sha256", Hex: sha256Digest(original)[len("sha256:"):]}), tampered, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	reg.Push(t, "semver", "1.0.0", registry.FluxArtifact(t, map[string]string{"a": "b"}, "", ""))
-	closed := fmt.Sprintf("127.0.0.1:%d", closedPort(t))
-
-	tests := []struct {
-		name, url    string
-		ref          *sourcev1.OCIRepositoryRef
-		provider     string
-		cond, reason string
-		inMsg        string
-	}{
-		{name: "oci-dotdot", url: reg.URL("dotdot"), ref: &sourcev1.OCIRepositoryRef{Tag: "v1"},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.OCILayerOperationFailedReason, inMsg: `invalid name error "../../evil"`},
-		{name: "oci-absolute", url: reg.URL("absolute"), ref: &sourcev1.OCIRepositoryRef{Tag: "v1"},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.OCILayerOperationFailedReason, inMsg: `invalid name error "/etc/evil"`},
-		{name: "oci-bomb", url: reg.URL("bomb"), ref: &sourcev1.OCIRepositoryRef{Tag: "v1"},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.OCILayerOperationFailedReason,
-			inMsg: fmt.Sprintf("file 'zeros' is %d bytes, over the limit of %d", 8*e2eMaxFileSize, e2eMaxFileSize)},
-		{name: "oci-wrong-media-type", url: reg.URL("plain-tar"), ref: &sourcev1.OCIRepositoryRef{Tag: "v1"},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.OCILayerOperationFailedReason,
-			inMsg: "layer media type 'application/vnd.oci.image.layer.v1.tar' is not a tar+gzip"},
-		{name: "oci-digest-mismatch", url: reg.URL("corrupt"), ref: &sourcev1.OCIRepositoryRef{Tag: "v1"},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.OCILayerOperationFailedReason, inMsg: "error verifying sha256 checksum"},
-		{name: "oci-symlink-out", url: reg.URL("symlink"), ref: &sourcev1.OCIRepositoryRef{Tag: "v1"},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.OCILayerOperationFailedReason, inMsg: "links outside the artifact"},
-		{name: "oci-semver-nothing", url: reg.URL("semver"), ref: &sourcev1.OCIRepositoryRef{SemVer: ">=2.0.0"},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.ReadOperationFailedReason, inMsg: "no match found for semver: >=2.0.0"},
-		{name: "oci-unreachable", url: "oci://" + closed + "/app",
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.OCIPullFailedReason, inMsg: closed},
-		{name: "oci-provider-aws", url: reg.URL("semver"), provider: sourcev1.AmazonOCIProvider,
-			cond: meta.StalledCondition, reason: "UnsupportedProvider", inMsg: "OCI provider 'aws' is not supported yet"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			createOCIRepository(t, tt.name, tt.url, func(o *sourcev1.OCIRepository) {
-				o.Spec.Reference = tt.ref
-				if tt.provider != "" {
-					o.Spec.Provider = tt.provider
-				}
-			})
-			obj := waitOCICondition(t, tt.name, tt.cond, metav1.ConditionTrue, tt.reason)
-			c := conditionOf(t, obj, tt.cond)
-			t.Logf("%s=True %s: %s", tt.cond, c.Reason, c.Message)
-			if !strings.Contains(c.Message, tt.inMsg) {
-				t.Errorf("%s message %q does not say %q", tt.cond, c.Message, tt.inMsg)
-			}
-			obj = waitOCICondition(t, tt.name, meta.ReadyCondition, metav1.ConditionFalse, tt.reason)
-			waitKindEvent(t, ociKind, tt.name, corev1.EventTypeWarning, tt.reason, func(msg string) bool { return strings.Contains(msg, tt.inMsg) })
-			if obj.Status.Artifact != nil {
-				t.Errorf("an OCIRepository that never fetched has artifact %+v", obj.Status.Artifact)
-			}
-		})
-	}
-
-	// A bad push over a Ready artifact: the reconcile fails clearly and the
-	// last good artifact stays, served.
-	t.Run("oci-bad-push", func(t *testing.T) {
-		t.Parallel()
-		good := reg.Push(t, "keep", "latest", registry.FluxArtifact(t, map[string]string{"app.yaml": "good\n"}, "", ""))
-		createOCIRepository(t, "oci-bad-push", reg.URL("keep"))
-		obj := waitOCIArtifact(t, "oci-bad-push", "latest@"+good.String())
-		last := *obj.Status.Artifact
-		bad := reg.Push(t, "keep", "latest", registry.Artifact{Layers: []registry.Layer{{Data: registry.TarGz(t,
-			registry.Entry{Name: "a/../../evil", Body: "x"})}}})
-		requestOCIReconcile(t, "oci-bad-push")
-		obj = waitOCICondition(t, "oci-bad-push", sourcev1.FetchFailedCondition, metav1.ConditionTrue, sourcev1.OCILayerOperationFailedReason)
-		obj = waitOCICondition(t, "oci-bad-push", meta.ReadyCondition, metav1.ConditionFalse, sourcev1.OCILayerOperationFailedReason)
-		if c := conditionOf(t, obj, sourcev1.ArtifactOutdatedCondition); c.Status != metav1.ConditionTrue || c.Reason != "NewRevision" ||
-			c.Message != "new upstream revision 'latest@"+bad.String()+"'" {
-			t.Errorf("ArtifactOutdated=%s %s %q", c.Status, c.Reason, c.Message)
-		}
-		if a := obj.Status.Artifact; a == nil || a.Revision != last.Revision || a.Digest != last.Digest {
-			t.Fatalf("artifact %+v, want the last good one %+v kept", a, last)
-		}
-		checkOCIContent(t, obj, map[string]string{"app.yaml": "good\n"})
-	})
-	t.Cleanup(func() { requireServicesRunning(t) })
 }
 
 // checkOCIStored checks everything Flux shows for an OCIRepository that

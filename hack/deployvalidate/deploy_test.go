@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"flag"
 	"io/fs"
@@ -28,6 +29,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
@@ -1010,4 +1013,90 @@ func envNames(c corev1.Container) []string {
 		names = append(names, e.Name)
 	}
 	return names
+}
+
+// TestMonitoringComponent checks components/monitoring on deploy/base: a
+// PodMonitor per service that selects the service's pods and scrapes
+// /metrics on a port the container declares; the four alerts of the
+// PrometheusRule, each with an expression; the Grafana dashboard, valid
+// JSON in a ConfigMap Grafana's sidecar loads, whose panels all query.
+func TestMonitoringComponent(t *testing.T) {
+	m, _ := buildWith(t, "monitoring")
+	for _, s := range Services {
+		i := slices.IndexFunc(m.PodMonitors, func(p PodMonitor) bool { return p.Name == "headwater-"+s })
+		if i < 0 {
+			t.Errorf("no PodMonitor headwater-%s", s)
+			continue
+		}
+		pm := m.PodMonitors[i]
+		d, ok := m.Deployment(s)
+		if !ok {
+			t.Fatalf("no Deployment %s", s)
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&pm.Spec.Selector)
+		if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+			t.Errorf("PodMonitor %s selects %v, not the pods of %s (%v): %v", pm.Name, pm.Spec.Selector, s, d.Spec.Template.Labels, err)
+		}
+		c, _ := container(t, m, s)
+		if len(pm.Spec.PodMetricsEndpoints) != 1 {
+			t.Fatalf("PodMonitor %s has %d endpoints", pm.Name, len(pm.Spec.PodMetricsEndpoints))
+		}
+		ep := pm.Spec.PodMetricsEndpoints[0]
+		port := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == ep.Port })
+		addr, _ := EnvValue(c, "HEADWATER_TELEMETRY_ADDR")
+		if port < 0 || ep.Path != "/metrics" || !strings.HasSuffix(addr, ":"+itoa(c.Ports[max(port, 0)].ContainerPort)) {
+			t.Errorf("PodMonitor %s scrapes port %q path %s; the container's ports %v, telemetry on %q", pm.Name, ep.Port, ep.Path, c.Ports, addr)
+		}
+	}
+
+	if len(m.PrometheusRules) != 1 {
+		t.Fatalf("%d PrometheusRules", len(m.PrometheusRules))
+	}
+	alerts := map[string]string{}
+	for _, g := range m.PrometheusRules[0].Spec.Groups {
+		for _, r := range g.Rules {
+			alerts[r.Alert] = r.Expr
+		}
+	}
+	for _, a := range []string{"HeadwaterQueueStuck", "HeadwaterSourceFailing", "HeadwaterSinkDead", "HeadwaterServiceDown"} {
+		if strings.TrimSpace(alerts[a]) == "" {
+			t.Errorf("no alert %s with an expression in %v", a, alerts)
+		}
+	}
+
+	cm, ok := m.ConfigMap("headwater-dashboard")
+	if !ok || cm.Labels["grafana_dashboard"] != "1" {
+		t.Fatalf("no ConfigMap headwater-dashboard labelled grafana_dashboard=1 (%v)", cm.Labels)
+	}
+	var dashboard struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Type    string `json:"type"`
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(cm.Data["headwater.json"]), &dashboard); err != nil {
+		t.Fatalf("the dashboard is no JSON: %v", err)
+	}
+	queries := 0
+	for _, p := range dashboard.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, target := range p.Targets {
+			if !strings.Contains(target.Expr, "headwater_") {
+				t.Errorf("panel %q queries %q, no Headwater metric", p.Title, target.Expr)
+			}
+			queries++
+		}
+	}
+	if dashboard.UID == "" || queries < 10 {
+		t.Errorf("dashboard uid %q with %d queries", dashboard.UID, queries)
+	}
 }

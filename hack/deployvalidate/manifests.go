@@ -30,6 +30,42 @@ type CRD struct {
 	} `json:"spec"`
 }
 
+// PodMonitor is the part of a Prometheus Operator PodMonitor
+// (monitoring.coreos.com/v1) components/monitoring writes; decoding is
+// strict, so a field outside it is an error.
+type PodMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector            metav1.LabelSelector `json:"selector"`
+		PodMetricsEndpoints []struct {
+			Port        string `json:"port"`
+			Path        string `json:"path"`
+			Interval    string `json:"interval"`
+			HonorLabels bool   `json:"honorLabels"`
+		} `json:"podMetricsEndpoints"`
+	} `json:"spec"`
+}
+
+// PrometheusRule is the part of a Prometheus Operator PrometheusRule
+// (monitoring.coreos.com/v1) components/monitoring writes.
+type PrometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for"`
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	} `json:"spec"`
+}
+
 // Manifests are the resources a kustomization renders, decoded into the
 // Kubernetes API types.
 type Manifests struct {
@@ -48,6 +84,8 @@ type Manifests struct {
 	PDBs                []policyv1.PodDisruptionBudget
 	NetworkPolicies     []networkingv1.NetworkPolicy
 	CRDs                []CRD
+	PodMonitors         []PodMonitor
+	PrometheusRules     []PrometheusRule
 	// Count is the number of resources rendered.
 	Count int
 }
@@ -115,6 +153,10 @@ func (m *Manifests) Add(doc []byte) error {
 		err = decodeInto(doc, &m.PDBs)
 	case "networking.k8s.io/v1/NetworkPolicy":
 		err = decodeInto(doc, &m.NetworkPolicies)
+	case "monitoring.coreos.com/v1/PodMonitor":
+		err = decodeInto(doc, &m.PodMonitors)
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		err = decodeInto(doc, &m.PrometheusRules)
 	case "apiextensions.k8s.io/v1/CustomResourceDefinition":
 		var crd CRD
 		if err = yaml.Unmarshal(doc, &crd); err == nil {

@@ -421,6 +421,52 @@ func TestWorkerAcksOnSuccess(t *testing.T) {
 	}
 }
 
+// TestWorkerRecordsConsumerState: the worker reads its consumer's state
+// into the consumer gauges: messages taken and not yet acknowledged, then,
+// once they are, none pending and the ack floor at the last one.
+func TestWorkerRecordsConsumerState(t *testing.T) {
+	b := newTestBus(t)
+	cons := b.consumer(t, "state", events.ConsumerOptions{})
+	reg := prometheus.NewRegistry()
+	release := make(chan struct{})
+	runWorker(t, &bus.Worker{
+		Service: "test", Consumer: cons, Concurrency: 2, ConsumerInfoEvery: 20 * time.Millisecond,
+		Metrics: telemetry.NewJobMetrics(reg, "test"),
+		Handler: func(ctx context.Context, _ *events.Message, _ bus.Delivery) error {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		},
+	})
+	for _, id := range []string{"job-1", "job-2", "job-3"} {
+		b.publish(t, id, events.TypePackaged)
+	}
+	gauge := func(name string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == telemetry.Namespace+"_consumer_"+name {
+				for _, m := range mf.GetMetric() {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+		return -1
+	}
+	eventually(t, "two in flight, one pending", func() bool {
+		return gauge("ack_pending_messages") == 2 && gauge("pending_messages") == 1 && gauge("ack_floor_sequence") == 0
+	})
+	close(release)
+	eventually(t, "all acknowledged", func() bool {
+		return gauge("ack_pending_messages") == 0 && gauge("pending_messages") == 0 && gauge("ack_floor_sequence") == 3 &&
+			gauge("redelivered_messages") == 0
+	})
+}
+
 func TestWorkerTerminal(t *testing.T) {
 	b := newTestBus(t)
 	cons := b.consumer(t, "term", events.ConsumerOptions{})

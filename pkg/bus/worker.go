@@ -77,8 +77,12 @@ type Worker struct {
 	// before the message is settled; a report that fails is retried like a
 	// platform error.
 	Report Reporter
-	// Metrics, when set, records job counts and durations.
+	// Metrics, when set, records job counts and durations, and the
+	// consumer's state every ConsumerInfoEvery.
 	Metrics *telemetry.JobMetrics
+	// ConsumerInfoEvery is how often the consumer's state is read for
+	// Metrics; default 15s (one small request to JetStream per replica).
+	ConsumerInfoEvery time.Duration
 	// Log is the worker's logger.
 	Log logr.Logger
 }
@@ -100,6 +104,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	slots := make(chan struct{}, n)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	if w.Metrics != nil {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		wg.Go(func() { w.watchConsumer(wctx) })
+	}
 	for {
 		slots <- struct{}{}
 		msg, err := it.Next()
@@ -122,6 +131,36 @@ func (w *Worker) Run(ctx context.Context) error {
 			defer func() { <-slots }()
 			w.handle(ctx, msg)
 		}()
+	}
+}
+
+// watchConsumer records the consumer's state in Metrics at once, then every
+// ConsumerInfoEvery until ctx ends. A failed read is logged and leaves the
+// last state: the bus being down shows in /readyz.
+func (w *Worker) watchConsumer(ctx context.Context) {
+	every := w.ConsumerInfoEvery
+	if every <= 0 {
+		every = 15 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, every)
+		info, err := w.Consumer.Info(rctx)
+		cancel()
+		switch {
+		case err == nil:
+			w.Metrics.ObserveConsumer(telemetry.ConsumerState{Stream: info.Stream, Consumer: info.Name,
+				Pending: info.NumPending, AckPending: info.NumAckPending, Redelivered: info.NumRedelivered,
+				AckFloor: info.AckFloor.Stream})
+		case ctx.Err() == nil:
+			w.Log.V(1).Info("reading consumer state failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -40,6 +40,23 @@ func NewDir(dir string) (*Dir, error) {
 // Close releases the directory.
 func (d *Dir) Close() error { return d.root.Close() }
 
+// Ping checks that the directory is still there, the one opened (not a
+// volume gone and an empty directory in its place), and readable.
+func (d *Dir) Ping(_ context.Context) error {
+	opened, err := d.root.Stat(".")
+	if err != nil {
+		return fmt.Errorf("storage dir %s: %w", d.root.Name(), err)
+	}
+	now, err := os.Stat(d.root.Name())
+	if err != nil {
+		return fmt.Errorf("storage dir %s: %w", d.root.Name(), err)
+	}
+	if !os.SameFile(opened, now) {
+		return fmt.Errorf("storage dir %s: replaced since it was opened", d.root.Name())
+	}
+	return nil
+}
+
 // Path is the directory the storage lives in.
 func (d *Dir) Path() string { return d.root.Name() }
 

@@ -95,6 +95,30 @@ func Close(s Storage) error {
 	return nil
 }
 
+// Pinger is a Storage that can tell whether it is reachable, cheaply.
+type Pinger interface {
+	// Ping returns an error when the storage cannot be used now.
+	Ping(ctx context.Context) error
+}
+
+// Ping tells whether s is reachable now (a /readyz check): nil for a
+// Storage that is no Pinger.
+func Ping(ctx context.Context, s Storage) error {
+	if p, ok := s.(Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+// ReadyCheck is a /readyz check of s: Ping, bounded by timeout.
+func ReadyCheck(s Storage, timeout time.Duration) func() error {
+	return func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		return Ping(ctx, s)
+	}
+}
+
 // open connects to the bucket. Errors never include the secret key.
 func (o S3Options) open(ctx context.Context) (*S3, error) {
 	if o.Bucket == "" {

@@ -65,6 +65,18 @@ func NewS3(client *minio.Client, bucket, prefix string) (*S3, error) {
 	return &S3{client: client, bucket: bucket, prefix: prefix}, nil
 }
 
+// Ping checks that the bucket answers (a HEAD of the bucket).
+func (s *S3) Ping(ctx context.Context) error {
+	ok, err := s.client.BucketExists(ctx, s.bucket)
+	switch {
+	case err != nil:
+		return fmt.Errorf("s3 storage %s: %w", s.bucket, err)
+	case !ok:
+		return fmt.Errorf("s3 storage: bucket %s does not exist", s.bucket)
+	}
+	return nil
+}
+
 // Bucket is the bucket the storage lives in.
 func (s *S3) Bucket() string { return s.bucket }
 

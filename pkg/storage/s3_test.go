@@ -7,6 +7,7 @@ import (
 	"flag"
 	"io"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -139,6 +140,56 @@ func TestS3MissingBucketIsNotNotFound(t *testing.T) {
 		if err == nil || errors.Is(err, storage.ErrNotFound) {
 			t.Errorf("%s in a missing bucket: %v; want an error other than ErrNotFound", op, err)
 		}
+	}
+}
+
+// TestPing: a storage whose bucket answers is ready; a missing bucket or
+// a stopped server is not; a directory moved away or removed is not.
+func TestPing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := miniotest.New(t)
+	srv.MakeBucket(t, "artifacts")
+	s3, err := storage.NewS3(srv.Client, "artifacts", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing, err := storage.NewS3(srv.Client, "missing", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirPath := t.TempDir() + "/store"
+	dir, err := storage.NewDir(dirPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	if err := storage.Ping(ctx, s3); err != nil {
+		t.Errorf("s3: %v", err)
+	}
+	if err := storage.Ping(ctx, dir); err != nil {
+		t.Errorf("dir: %v", err)
+	}
+	if err := storage.Ping(ctx, missing); err == nil {
+		t.Error("a missing bucket pings")
+	}
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Ping(ctx, s3); err == nil {
+		t.Error("a stopped server pings")
+	}
+	if err := os.Rename(dirPath, dirPath+"-moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Ping(ctx, dir); err == nil {
+		t.Error("a directory moved away pings")
+	}
+	if err := os.Mkdir(dirPath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Ping(ctx, dir); err == nil {
+		t.Error("a directory replaced by another pings")
 	}
 }
 

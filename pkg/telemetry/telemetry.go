@@ -131,12 +131,35 @@ func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready map[
 // JobMetrics are the job families shared by every bus consumer:
 // headwater_jobs_total{service,type,result},
 // headwater_job_duration_seconds{service,type} and
-// headwater_jobs_in_flight{service}.
+// headwater_jobs_in_flight{service}; and the state of the service's
+// durable consumer, as JetStream reports it (ObserveConsumer):
+// headwater_consumer_pending_messages, headwater_consumer_ack_pending_messages,
+// headwater_consumer_redelivered_messages and
+// headwater_consumer_ack_floor_sequence, each {service,stream,consumer}.
 type JobMetrics struct {
 	service  string
 	total    *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	inFlight prometheus.Gauge
+
+	pending, ackPending, redelivered, ackFloor *prometheus.GaugeVec
+}
+
+// ConsumerState is what JetStream reports of a durable consumer.
+type ConsumerState struct {
+	// Stream and Consumer name it.
+	Stream, Consumer string
+	// Pending are the messages of the stream the consumer has not yet
+	// delivered (its lag).
+	Pending uint64
+	// AckPending are delivered and not yet acknowledged.
+	AckPending int
+	// Redelivered are delivered more than once and not yet acknowledged.
+	Redelivered int
+	// AckFloor is the stream sequence up to which every message is
+	// acknowledged: while messages are pending, a floor that does not
+	// move means the queue is stuck.
+	AckFloor uint64
 }
 
 // NewJobMetrics registers the job families for service on reg.
@@ -158,8 +181,24 @@ func NewJobMetrics(reg prometheus.Registerer, service string) *JobMetrics {
 			ConstLabels: prometheus.Labels{"service": service},
 		}),
 	}
-	reg.MustRegister(m.total, m.duration, m.inFlight)
+	consumer := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help,
+			ConstLabels: prometheus.Labels{"service": service}}, []string{"stream", "consumer"})
+	}
+	m.pending = consumer("consumer_pending_messages", "Messages of the stream the service's durable consumer has not delivered yet (its lag).")
+	m.ackPending = consumer("consumer_ack_pending_messages", "Messages delivered to the service's consumer and not acknowledged yet.")
+	m.redelivered = consumer("consumer_redelivered_messages", "Messages delivered to the service's consumer more than once and not acknowledged yet.")
+	m.ackFloor = consumer("consumer_ack_floor_sequence", "Stream sequence up to which the service's consumer has acknowledged every message.")
+	reg.MustRegister(m.total, m.duration, m.inFlight, m.pending, m.ackPending, m.redelivered, m.ackFloor)
 	return m
+}
+
+// ObserveConsumer records the state of the service's durable consumer.
+func (m *JobMetrics) ObserveConsumer(c ConsumerState) {
+	m.pending.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.Pending))
+	m.ackPending.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.AckPending))
+	m.redelivered.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.Redelivered))
+	m.ackFloor.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.AckFloor))
 }
 
 // Start counts a message as in flight; call the returned func when done.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -164,6 +165,33 @@ func TestRun(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+
+	// Not ready while the storage is gone, ready again once it is back;
+	// not ready while NATS is down.
+	readyz := func(wantCode int, wantBody string) {
+		t.Helper()
+		for {
+			code, body, err := get("http://" + telemetryAddr + "/readyz")
+			if err == nil && code == wantCode && bytes.Contains(body, []byte(wantBody)) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz: %d %q %v, want %d %q", code, body, err, wantCode, wantBody)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if err := os.Rename(dir, dir+"-gone"); err != nil {
+		t.Fatal(err)
+	}
+	readyz(http.StatusServiceUnavailable, "storage: ")
+	if err := os.Rename(dir+"-gone", dir); err != nil {
+		t.Fatal(err)
+	}
+	readyz(http.StatusOK, "ok")
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	readyz(http.StatusServiceUnavailable, "nats: not connected")
 
 	cancel()
 	select {

@@ -83,7 +83,7 @@ func run(ctx context.Context, o options) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy, "storage": storage.ReadyCheck(store, 5*time.Second)}, log); err != nil {
 		_ = ln.Close()
 		return err
 	}

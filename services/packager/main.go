@@ -88,7 +88,7 @@ func run(ctx context.Context, o options) error {
 	}
 	reg := telemetry.NewRegistry()
 	telemetry.RegisterBuildInfo(reg, service)
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy, "storage": storage.ReadyCheck(store, 5*time.Second)}, log); err != nil {
 		return err
 	}
 

@@ -62,8 +62,9 @@ type options struct {
 	jobKeyFile              string
 	eventsAddr              string
 	// receivers serves Flux's Receivers (the receivers component).
-	receivers       bool
-	hookMinInterval time.Duration
+	receivers             bool
+	hookMinInterval       time.Duration
+	sourceMetricsInterval time.Duration
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -91,6 +92,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 			"Needs the Receiver CRD (deploy/components/receivers); leave off where Flux's notification-controller serves them.")
 	fs.DurationVar(&o.hookMinInterval, "hook-min-interval", controller.DefaultHookInterval,
 		"Least time between two webhook-triggered fetches of one source; hooks within it are coalesced into one fetch at its end.")
+	fs.DurationVar(&o.sourceMetricsInterval, "source-metrics-interval", 30*time.Second,
+		"How often the leader exports every source's Ready condition (headwater_source_condition), from its cache.")
 }
 
 func main() {
@@ -188,11 +191,16 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	jobMetrics := telemetry.NewJobMetrics(crmetrics.Registry, service)
+	reconcileMetrics := controller.NewMetrics(crmetrics.Registry)
+	if err := mgr.Add(controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
+		log.WithName("source-conditions"))); err != nil {
+		return err
+	}
 	triggers := map[string]*controller.Triggers{}
 	for _, kind := range source.Kinds() {
 		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-			RequeueDependency: o.requeueDependency}
+			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics}
 		if o.receivers {
 			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
 			triggers[kind.Name] = r.Triggers

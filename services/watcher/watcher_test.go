@@ -5,6 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,8 @@ func startEnv(t *testing.T) *env {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	o := options{kubeconfig: kubeconfigPath, healthAddr: "0", leaderElect: true,
-		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2, requeueDependency: time.Second}
+		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2, requeueDependency: time.Second,
+		sourceMetricsInterval: 100 * time.Millisecond}
 	o.bus.URL = ns.ClientURL()
 	// The bus has no identities here: the jobs are sealed with a key file.
 	o.jobKeyFile = filepath.Join(t.TempDir(), "job-key")
@@ -172,6 +174,82 @@ func TestWatcher(t *testing.T) {
 	t.Run("helm repository", func(t *testing.T) { testHelmRepository(t, e) })
 	t.Run("helm chart", func(t *testing.T) { testHelmChart(t, e) })
 	t.Run("build info", testBuildInfo)
+	t.Run("source metrics", func(t *testing.T) { testSourceMetrics(t, e) })
+}
+
+// testSourceMetrics follows a source's Ready condition in
+// headwater_source_condition (Unknown, then False, then gone with the
+// object) and finds its reconciles in headwater_reconcile_duration_seconds.
+func testSourceMetrics(t *testing.T, e *env) {
+	ctx := context.Background()
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "metrics", Namespace: "default"},
+		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/x.git", Suspend: true,
+			Interval: metav1.Duration{Duration: time.Minute}},
+	}
+	if err := e.k8s.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	// statuses returns the statuses of the source's Ready series.
+	statuses := func() []string {
+		families, err := crmetrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range families {
+			if f.GetName() != "headwater_source_condition" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				l := map[string]string{}
+				for _, p := range m.GetLabel() {
+					l[p.GetName()] = p.GetValue()
+				}
+				if l["kind"] == "GitRepository" && l["namespace"] == "default" && l["name"] == "metrics" && l["type"] == "Ready" &&
+					m.GetGauge().GetValue() == 1 {
+					out = append(out, l["status"])
+				}
+			}
+		}
+		return out
+	}
+	eventually(t, "Ready Unknown", func() bool { return slices.Equal(statuses(), []string{"Unknown"}) })
+
+	var got sourcev1.GitRepository
+	if err := e.k8s.Get(ctx, client.ObjectKeyFromObject(repo), &got); err != nil {
+		t.Fatal(err)
+	}
+	base := client.MergeFrom(got.DeepCopy())
+	got.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "Failed", Message: "x",
+		LastTransitionTime: metav1.Now()}}
+	if err := e.k8s.Status().Patch(ctx, &got, base); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "Ready False, and no Unknown left", func() bool { return slices.Equal(statuses(), []string{"False"}) })
+
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reconciles uint64
+	for _, f := range families {
+		if f.GetName() == "headwater_reconcile_duration_seconds" {
+			for _, m := range f.GetMetric() {
+				if m.GetLabel()[0].GetValue() == "GitRepository" {
+					reconciles += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	if reconciles == 0 {
+		t.Error("no GitRepository reconcile in headwater_reconcile_duration_seconds")
+	}
+
+	if err := e.k8s.Delete(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "series gone with the object", func() bool { return len(statuses()) == 0 })
 }
 
 // testBuildInfo finds the build information in the registry the watcher's

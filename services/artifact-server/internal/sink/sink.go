@@ -121,6 +121,11 @@ func New(urls []string, o Options, reg prometheus.Registerer, log logr.Logger) (
 			return nil, fmt.Errorf("event sink %s: %w", Redact(u), err)
 		}
 		s.targets = append(s.targets, &target{name: Redact(u), client: c, queue: make(chan event.Event, o.QueueSize)})
+		// Every result of every sink is a series from the start, so a
+		// rate over it (an alert on failures) sees its first increase.
+		for _, r := range []string{"success", "failed", "dropped"} {
+			s.results.WithLabelValues(Redact(u), r)
+		}
 	}
 	if err := reg.Register(s.results); err != nil {
 		return nil, fmt.Errorf("event sink metrics: %w", err)

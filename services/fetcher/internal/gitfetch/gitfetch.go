@@ -364,6 +364,13 @@ func (r *resolved) Download(ctx context.Context, dir string) (*source.Content, e
 		EventMessage: fmt.Sprintf("stored artifact for commit '%s'", ShortMessage(commit.Message)),
 		Verification: verified,
 	}
+	// A tree entry that could climb out of the work tree or write into its
+	// .git fails clearly, before any checkout; the same commit fails
+	// again, a new one may not.
+	if err := checkTreeNames(repo.Storer, commit); err != nil {
+		return nil, source.FailedWith(failure.Final, sourcev1.GitOperationFailedReason,
+			checkoutPrefix+"unable to checkout commit '%s': %w", commit.Hash, err)
+	}
 	// Most trees need nothing a checkout does: they are archived straight
 	// from the packfile, without writing or walking a work tree.
 	if !r.submodules && len(r.sparse) == 0 {

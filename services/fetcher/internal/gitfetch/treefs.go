@@ -248,3 +248,43 @@ func (f *treeDirFile) ReadDir(n int) ([]fs.DirEntry, error) {
 	f.read += n
 	return slices.Clone(rest[:n]), nil
 }
+
+// ErrUnsafeTreePath is the error of a tree entry whose name no checkout may
+// write: ".", "..", a name holding a path separator or a NUL, or ".git" in
+// any case. Git itself never writes such a tree; a hostile client can.
+var ErrUnsafeTreePath = errors.New("invalid path in the tree")
+
+// checkTreeNames walks the tree of commit (tree objects only, no blob) and
+// returns ErrUnsafeTreePath, naming the entry, for the first entry whose
+// name could climb out of the work tree or write into its .git.
+func checkTreeNames(s storer.EncodedObjectStorer, commit *object.Commit) error {
+	root, err := object.GetTree(s, commit.TreeHash)
+	if err != nil {
+		return fmt.Errorf("read tree of commit %s: %w", commit.Hash, err)
+	}
+	return checkTree(s, "", root)
+}
+
+func checkTree(s storer.EncodedObjectStorer, dir string, tree *object.Tree) error {
+	for i := range tree.Entries {
+		e := &tree.Entries[i]
+		p := e.Name
+		if dir != "" {
+			p = dir + "/" + e.Name
+		}
+		if e.Name == "" || e.Name == "." || e.Name == ".." || strings.ContainsAny(e.Name, "/\\\x00") || strings.EqualFold(e.Name, ".git") {
+			return fmt.Errorf("%w: '%s'", ErrUnsafeTreePath, p)
+		}
+		if e.Mode != filemode.Dir {
+			continue
+		}
+		sub, err := object.GetTree(s, e.Hash)
+		if err != nil {
+			return fmt.Errorf("read tree %s: %w", p, err)
+		}
+		if err := checkTree(s, p, sub); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -3,14 +3,19 @@ package gitfetch
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
+	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
@@ -115,4 +120,65 @@ func TestPlainName(t *testing.T) {
 			t.Errorf("plainName(%q) = %v, want %v", name, got, want)
 		}
 	}
+}
+
+// TestUnsafeTreePath: a commit whose tree holds an entry no checkout may
+// write (pushed by a client that skips git's checks) fails with
+// ErrUnsafeTreePath naming the entry, as a Final GitOperationFailed, with
+// or without a checkout.
+func TestUnsafeTreePath(t *testing.T) {
+	tests := []struct {
+		name string
+		// root is the root tree's one entry, given the id of a tree
+		// holding a file "evil".
+		root func(t *testing.T, dir, evil string) (mode, name, id string)
+		path string
+	}{
+		{name: "dotdot", path: "'..'", root: func(_ *testing.T, _, evil string) (string, string, string) { return "40000", "..", evil }},
+		{name: "dotgit", path: "'.GIT'", root: func(_ *testing.T, _, evil string) (string, string, string) { return "40000", ".GIT", evil }},
+		{name: "nested", path: "'sub/..'", root: func(t *testing.T, dir, evil string) (string, string, string) {
+			return "40000", "sub", hashObject(t, dir, "tree", treeBytes(t, "40000", "..", evil))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newServer(t, "", "")
+			repo := newRepo(t, srv, "hostile")
+			evil := hashObject(t, repo.Dir, "tree", treeBytes(t, "100644", "evil", hashObject(t, repo.Dir, "blob", []byte("x"))))
+			mode, name, id := tt.root(t, repo.Dir, evil)
+			tree := hashObject(t, repo.Dir, "tree", treeBytes(t, mode, name, id))
+			c, err := repo.Output("commit-tree", tree, "-m", "hostile")
+			must(t, err)
+			must(t, repo.Git("push", "--quiet", "origin", c+":refs/heads/master"))
+			for _, submodules := range []bool{false, true} {
+				_, err := fetchSpec(t, srv.RepoURL("hostile"), func(s *sourcev1.GitRepositorySpec) { s.RecurseSubmodules = submodules })
+				f := failure.As(err)
+				if !errors.Is(err, ErrUnsafeTreePath) || f == nil || f.Handling != failure.Final || f.Reason != sourcev1.GitOperationFailedReason ||
+					!strings.Contains(err.Error(), tt.path) {
+					t.Errorf("submodules %v: %v (%+v), want a Final GitOperationFailed naming %s", submodules, err, f, tt.path)
+				}
+			}
+		})
+	}
+}
+
+// hashObject writes an object into the repository at dir without git's
+// checks and returns its id.
+func hashObject(t *testing.T, dir, typ string, content []byte) string {
+	t.Helper()
+	cmd := exec.Command("git", "hash-object", "--literally", "-w", "-t", typ, "--stdin")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	cmd.Stdin = bytes.NewReader(content)
+	out, err := cmd.Output()
+	must(t, err)
+	return strings.TrimSpace(string(out))
+}
+
+// treeBytes is a tree object of one entry.
+func treeBytes(t *testing.T, mode, name, id string) []byte {
+	t.Helper()
+	bin, err := hex.DecodeString(id)
+	must(t, err)
+	return append([]byte(mode+" "+name+"\x00"), bin...)
 }

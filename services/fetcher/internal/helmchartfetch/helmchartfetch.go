@@ -15,6 +15,8 @@
 package helmchartfetch
 
 import (
+	"archive/tar"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -34,6 +36,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"sigs.k8s.io/yaml"
 
+	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
@@ -378,14 +381,21 @@ func (s *Source) pull(ctx context.Context, a *helmfetch.Access, cv *helmindex.Ch
 	return ch, nil
 }
 
-// load loads a chart archive with the Helm loader, which refuses absolute
-// and climbing paths and files or archives over its limits.
+// load loads a chart archive with the Helm loader, which refuses files or
+// archives over its limits, after checkEntryNames has refused absolute and
+// climbing paths.
 func load(p string) (*chart.Chart, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if err := checkEntryNames(f); err != nil {
+		return nil, fmt.Errorf("failed to load chart: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
 	ch, err := loader.LoadArchive(f)
 	if err != nil {
 		return nil, fmt.Errorf("failed to load chart: %w", err)
@@ -394,6 +404,36 @@ func load(p string) (*chart.Chart, error) {
 		return nil, fmt.Errorf("invalid chart: %w", err)
 	}
 	return ch, nil
+}
+
+// checkEntryNames refuses a chart archive holding an entry whose name is
+// absolute or climbs out of the chart ('..'). The Helm loader drops the
+// first element of every name, so it loads "/etc/passwd" as the chart's
+// "etc/passwd"; but a pulled chart is stored as served, and every consumer
+// of the artifact would get the entry as it is. It reads headers only, and
+// stops where the archive goes over the loader's limits (which the loader
+// then refuses) or is no tar+gzip (which the loader reports).
+func checkEntryNames(r io.Reader) error {
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return nil
+	}
+	defer zr.Close()
+	tr := tar.NewReader(zr)
+	remaining := loader.MaxDecompressedChartSize
+	for {
+		hdr, err := tr.Next()
+		if err != nil {
+			return nil
+		}
+		if _, err := archive.SafeName(hdr.Name); err != nil {
+			return fmt.Errorf("chart illegally contains an entry outside the chart: %w", err)
+		}
+		remaining -= hdr.Size
+		if hdr.Size > loader.MaxDecompressedFileSize || remaining < 0 {
+			return nil
+		}
+	}
 }
 
 // Merged is the result of merging values files.

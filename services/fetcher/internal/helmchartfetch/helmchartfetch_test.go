@@ -119,6 +119,11 @@ func TestFetchChartBadInput(t *testing.T) {
 		"podinfo//etc/passwd": []byte("x")})
 	must(t, os.WriteFile(filepath.Join(srv.Dir, "climb.tgz"), climb, 0o644))
 	must(t, os.WriteFile(filepath.Join(srv.Dir, "absolute.tgz"), absolute, 0o644))
+	// The Helm loader drops an empty first element: it would load this
+	// one, and the archive stored as served would carry it.
+	rooted := tgz(t, map[string][]byte{"podinfo/Chart.yaml": []byte("apiVersion: v2\nname: podinfo\nversion: 6.1.0\n"),
+		"/etc/passwd": []byte("x")})
+	must(t, os.WriteFile(filepath.Join(srv.Dir, "rooted.tgz"), rooted, 0o644))
 	hostile := func(file string) *events.ChartSource {
 		idx := "apiVersion: v1\nentries:\n  podinfo:\n  - apiVersion: v2\n    name: podinfo\n    version: 6.1.0\n    urls:\n    - " + file + "\n"
 		p := "helmrepository/default/charts/" + file + ".yaml"
@@ -157,9 +162,13 @@ func TestFetchChartBadInput(t *testing.T) {
 		{name: "decompression bomb", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, cs: hostile("bomb.tgz"),
 			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final, message: "larger than the maximum file size"},
 		{name: "climbing path", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, cs: hostile("climb.tgz"),
-			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final, message: "parent directory"},
+			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final,
+			message: `chart illegally contains an entry outside the chart: unsafe path in archive: "podinfo/../../etc/passwd"`},
 		{name: "absolute path", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, cs: hostile("absolute.tgz"),
 			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final, message: "chart illegally contains absolute paths"},
+		{name: "rooted path", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, cs: hostile("rooted.tgz"),
+			condition: sourcev1.FetchFailedCondition, reason: ReasonChartPull, handling: failure.Final,
+			message: `chart illegally contains an entry outside the chart: unsafe path in archive: "/etc/passwd"`},
 		{name: "missing index", spec: sourcev1.HelmChartSpec{Chart: "podinfo"}, atResolve: true,
 			cs:        &events.ChartSource{Kind: cs.Kind, Name: cs.Name, Artifact: meta.Artifact{Path: "helmrepository/default/charts/gone.yaml"}, HelmRepository: cs.HelmRepository},
 			condition: sourcev1.StorageOperationFailedCondition, reason: sourcev1.ReadOperationFailedReason, message: "failed to read the HelmRepository index"},
@@ -189,7 +198,7 @@ func tgz(t *testing.T, files map[string][]byte) []byte {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	tw := tar.NewWriter(zw)
-	for _, name := range []string{"podinfo/Chart.yaml", "podinfo/big.txt", "podinfo/../../etc/passwd", "podinfo//etc/passwd"} {
+	for _, name := range []string{"podinfo/Chart.yaml", "podinfo/big.txt", "podinfo/../../etc/passwd", "podinfo//etc/passwd", "/etc/passwd"} {
 		b, ok := files[name]
 		if !ok {
 			continue

@@ -87,6 +87,8 @@ func NewSource(r secrets.Reader, maxIndexSize int64, validators *Validators, reg
 		Namespace: telemetry.Namespace, Name: "helm_index_requests_total",
 		Help: "Requests of Helm repository indexes, by result: downloaded (200) or not_modified (a 304 to a conditional request).",
 	}, []string{"result"})
+	s.requests.WithLabelValues(IndexDownloaded)
+	s.requests.WithLabelValues(IndexNotModified)
 	if reg != nil {
 		reg.MustRegister(s.requests)
 	}

@@ -65,6 +65,8 @@ type Reconciler struct {
 	// Triggers, when set, are the reconciles webhooks ask for (see
 	// Triggers); their jobs are fresh.
 	Triggers *Triggers
+	// Metrics, when set, records reconcile durations.
+	Metrics *Metrics
 }
 
 // SetupWithManager registers the reconciler. It reacts to spec changes
@@ -92,6 +94,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 // Conditions: Reconciling and Ready (Unknown) when a new generation starts;
 // everything else is written when the job's outcome arrives.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	defer r.Metrics.observe(r.Kind.Name, time.Now())
 	obj := r.Kind.New()
 	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
