@@ -7,7 +7,7 @@
 #     --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
 #
-# SERVICE is one of watcher, fetcher, packager, artifact-server. VERSION,
+# SERVICE is one of watcher, fetcher, packager, artifact-server, dispatcher. VERSION,
 # REVISION and BUILD_DATE (optional; .git is not sent to the build) are
 # stamped into the binary, which reports them on -version, in its start-up
 # log line and as headwater_build_info, and label the image. The binary is
@@ -32,14 +32,15 @@ COPY services/watcher/go.mod services/watcher/go.sum services/watcher/
 COPY services/fetcher/go.mod services/fetcher/go.sum services/fetcher/
 COPY services/packager/go.mod services/packager/go.sum services/packager/
 COPY services/artifact-server/go.mod services/artifact-server/go.sum services/artifact-server/
+COPY services/dispatcher/go.mod services/dispatcher/go.sum services/dispatcher/
 COPY e2e/go.mod e2e/go.sum e2e/
 RUN --mount=type=cache,target=/go/pkg/mod \
     go mod download
 
 COPY . .
 RUN case "${SERVICE}" in \
-      watcher|fetcher|packager|artifact-server) ;; \
-      *) echo "build arg SERVICE must be watcher, fetcher, packager or artifact-server (got '${SERVICE}')" >&2; exit 1 ;; \
+      watcher|fetcher|packager|artifact-server|dispatcher) ;; \
+      *) echo "build arg SERVICE must be watcher, fetcher, packager, artifact-server or dispatcher (got '${SERVICE}')" >&2; exit 1 ;; \
     esac
 # Declared here, not above: a new version or date rebuilds only this step.
 ARG VERSION

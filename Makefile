@@ -11,7 +11,7 @@
 SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
-SERVICES    := watcher fetcher packager artifact-server
+SERVICES    := watcher fetcher packager artifact-server dispatcher
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
@@ -78,7 +78,7 @@ run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C st
 ##@ Build
 
 .PHONY: build
-build: ## Build the four services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
+build: ## Build the services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
 	@mkdir -p $(BIN_DIR)
 	@echo "==> version $(VERSION), revision $(REVISION)"
 	@for s in $(SERVICES); do \
@@ -118,11 +118,14 @@ controller-gen:
 generate: manifests ## Generate everything generated (CRDs).
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs (from the Flux API module), the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
+manifests: controller-gen ## Generate the CRDs (from the Flux API module and pkg/apis), the deepcopy code of pkg/apis, the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
 	@rm -rf $(CRD_DIR) && mkdir -p $(CRD_DIR)
 	cd pkg && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/source-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
+	cd pkg && $(CONTROLLER_GEN) object paths=./apis/...
+	cd pkg && $(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
 	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
 	cd services/fetcher && $(CONTROLLER_GEN) rbac:roleName=headwater-fetcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/fetcher
+	cd services/dispatcher && $(CONTROLLER_GEN) rbac:roleName=headwater-dispatcher paths=./... output:rbac:artifacts:config=$(CURDIR)/deploy/components/dispatcher/rbac
 	cd e2e && go run ./cmd/headwater-nats config > $(CURDIR)/deploy/base/nats/auth.conf
 
 ##@ Test

@@ -123,7 +123,10 @@ func testConfig() (harness.Config, error) {
 		Dir:       os.TempDir(), // replaced by a fresh directory once checked
 		ExtraArgs: map[string][]string{
 			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize)},
+			// Reports at once, so Subscription status follows quickly.
+			harness.Dispatcher: {"-report-interval", "200ms"},
 		},
+		Dispatcher: true,
 	}
 	if cfg.BinDir == "" {
 		cfg.BinDir = filepath.Join(root, "bin")

@@ -13,9 +13,9 @@ cd "$(dirname "$0")/.."
 fail=0
 say() { printf '%s\n' "$*" >&2; }
 
-if [ -n "$(git status --porcelain -- deploy/crds deploy/base/rbac deploy/base/nats/auth.conf)" ]; then
-	say "generated manifests (deploy/crds, deploy/base/rbac, deploy/base/nats/auth.conf) are out of date: run 'make manifests' and commit the result"
-	git status --porcelain -- deploy/crds deploy/base/rbac deploy/base/nats/auth.conf >&2
+if [ -n "$(git status --porcelain -- deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/dispatcher/rbac pkg/apis)" ]; then
+	say "generated manifests (deploy/crds, deploy/base/rbac, deploy/base/nats/auth.conf, pkg/apis deepcopy) are out of date: run 'make manifests' and commit the result"
+	git status --porcelain -- deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/dispatcher/rbac pkg/apis >&2
 	fail=1
 fi
 

@@ -23,6 +23,9 @@ const (
 	Fetcher        = "fetcher"
 	Packager       = "packager"
 	ArtifactServer = "artifact-server"
+	// Dispatcher delivers events to Subscriptions; it runs when
+	// Config.Dispatcher is set.
+	Dispatcher = "dispatcher"
 	// NATS is the name of the NATS server's Service when it runs in a
 	// process of its own (Config.NATSBin).
 	NATS = "nats"
@@ -87,6 +90,10 @@ type Config struct {
 	// and a log of its own and the same command line otherwise; they share
 	// their service's durable consumer, so each job goes to one of them.
 	FetcherReplicas, PackagerReplicas int
+	// Dispatcher runs the dispatcher too (Subscriptions), started last
+	// and stopped first; the tests and scenarios that need no
+	// Subscription leave it out.
+	Dispatcher bool
 }
 
 // Check reports every binary or manifest the Env needs that is missing; the
@@ -108,6 +115,9 @@ func (c Config) Check() error {
 	need(c.AssetsDir, "KUBEBUILDER_ASSETS", controlPlaneBinaries)
 	if !c.NoServices {
 		need(c.BinDir, "the service bin directory", ServiceNames)
+		if c.Dispatcher {
+			need(c.BinDir, "the service bin directory", []string{Dispatcher})
+		}
 	}
 	if c.CRDDir == "" {
 		missing = append(missing, "the CRD directory is not set")

@@ -64,14 +64,14 @@ func TestCompose(t *testing.T) {
 		t.Errorf("nats: the JetStream store %q is not on a volume", opts.StoreDir)
 	}
 	if len(opts.Nkeys) != len(natsIdentities) || opts.NoAuthUser != "" {
-		t.Errorf("nats: %d NKey users (no-auth user %q), want Headwater's five identities only", len(opts.Nkeys), opts.NoAuthUser)
+		t.Errorf("nats: %d NKey users (no-auth user %q), want Headwater's identities only", len(opts.Nkeys), opts.NoAuthUser)
 	}
 	if nats.HealthCheck == nil || len(nats.HealthCheck.Test) == 0 {
 		t.Errorf("nats: no healthcheck")
 	}
 
 	var artifactVolume string
-	for _, name := range Services {
+	for _, name := range append(Services, OptionalServices...) {
 		s, err := p.GetService(name)
 		if err != nil {
 			t.Errorf("no compose service %s: %v", name, err)
@@ -244,7 +244,7 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("Dockerfile: no %q", want)
 		}
 	}
-	for _, s := range Services {
+	for _, s := range append(Services, OptionalServices...) {
 		if !strings.Contains(text, s) {
 			t.Errorf("Dockerfile: SERVICE=%s is not accepted", s)
 		}

@@ -153,7 +153,7 @@ func ServiceFlags(root, service string) (FlagSet, error) {
 // AllServiceFlags returns ServiceFlags for every one of Services.
 func AllServiceFlags(root string) (map[string]FlagSet, error) {
 	out := map[string]FlagSet{}
-	for _, s := range Services {
+	for _, s := range append(Services, OptionalServices...) {
 		fs, err := ServiceFlags(root, s)
 		if err != nil {
 			return nil, err

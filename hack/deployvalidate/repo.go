@@ -11,9 +11,13 @@ import (
 // runs in a container of the same name.
 var Services = []string{"watcher", "fetcher", "packager", "artifact-server"}
 
-// IsService reports whether name is one of Services.
+// OptionalServices are built and run like Services, but deployed by a
+// component of their own (deploy/components/<name>), not by deploy/base.
+var OptionalServices = []string{"dispatcher"}
+
+// IsService reports whether name is one of Services or OptionalServices.
 func IsService(name string) bool {
-	for _, s := range Services {
+	for _, s := range append(Services, OptionalServices...) {
 		if s == name {
 			return true
 		}

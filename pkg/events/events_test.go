@@ -23,6 +23,7 @@ func testJob() Job {
 		Object: ObjectRef{
 			Kind: "GitRepository", Namespace: "flux-system", Name: "podinfo.v2",
 			UID: "6b1f0c52-7c4e-4bde-9a0b-1b2c3d4e5f60", Generation: 7,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "podinfo"},
 		},
 		ReconcileToken: "2026-01-02T03:04:05Z",
 		RequestedAt:    time.Date(2026, 1, 2, 3, 4, 5, 600, time.UTC),
@@ -96,6 +97,20 @@ func sampleData() map[string]any {
 		TypeArtifactUnchanged: testOutcome(false),
 		TypeArtifactFailed:    testOutcome(true),
 		TypeArtifactDeleted:   &Outcome{Job: testJob()},
+		TypeDeliveryReported: &DeliveryReport{
+			Subscription:  SubscriptionRef{Namespace: "team-a", Name: "ci", UID: "0c4e-uid", Generation: 2},
+			Dispatcher:    "dispatcher-7d9f",
+			Delivered:     12,
+			Failed:        5,
+			DeadLettered:  1,
+			LastDelivered: &time.Time{},
+			LastDeadLetter: &DeadLetter{
+				EventID: "0f3c-uid-7-token/io.headwater.artifact.stored.v1", EventType: TypeArtifactStored,
+				Subject: "gitrepository/flux-system/podinfo.v2", Time: time.Date(2026, 1, 2, 3, 4, 8, 0, time.UTC),
+				Attempts: 5, Error: "HTTP 500 Internal Server Error",
+			},
+			Problem: &Failure{Reason: "SecretNotFound", Message: "secret team-a/hmac not found"},
+		},
 	}
 }
 
@@ -118,6 +133,9 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			job := JobOf(data)
 			id := MessageID(job, typ)
 			subject := ObjectSubject(job.Object)
+			if r, ok := data.(*DeliveryReport); ok {
+				id, subject = "dispatcher-7d9f/1", "subscription/"+r.Subscription.Namespace+"/"+r.Subscription.Name
+			}
 			before := time.Now().UTC().Add(-time.Second)
 			body, err := Encode("fetcher", typ, id, subject, data)
 			if err != nil {
@@ -133,7 +151,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 				{"id", e.ID(), id},
 				{"source", e.Source(), "headwater/fetcher"},
 				{"type", e.Type(), typ},
-				{"subject", e.Subject(), "gitrepository/flux-system/podinfo.v2"},
+				{"subject", e.Subject(), subject},
 				{"datacontenttype", e.DataContentType(), "application/json"},
 				{"specversion", e.SpecVersion(), "1.0"},
 			} {
@@ -168,7 +186,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Errorf("data changed:\n got %s\nwant %s", got, want)
 			}
-			if j := JobOf(m.Data); j.ID != job.ID || j.Object != job.Object || !j.RequestedAt.Equal(job.RequestedAt) || j.ReconcileToken != job.ReconcileToken {
+			if j := JobOf(m.Data); j.ID != job.ID || !reflect.DeepEqual(j.Object, job.Object) || !j.RequestedAt.Equal(job.RequestedAt) || j.ReconcileToken != job.ReconcileToken {
 				t.Errorf("job %+v, want %+v", j, job)
 			}
 		})
@@ -381,6 +399,7 @@ func TestPublicType(t *testing.T) {
 		{TypeArtifactUnchanged, "", false},
 		{TypeArtifactFailed, "", false},
 		{TypeArtifactDeleted, "", false},
+		{TypeDeliveryReported, "", false},
 		{"", "", false},
 		{"io.headwater.job.package.succeeded.v2", "", false},
 	}
@@ -406,11 +425,14 @@ func TestPublicType(t *testing.T) {
 
 func TestJobOf(t *testing.T) {
 	for typ, data := range sampleData() {
+		if _, report := data.(*DeliveryReport); report {
+			continue // names a Subscription, not a job
+		}
 		if j := JobOf(data); j.ID != testJob().ID {
 			t.Errorf("%s: JobOf = %+v", typ, j)
 		}
 	}
-	if j := JobOf("not data"); j != (Job{}) {
+	if j := JobOf("not data"); !reflect.DeepEqual(j, Job{}) {
 		t.Errorf("JobOf(string) = %+v, want zero", j)
 	}
 }
@@ -486,10 +508,10 @@ func TestStreams(t *testing.T) {
 			t.Errorf("stream name %q is not a valid JetStream name", s.Name)
 		}
 	}
-	if got, want := slices.Sorted(maps.Keys(byName)), []string{EventStream, FetchStream, PackageStream, PublishStream}; !slices.Equal(got, want) {
+	if got, want := slices.Sorted(maps.Keys(byName)), []string{DeliveryStream, EventStream, FetchStream, PackageStream, PublishStream, SubscriptionStream}; !slices.Equal(got, want) {
 		t.Fatalf("streams %q, want %q", got, want)
 	}
-	for _, name := range []string{FetchStream, PackageStream, PublishStream} {
+	for _, name := range []string{FetchStream, PackageStream, PublishStream, DeliveryStream} {
 		if byName[name].Retention != jetstream.WorkQueuePolicy {
 			t.Errorf("%s: retention %v, want work queue", name, byName[name].Retention)
 		}

@@ -17,13 +17,18 @@ const (
 	// ArtifactServerIdentity takes results and publishes the public
 	// events.
 	ArtifactServerIdentity = "artifact-server"
-	// SubscriberIdentity may only read the public events.
+	// DispatcherIdentity delivers the public events to Subscriptions:
+	// it reads them through one consumer per Subscription, republishes
+	// those of `nats` Subscriptions and reports deliveries to the watcher.
+	DispatcherIdentity = "dispatcher"
+	// SubscriberIdentity may only read the public events, and pull from
+	// the durable consumers of `nats` Subscriptions.
 	SubscriberIdentity = "subscriber"
 )
 
 // Identities lists every identity, services first.
 func Identities() []string {
-	return []string{WatcherIdentity, FetcherIdentity, PackagerIdentity, ArtifactServerIdentity, SubscriberIdentity}
+	return []string{WatcherIdentity, FetcherIdentity, PackagerIdentity, ArtifactServerIdentity, DispatcherIdentity, SubscriberIdentity}
 }
 
 // InboxPrefix is the prefix of the reply subjects an identity's
@@ -46,19 +51,39 @@ type role struct {
 	// readsStream lets it read messages of its stream by sequence (the
 	// packager's janitors list the jobs still waiting).
 	readsStream bool
+	// also are further streams and consumers it consumes (the watcher's
+	// delivery reports); a consumer "*" is any consumer of that stream.
+	also []streamConsumer
+	// owns is a stream it owns without consuming it.
+	owns string
+	// manages are streams on which it creates, updates and deletes any
+	// consumer (the dispatcher's consumers for `nats` Subscriptions).
+	manages []string
 }
+
+// streamConsumer is a durable consumer on a stream.
+type streamConsumer struct{ stream, consumer string }
 
 func roleOf(identity string) (role, bool) {
 	switch identity {
 	case WatcherIdentity:
 		// Deletion jobs go to the packagers.
-		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, stream: EventStream, consumer: WatcherConsumer}, true
+		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, stream: EventStream, consumer: WatcherConsumer,
+			also: []streamConsumer{{DeliveryStream, WatcherConsumer}}}, true
 	case FetcherIdentity:
 		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, stream: FetchStream, consumer: FetcherConsumer}, true
 	case PackagerIdentity:
 		return role{publishes: []string{PublishSubjectPrefix}, stream: PackageStream, consumer: PackagerConsumer, readsStream: true}, true
 	case ArtifactServerIdentity:
 		return role{publishes: []string{EventSubjectPrefix}, stream: PublishStream, consumer: ArtifactServerConsumer}, true
+	case DispatcherIdentity:
+		// One consumer per Subscription on the event stream, named by
+		// its UID: NATS permissions cannot match a prefix of a token, so
+		// the dispatcher may use any consumer name there (see
+		// docs/design.md, "Subscriptions").
+		return role{publishes: []string{DeliverySubjectPrefix, SubscriptionSubjectPrefix},
+			also: []streamConsumer{{EventStream, "*"}}, owns: SubscriptionStream,
+			manages: []string{EventStream, SubscriptionStream}}, true
 	case SubscriberIdentity:
 		return role{}, true
 	}
@@ -71,8 +96,17 @@ func roleOf(identity string) (role, bool) {
 // exists with another configuration), so services start in any order.
 func StreamOwner(stream string) string {
 	for _, id := range Identities() {
-		if r, _ := roleOf(id); r.stream == stream {
+		r, _ := roleOf(id)
+		if r.stream == stream || r.owns == stream {
 			return id
+		}
+	}
+	for _, id := range Identities() {
+		r, _ := roleOf(id)
+		for _, c := range r.also {
+			if c.stream == stream && c.consumer != "*" {
+				return id
+			}
 		}
 	}
 	return ""
@@ -88,8 +122,20 @@ func Permissions(identity string) (p Permission, ok bool) {
 	if !ok {
 		return Permission{}, false
 	}
+	api := "$JS.API.CONSUMER."
 	if identity == SubscriberIdentity {
-		return Permission{Subscribe: []string{EventSubjectPrefix + ".>"}}, true
+		// It pulls from the consumers the dispatcher made for `nats`
+		// Subscriptions; no Headwater service consumes that stream.
+		p.Publish = []string{
+			"$JS.API.INFO",
+			"$JS.API.STREAM.INFO." + SubscriptionStream,
+			api + "INFO." + SubscriptionStream + ".*",
+			api + "MSG.NEXT." + SubscriptionStream + ".*",
+			"$JS.ACK." + SubscriptionStream + ".>",
+		}
+		p.Subscribe = []string{EventSubjectPrefix + ".>", InboxPrefix(identity) + ".>"}
+		slices.Sort(p.Publish)
+		return p, true
 	}
 	for _, prefix := range r.publishes {
 		p.Publish = append(p.Publish, prefix+".>")
@@ -97,21 +143,34 @@ func Permissions(identity string) (p Permission, ok bool) {
 	p.Publish = append(p.Publish, "$JS.API.INFO")
 	for _, s := range Streams(1) {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.INFO."+s.Name, "$JS.API.STREAM.CREATE."+s.Name)
+		if StreamOwner(s.Name) == identity {
+			p.Publish = append(p.Publish, "$JS.API.STREAM.UPDATE."+s.Name)
+		}
 	}
-	api := "$JS.API.CONSUMER."
-	p.Publish = append(p.Publish,
-		"$JS.API.STREAM.UPDATE."+r.stream,
-		api+"CREATE."+r.stream+"."+r.consumer,
-		api+"CREATE."+r.stream+"."+r.consumer+".>",
-		api+"DURABLE.CREATE."+r.stream+"."+r.consumer,
-		api+"INFO."+r.stream+"."+r.consumer,
-		api+"MSG.NEXT."+r.stream+"."+r.consumer,
-		"$JS.ACK."+r.stream+"."+r.consumer+".>",
-	)
+	consumers := r.also
+	if r.stream != "" {
+		consumers = append([]streamConsumer{{r.stream, r.consumer}}, consumers...)
+	}
+	for _, c := range consumers {
+		p.Publish = append(p.Publish,
+			api+"CREATE."+c.stream+"."+c.consumer,
+			api+"CREATE."+c.stream+"."+c.consumer+".>",
+			api+"DURABLE.CREATE."+c.stream+"."+c.consumer,
+			api+"INFO."+c.stream+"."+c.consumer,
+			api+"MSG.NEXT."+c.stream+"."+c.consumer,
+			"$JS.ACK."+c.stream+"."+c.consumer+".>",
+		)
+	}
+	for _, s := range r.manages {
+		p.Publish = append(p.Publish,
+			api+"CREATE."+s+".*", api+"CREATE."+s+".*.>", api+"DURABLE.CREATE."+s+".*",
+			api+"INFO."+s+".*", api+"DELETE."+s+".*")
+	}
 	if r.readsStream {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+r.stream)
 	}
 	p.Subscribe = []string{InboxPrefix(identity) + ".>"}
 	slices.Sort(p.Publish)
+	p.Publish = slices.Compact(p.Publish)
 	return p, true
 }

@@ -16,6 +16,12 @@ const (
 	PublishStream = "HEADWATER_PUBLISH"
 	// EventStream keeps the recent public events of every source.
 	EventStream = "HEADWATER_EVENTS"
+	// DeliveryStream holds the dispatcher's delivery reports until the
+	// watcher has written them into the Subscriptions' status.
+	DeliveryStream = "HEADWATER_DELIVERY"
+	// SubscriptionStream keeps the events the dispatcher selected for
+	// each `nats` Subscription, for its durable consumer.
+	SubscriptionStream = "HEADWATER_SUBSCRIPTIONS"
 )
 
 // Durable consumer names, one per service; replicas of a service share it,
@@ -26,6 +32,11 @@ const (
 	ArtifactServerConsumer = "artifact-server"
 	WatcherConsumer        = "watcher"
 )
+
+// SubscriptionConsumer is the durable consumer on EventStream that the
+// dispatcher replicas share for one Subscription, named by its UID: each
+// Subscription has its own, so a slow or dead sink only holds up its own.
+func SubscriptionConsumer(uid string) string { return "subscription-" + token(uid) }
 
 // DuplicateWindow is how long JetStream remembers message IDs: a job
 // published twice within it is stored once.
@@ -56,6 +67,7 @@ func Streams(replicas int) []jetstream.StreamConfig {
 		job(FetchStream, FetchSubjectPrefix, "Headwater fetch jobs: one per source reconcile"),
 		job(PackageStream, PackageSubjectPrefix, "Headwater packaging and deletion jobs"),
 		job(PublishStream, PublishSubjectPrefix, "Headwater job results waiting to be announced"),
+		job(DeliveryStream, DeliverySubjectPrefix, "Headwater delivery reports for the Subscriptions' status"),
 		{
 			Name:              EventStream,
 			Description:       "Headwater public CloudEvents, per source",
@@ -67,6 +79,17 @@ func Streams(replicas int) []jetstream.StreamConfig {
 			MaxMsgsPerSubject: 16,
 			Discard:           jetstream.DiscardOld,
 			Replicas:          replicas,
+		},
+		{
+			Name:        SubscriptionStream,
+			Description: "Headwater public CloudEvents selected for each nats Subscription",
+			Subjects:    []string{SubscriptionSubjectPrefix + ".>"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Duplicates:  DuplicateWindow,
+			MaxAge:      24 * time.Hour,
+			Discard:     jetstream.DiscardOld,
+			Replicas:    replicas,
 		},
 	}
 }

@@ -27,6 +27,7 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -34,6 +35,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/subscriptions"
 )
 
 // service names the watcher on the bus, in logs and in metrics.
@@ -113,6 +115,9 @@ func run(ctx context.Context, o options) error {
 	if err := sourcev1.AddToScheme(scheme); err != nil {
 		return err
 	}
+	if err := eventsv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
 	ns := o.leaderElectionNamespace
 	if ns == "" {
 		ns = os.Getenv("POD_NAMESPACE")
@@ -162,6 +167,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
 		}
 	}
+	jobMetrics := telemetry.NewJobMetrics(crmetrics.Registry, service)
 	host, _ := os.Hostname()
 	instance := results.EventSource + "-" + host
 	if err := mgr.Add(&results.Consumer{
@@ -173,9 +179,20 @@ func run(ctx context.Context, o options) error {
 		Recorder:    mgr.GetEventRecorder(results.EventSource),
 		Instance:    instance,
 		Concurrency: o.eventConcurrency,
-		Metrics:     telemetry.NewJobMetrics(crmetrics.Registry, service),
+		Metrics:     jobMetrics,
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
 		Log:         log.WithName("results"),
+	}); err != nil {
+		return err
+	}
+	// Subscriptions: the dispatcher reports, the watcher keeps status.
+	if err := mgr.Add(&subscriptions.Consumer{
+		Conn:        conn,
+		Client:      mgr.GetClient(),
+		Live:        mgr.GetAPIReader(),
+		Concurrency: 2,
+		Metrics:     jobMetrics,
+		Log:         log.WithName("subscriptions"),
 	}); err != nil {
 		return err
 	}
