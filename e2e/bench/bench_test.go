@@ -48,6 +48,8 @@ var (
 	targetI    = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 1}}
 	targetI2   = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 0}}
 	targetJ    = Target{Memory: 1, MaxWall: 15 * time.Second, MaxCounters: map[string]int64{CounterLayerDownloads: ociArtifacts}}
+	// Issue 12: an event reaches its subscriber within 50 ms (p99).
+	targetL = Target{MaxCounters: map[string]int64{CounterP99: 50}}
 )
 
 // BenchmarkSources runs every scenario on Headwater and, with -flux-bin,
@@ -145,6 +147,15 @@ func BenchmarkSources(b *testing.B) {
 	compare(o, "j", []string{"j. 1000 OCIRepositories over 10 artifacts"}, []Target{targetJ}, func(sys System) ([]*Measurement, error) {
 		m, err := ManyOCI(b.Context(), o, sys, b)
 		return []*Measurement{m}, err
+	})
+	// l: CloudEvents out (issue 12). Headwater only: Flux's
+	// source-controller has no Subscriptions to compare with.
+	compare(headwaterOnly, "l", []string{
+		"l. artifact stored -> CloudEvent at a NATS subscriber, 1000 changes (Headwater only)",
+		"l'. artifact stored -> CloudEvent at an HTTP sink via a Subscription, same 1000 (Headwater only)",
+	}, []Target{targetL, targetL}, func(System) ([]*Measurement, error) {
+		toNATS, toHTTP, err := Delivery(b.Context(), headwaterOnly)
+		return []*Measurement{toNATS, toHTTP}, err
 	})
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
