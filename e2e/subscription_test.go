@@ -301,3 +301,34 @@ func TestSubscriptionNATS(t *testing.T) {
 		}
 	}
 }
+
+// TestSubscriptionProblems: what keeps the dispatcher from serving a
+// Subscription shows in its Ready condition, and fixing it makes it Ready.
+func TestSubscriptionProblems(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	const name = "sub-problems"
+	_, url := newSink(t, nil, http.StatusOK)
+	sub := &v1alpha1.Subscription{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: v1alpha1.SubscriptionSpec{HTTP: &v1alpha1.HTTPSink{URL: url, SecretRef: &meta.LocalObjectReference{Name: name + "-hmac"}}}}
+	createObject(t, sub)
+	got := waitSubscription(t, name, metav1.ConditionFalse, v1alpha1.SecretNotFoundReason)
+	if c := apimeta.FindStatusCondition(got.Status.Conditions, v1alpha1.ReadyCondition); !strings.Contains(c.Message, name+"-hmac") {
+		t.Errorf("Ready message %q does not name the Secret", c.Message)
+	}
+
+	createObject(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-hmac", Namespace: namespace},
+		Data: map[string][]byte{v1alpha1.HMACKey: []byte("k")}})
+	patchObject(t, getObject(t, name, &v1alpha1.Subscription{}), func(s *v1alpha1.Subscription) {
+		s.Spec.Types = []string{events.TypeFetchRequested} // not a public type
+	})
+	waitSubscription(t, name, metav1.ConditionFalse, v1alpha1.InvalidSpecReason)
+
+	patchObject(t, getObject(t, name, &v1alpha1.Subscription{}), func(s *v1alpha1.Subscription) {
+		s.Spec.Types = nil
+	})
+	got = waitSubscription(t, name, metav1.ConditionTrue, v1alpha1.SucceededReason)
+	if got.Status.ObservedGeneration != got.Generation {
+		t.Errorf("observed generation %d, want %d", got.Status.ObservedGeneration, got.Generation)
+	}
+}
