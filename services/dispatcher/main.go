@@ -72,6 +72,9 @@ func run(ctx context.Context, o options) error {
 	if o.concurrency < 1 {
 		return errors.New("--concurrency must be at least 1")
 	}
+	if o.reportInterval <= 0 {
+		return errors.New("--report-interval must be positive")
+	}
 	log := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(log)
 	cfg, err := restConfig(o.kubeconfig)

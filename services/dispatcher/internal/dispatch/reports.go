@@ -38,6 +38,7 @@ type Reports struct {
 	mu       sync.Mutex
 	pending  map[types.UID]*events.DeliveryReport
 	problems map[types.UID]*events.Failure
+	gens     map[types.UID]int64
 	seq      uint64
 	kick     chan struct{}
 	once     sync.Once
@@ -47,6 +48,7 @@ func (r *Reports) init() {
 	r.once.Do(func() {
 		r.pending = map[types.UID]*events.DeliveryReport{}
 		r.problems = map[types.UID]*events.Failure{}
+		r.gens = map[types.UID]int64{}
 		r.kick = make(chan struct{}, 1)
 	})
 }
@@ -100,15 +102,17 @@ func (r *Reports) DeadLetter(ref events.SubscriptionRef, dl events.DeadLetter) {
 }
 
 // Problem sets (or, with nil, clears) what keeps a Subscription from being
-// served; every report carries it. A change is reported at once, and so is
-// a Subscription seen for the first time, so its status says it is served.
+// served at ref's generation; every report carries it. A change is
+// reported at once, and so is a Subscription seen for the first time or at
+// a new generation, so its status says whether it is served as it is now.
 func (r *Reports) Problem(ref events.SubscriptionRef, p *events.Failure) {
 	r.init()
 	r.mu.Lock()
 	uid := types.UID(ref.UID)
 	old, known := r.problems[uid]
-	changed := !known || (old == nil) != (p == nil) || (p != nil && *old != *p)
+	changed := !known || (old == nil) != (p == nil) || (p != nil && *old != *p) || r.gens[uid] != ref.Generation
 	r.problems[uid] = p
+	r.gens[uid] = ref.Generation
 	_, pending := r.pending[uid]
 	if changed || pending {
 		r.entry(ref)
@@ -126,6 +130,7 @@ func (r *Reports) Forget(uid types.UID) {
 	defer r.mu.Unlock()
 	delete(r.pending, uid)
 	delete(r.problems, uid)
+	delete(r.gens, uid)
 }
 
 // Run publishes reports until ctx ends, then publishes what is pending.
