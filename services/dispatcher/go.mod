@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/cloudevents/sdk-go/v2 v2.16.2
+	github.com/fluxcd/pkg/apis/meta v1.30.2
 	github.com/go-logr/logr v1.4.4
 	github.com/headwater-gitops/headwater/pkg v0.0.0
 	github.com/headwater-gitops/headwater/testsupport v0.0.0
@@ -23,7 +24,6 @@ require (
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
 	github.com/fluxcd/pkg/apis/acl v0.10.0 // indirect
-	github.com/fluxcd/pkg/apis/meta v1.30.2 // indirect
 	github.com/fluxcd/source-controller/api v1.9.5 // indirect
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.2 // indirect
