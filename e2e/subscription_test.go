@@ -308,7 +308,9 @@ func TestSubscriptionProblems(t *testing.T) {
 	requireEnv(t)
 	t.Parallel()
 	const name = "sub-problems"
-	_, url := newSink(t, nil, http.StatusOK)
+	key := []byte("k")
+	// Once served, it receives every public event, signed.
+	_, url := newSink(t, key, http.StatusOK)
 	sub := &v1alpha1.Subscription{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: v1alpha1.SubscriptionSpec{HTTP: &v1alpha1.HTTPSink{URL: url, SecretRef: &meta.LocalObjectReference{Name: name + "-hmac"}}}}
 	createObject(t, sub)
@@ -318,7 +320,7 @@ func TestSubscriptionProblems(t *testing.T) {
 	}
 
 	createObject(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-hmac", Namespace: namespace},
-		Data: map[string][]byte{v1alpha1.HMACKey: []byte("k")}})
+		Data: map[string][]byte{v1alpha1.HMACKey: key}})
 	patchObject(t, getObject(t, name, &v1alpha1.Subscription{}), func(s *v1alpha1.Subscription) {
 		s.Spec.Types = []string{events.TypeFetchRequested} // not a public type
 	})
