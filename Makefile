@@ -11,7 +11,7 @@
 SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
-SERVICES    := watcher fetcher packager artifact-server receiver
+SERVICES    := watcher fetcher packager artifact-server receiver dispatcher
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
@@ -119,11 +119,14 @@ controller-gen:
 generate: manifests ## Generate everything generated (CRDs).
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs (from the Flux API modules), the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
+manifests: controller-gen ## Generate the CRDs (from the Flux API modules and pkg/apis), the deepcopy code of pkg/apis, the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
 	@rm -rf $(CRD_DIR) && mkdir -p $(CRD_DIR)
 	cd pkg && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/source-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
-	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths=./internal/controller/... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
+	cd pkg && $(CONTROLLER_GEN) object paths=./apis/...
+	cd pkg && $(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
+	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths="{./internal/controller/...,./internal/subscriptions/...}" output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
 	cd services/fetcher && $(CONTROLLER_GEN) rbac:roleName=headwater-fetcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/fetcher
+	cd services/dispatcher && $(CONTROLLER_GEN) rbac:roleName=headwater-dispatcher paths=./... output:rbac:artifacts:config=$(CURDIR)/deploy/components/dispatcher/rbac
 	@# The receivers component: Flux's Receiver CRD (from the notification-controller API module), the watcher's extra role and the receiver's.
 	@rm -rf $(RECEIVERS_DIR)/crd && mkdir -p $(RECEIVERS_DIR)/crd
 	cd services/receiver && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/notification-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/crd

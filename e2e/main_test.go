@@ -144,7 +144,10 @@ func testConfig() (harness.Config, error) {
 		ExtraArgs: map[string][]string{
 			harness.Fetcher: {"-max-file-size", strconv.Itoa(e2eMaxFileSize), "-helm-index-max-size", strconv.Itoa(e2eHelmIndexMaxSize)},
 			harness.Watcher: {"-source-metrics-interval", "2s"},
+			// Reports at once, so Subscription status follows quickly.
+			harness.Dispatcher: {"-report-interval", "200ms"},
 		},
+		Dispatcher: true,
 	}
 	if cfg.BinDir == "" {
 		cfg.BinDir = filepath.Join(root, "bin")

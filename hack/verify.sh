@@ -6,16 +6,18 @@
 #   - go.work lists every module of the workspace;
 #   - every module's go.mod and go.sum are tidy;
 #   - every module resolves the shared dependencies to the same versions;
-#   - no service binary links a NATS server or the testsupport module.
+#   - no service binary links a NATS server or the testsupport module;
+#   - the JSON Schemas (docs/schemas) and wire format golden files
+#     (pkg/events/testdata/wire) match the event structs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
 say() { printf '%s\n' "$*" >&2; }
 
-generated="deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/receivers/crd deploy/components/receivers/rbac"
+generated="deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/receivers/crd deploy/components/receivers/rbac deploy/components/dispatcher/rbac pkg/apis"
 # shellcheck disable=SC2086 # a list of paths
 if [ -n "$(git status --porcelain -- $generated)" ]; then
-	say "generated manifests ($generated) are out of date: run 'make manifests' and commit the result"
+	say "generated manifests and code ($generated) are out of date: run 'make manifests' and commit the result"
 	# shellcheck disable=SC2086
 	git status --porcelain -- $generated >&2
 	fail=1
@@ -82,6 +84,14 @@ for m in "${modules[@]}"; do
 		fail=1
 	fi
 done
+
+# The bus contract's generated schemas and golden files: a struct changed
+# without `go test ./events -run 'TestSchemas|TestWireFormat' -update`.
+if ! out=$(cd pkg && go test -count=1 -run '^(TestSchemas|TestWireFormat)$' ./events 2>&1); then
+	say "docs/schemas or pkg/events/testdata/wire do not match pkg/events: run 'cd pkg && go test ./events -run \"TestSchemas|TestWireFormat\" -update', review and commit:"
+	say "$out"
+	fail=1
+fi
 
 if [ "$fail" -ne 0 ]; then
 	exit 1

@@ -50,6 +50,8 @@ var (
 	targetJ    = Target{Memory: 1, MaxWall: 15 * time.Second, MaxCounters: map[string]int64{CounterLayerDownloads: ociArtifacts}}
 	// Issue 12: a webhook push becomes a new artifact in status quickly.
 	targetK = Target{MaxP99: 2 * time.Second}
+	// Issue 12: an event reaches its subscriber within 50 ms (p99).
+	targetL = Target{MaxCounters: map[string]int64{CounterP99: 50}}
 )
 
 // BenchmarkSources runs every scenario on Headwater and, with -flux-bin,
@@ -153,6 +155,16 @@ func BenchmarkSources(b *testing.B) {
 			m, err := WebhookPush(b.Context(), headwaterOnly)
 			return []*Measurement{m}, err
 		})
+
+	// l: CloudEvents out (issue 12). Headwater only: Flux's
+	// source-controller has no Subscriptions to compare with.
+	compare(headwaterOnly, "l", []string{
+		"l. artifact stored -> CloudEvent at a NATS subscriber, 1000 changes (Headwater only)",
+		"l'. artifact stored -> CloudEvent at an HTTP sink via a Subscription, same 1000 (Headwater only)",
+	}, []Target{targetL, targetL}, func(System) ([]*Measurement, error) {
+		toNATS, toHTTP, err := Delivery(b.Context(), headwaterOnly)
+		return []*Measurement{toNATS, toHTTP}, err
+	})
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)

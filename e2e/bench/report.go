@@ -65,7 +65,7 @@ func WriteTable(w io.Writer, rows []Row) {
 	fmt.Fprintln(w, "Both systems ran in this process's run, one after the other, each on a fresh local kube-apiserver and etcd")
 	fmt.Fprintln(w, "and the same git server, registry and chart repository, on this machine. Wall: from the first create (or")
 	fmt.Fprintln(w, "annotate) until the last object is seen in the awaited state (d: a fixed window). CPU: utime+stime of the")
-	fmt.Fprintln(w, "system's processes (Headwater: its services, the receiver in k, and NATS; Flux: source-controller) including waited-for")
+	fmt.Fprintln(w, "system's processes (Headwater: its services, the receiver in k, the dispatcher in l, and NATS; Flux: source-controller) including waited-for")
 	fmt.Fprintln(w, "children. Peak RSS: the sum of those processes' VmHWM, reset when the scenario starts (an upper bound of their")
 	fmt.Fprintln(w, "peak together). Ratios are Headwater / baseline; lower is better.")
 	fmt.Fprintln(w)

@@ -25,6 +25,9 @@ const (
 	ArtifactServer = "artifact-server"
 	// Receiver is the webhook receiver, run with Config.Receivers.
 	Receiver = "receiver"
+	// Dispatcher delivers events to Subscriptions; it runs when
+	// Config.Dispatcher is set.
+	Dispatcher = "dispatcher"
 	// NATS is the name of the NATS server's Service when it runs in a
 	// process of its own (Config.NATSBin).
 	NATS = "nats"
@@ -97,6 +100,10 @@ type Config struct {
 	// ReceiverCRDDir holds the Receiver CRD (`make manifests`), with
 	// Receivers.
 	ReceiverCRDDir string
+	// Dispatcher runs the dispatcher too (Subscriptions), started last
+	// and stopped first; the tests and scenarios that need no
+	// Subscription leave it out.
+	Dispatcher bool
 }
 
 // Check reports every binary or manifest the Env needs that is missing; the
@@ -120,6 +127,9 @@ func (c Config) Check() error {
 		need(c.BinDir, "the service bin directory", ServiceNames)
 		if c.Receivers {
 			need(c.BinDir, "the service bin directory", []string{Receiver})
+		}
+		if c.Dispatcher {
+			need(c.BinDir, "the service bin directory", []string{Dispatcher})
 		}
 	}
 	if c.Receivers {

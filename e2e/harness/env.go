@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
@@ -202,6 +203,9 @@ func (e *Env) startControlPlane() error {
 	if err := clientgoscheme.AddToScheme(e.Scheme); err != nil {
 		return fmt.Errorf("scheme: %w", err)
 	}
+	if err := eventsv1alpha1.AddToScheme(e.Scheme); err != nil {
+		return fmt.Errorf("scheme: %w", err)
+	}
 	if err := sourcev1.AddToScheme(e.Scheme); err != nil {
 		return fmt.Errorf("scheme: %w", err)
 	}
@@ -261,7 +265,8 @@ func (e *Env) defineServices() error {
 	extraServers := 2 * e.Config.extraArtifactServers()
 	extraWatchers := 2 * e.Config.extraWatchers()
 	extraWorkers := max(e.Config.FetcherReplicas-1, 0) + max(e.Config.PackagerReplicas-1, 0)
-	ports, err := FreePorts(8 + extraServers + extraWatchers + extraWorkers)
+	// The last two are the receiver's, the one before the dispatcher's.
+	ports, err := FreePorts(9 + extraServers + extraWatchers + extraWorkers)
 	if err != nil {
 		return err
 	}
@@ -313,8 +318,20 @@ func (e *Env) defineServices() error {
 	if err := e.addWatcherReplicas(ports[6+extraServers : 6+extraServers+extraWatchers]); err != nil {
 		return err
 	}
-	if err := e.addWorkerReplicas(ports[6+extraServers+extraWatchers:]); err != nil {
+	if err := e.addWorkerReplicas(ports[6+extraServers+extraWatchers : len(ports)-1]); err != nil {
 		return err
+	}
+	if e.Config.Dispatcher {
+		telemetry[Dispatcher] = "127.0.0.1:" + strconv.Itoa(ports[len(ports)-1])
+		e.services = append(e.services, &Service{
+			Name:          Dispatcher,
+			Path:          filepath.Join(e.Config.BinDir, Dispatcher),
+			Args:          append(common(Dispatcher), e.Config.ExtraArgs[Dispatcher]...),
+			Env:           env,
+			LogPath:       filepath.Join(e.Config.Dir, "logs", Dispatcher+".log"),
+			ReadyURL:      "http://" + telemetry[Dispatcher] + "/readyz",
+			TelemetryAddr: telemetry[Dispatcher],
+		})
 	}
 	e.useS3Storage()
 	e.useOwnTempDirs()

@@ -71,7 +71,7 @@ func TestCompose(t *testing.T) {
 	}
 
 	var artifactVolume string
-	for _, name := range Services {
+	for _, name := range append(Services, OptionalServices...) {
 		s, err := p.GetService(name)
 		if err != nil {
 			t.Errorf("no compose service %s: %v", name, err)
@@ -244,7 +244,7 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("Dockerfile: no %q", want)
 		}
 	}
-	for _, s := range Services {
+	for _, s := range append(Services, OptionalServices...) {
 		if !strings.Contains(text, s) {
 			t.Errorf("Dockerfile: SERVICE=%s is not accepted", s)
 		}

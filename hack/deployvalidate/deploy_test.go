@@ -43,7 +43,7 @@ const s3Secret = "headwater-s3"
 
 // natsIdentities are the bus identities whose public keys the NATS
 // configuration reads from <IDENTITY>_NKEY (see e2e/cmd/headwater-nats).
-var natsIdentities = []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "RECEIVER", "SUBSCRIBER"}
+var natsIdentities = []string{"WATCHER", "FETCHER", "PACKAGER", "ARTIFACT_SERVER", "RECEIVER", "DISPATCHER", "SUBSCRIBER"}
 
 // setNATSUserKeys puts a fresh public key for every identity in the
 // environment, as the Secret headwater-nats-users (or compose's users.env)
@@ -64,7 +64,7 @@ func setNATSUserKeys(t *testing.T) {
 // (e2e/cmd/headwater-nats): the users' public keys for the NATS server, and
 // each service's own key.
 var natsSecrets = []string{"headwater-nats-users", "headwater-nats-watcher", "headwater-nats-fetcher",
-	"headwater-nats-packager", "headwater-nats-artifact-server", "headwater-nats-receiver"}
+	"headwater-nats-packager", "headwater-nats-artifact-server", "headwater-nats-receiver", "headwater-nats-dispatcher"}
 
 // natsTLSSecret and natsClientTLSSecret are the certificates
 // components/nats-tls reads: the server's and the services'; the user
@@ -1098,5 +1098,33 @@ func TestMonitoringComponent(t *testing.T) {
 	}
 	if dashboard.UID == "" || queries < 10 {
 		t.Errorf("dashboard uid %q with %d queries", dashboard.UID, queries)
+	}
+}
+
+// TestDispatcherComponent builds deploy/base with components/dispatcher:
+// the dispatcher runs with its own bus identity and ServiceAccount, bound to
+// the generated ClusterRole, and NATS admits it.
+func TestDispatcherComponent(t *testing.T) {
+	m, _ := buildWith(t, "dispatcher")
+	for kind, name := range map[string]string{"Deployment": "dispatcher", "ServiceAccount": "dispatcher",
+		"ClusterRole": "headwater-dispatcher", "ClusterRoleBinding": "headwater-dispatcher"} {
+		if !m.Has(kind, name) {
+			t.Errorf("no %s %s (have %v)", kind, name, m.Names(kind))
+		}
+	}
+	c, pod := container(t, m, "dispatcher")
+	if u, ok := FlagValue(c, "nats-url"); !ok {
+		t.Error("dispatcher: -nats-url is not set")
+	} else {
+		checkNATSURL(t, m, "dispatcher", u)
+	}
+	if !slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+		return v.Secret != nil && v.Secret.SecretName == "headwater-nats-dispatcher"
+	}) {
+		t.Error("dispatcher: its bus identity (Secret headwater-nats-dispatcher) is not mounted")
+	}
+	d, _ := m.Deployment("dispatcher")
+	if d.Spec.Template.Labels["app.kubernetes.io/part-of"] != "headwater" {
+		t.Error("dispatcher: pods lack app.kubernetes.io/part-of=headwater, so the NetworkPolicy keeps them from NATS")
 	}
 }

@@ -12,13 +12,14 @@ import (
 // runs in a container of the same name.
 var Services = []string{"watcher", "fetcher", "packager", "artifact-server"}
 
-// OptionalServices are the services a component adds: the webhook
-// receiver (components/receivers, the compose profile "receivers").
-var OptionalServices = []string{"receiver"}
+// OptionalServices are built and run like Services, but deployed by a
+// component of their own: the webhook receiver (components/receivers, the
+// compose profile "receivers") and the dispatcher (components/dispatcher).
+var OptionalServices = []string{"receiver", "dispatcher"}
 
 // IsService reports whether name is one of Services or OptionalServices.
 func IsService(name string) bool {
-	for _, s := range append(slices.Clone(Services), OptionalServices...) {
+	for _, s := range slices.Concat(Services, OptionalServices) {
 		if s == name {
 			return true
 		}

@@ -294,7 +294,7 @@ func TestEnsureStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.Sort(got)
-	want := []string{events.EventStream, events.FetchStream, events.HookStream, events.PackageStream, events.PublishStream}
+	want := []string{events.DeliveryStream, events.EventStream, events.FetchStream, events.HookStream, events.PackageStream, events.PublishStream, events.SubscriptionStream}
 	if !slices.Equal(got, want) {
 		t.Fatalf("streams %q, want %q", got, want)
 	}

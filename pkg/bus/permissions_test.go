@@ -172,6 +172,14 @@ func TestBusRefusesWhatAnIdentityMayNotDo(t *testing.T) {
 		{events.FetcherIdentity, "$JS.API.STREAM.UPDATE." + events.EventStream},
 		{events.FetcherIdentity, "$JS.API.STREAM.DELETE." + events.FetchStream},
 		{events.WatcherIdentity, "$JS.API.STREAM.PURGE." + events.EventStream},
+		// The dispatcher forges no public event, job or result, and a
+		// subscriber steals no service's messages.
+		{events.DispatcherIdentity, events.EventSubject("GitRepository", "a", "b")},
+		{events.DispatcherIdentity, events.FetchSubject("GitRepository")},
+		{events.DispatcherIdentity, "$JS.API.CONSUMER.CREATE." + events.FetchStream + "." + events.FetcherConsumer},
+		{events.SubscriberIdentity, "$JS.API.CONSUMER.MSG.NEXT." + events.EventStream + "." + events.WatcherConsumer},
+		{events.SubscriberIdentity, events.DeliverySubject("a", "b")},
+		{events.SubscriberIdentity, events.SubscriptionSubject("a", "b")},
 	}
 	for _, tc := range refused {
 		t.Run(tc.identity+" publishes on "+tc.publish, func(t *testing.T) {

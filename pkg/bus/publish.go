@@ -37,3 +37,20 @@ func (p *Publisher) Publish(ctx context.Context, subject, eventType string, job 
 	}
 	return nil
 }
+
+// PublishEvent sends data as a CloudEvent of eventType that belongs to no
+// job (a delivery report) on subject, with id as its event and message ID
+// and ceSubject as its CloudEvent subject, and waits for JetStream to
+// store it.
+func (p *Publisher) PublishEvent(ctx context.Context, subject, eventType, id, ceSubject string, data any) error {
+	body, err := events.Encode(p.service, eventType, id, ceSubject, data)
+	if err != nil {
+		return err
+	}
+	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+	msg.Header.Set("Content-Type", events.ContentType)
+	if _, err := p.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
+		return fmt.Errorf("publish %s to %s: %w", eventType, subject, err)
+	}
+	return nil
+}

@@ -33,10 +33,12 @@ var dataTypes = map[string]func() any{
 	TypeArtifactFailed:    func() any { return new(Outcome) },
 	TypeArtifactDeleted:   func() any { return new(Outcome) },
 	TypeHookReceived:      func() any { return new(HookReceived) },
+	TypeDeliveryReported:  func() any { return new(DeliveryReport) },
 }
 
 // Message is a decoded bus message: the CloudEvent and its typed data, one of
-// *FetchRequested, *DeleteRequested, *Fetched, *Outcome or *HookReceived.
+// *FetchRequested, *DeleteRequested, *Fetched, *Outcome, *HookReceived or
+// *DeliveryReport.
 type Message struct {
 	Event cloudevents.Event
 	Data  any
@@ -110,8 +112,15 @@ func JobOf(data any) Job {
 	return Job{}
 }
 
-// validate checks what every consumer relies on: a job naming an object.
+// validate checks what every consumer relies on: a job naming an object,
+// or a report naming a Subscription.
 func validate(data any) error {
+	if r, ok := data.(*DeliveryReport); ok {
+		if r.Subscription.Namespace == "" || r.Subscription.Name == "" || r.Subscription.UID == "" {
+			return errors.New("delivery report does not name a subscription")
+		}
+		return nil
+	}
 	j := JobOf(data)
 	switch {
 	case j.ID == "":

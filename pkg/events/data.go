@@ -20,6 +20,10 @@ type ObjectRef struct {
 	UID string `json:"uid"`
 	// Generation is the metadata.generation the job was made from.
 	Generation int64 `json:"generation"`
+	// Labels are the object's metadata.labels when the job was made, so
+	// that subscribers can select sources by label (a Subscription's
+	// spec.sources.labelSelector). Added in v1 as an optional field.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Job identifies one reconcile of one source as it moves through the
@@ -330,3 +334,57 @@ type HookResource struct {
 
 // ReceiverKind is the Object.Kind of a HookReceived job.
 const ReceiverKind = "Receiver"
+
+// SubscriptionRef names a Subscription (events.headwater.dev) and pins the
+// object and spec a report is about.
+type SubscriptionRef struct {
+	// Namespace and Name identify the Subscription.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// UID is its metadata.uid: a report for a deleted and re-created
+	// Subscription of the same name is ignored.
+	UID string `json:"uid"`
+	// Generation is the metadata.generation the dispatcher delivered for.
+	Generation int64 `json:"generation"`
+}
+
+// DeliveryReport is the data of TypeDeliveryReported: what one dispatcher
+// replica did for one Subscription since its previous report. Counts are
+// increments, so the reports of several replicas add up.
+type DeliveryReport struct {
+	Subscription SubscriptionRef `json:"subscription"`
+	// Dispatcher names the replica that reports (its host name).
+	Dispatcher string `json:"dispatcher"`
+	// Delivered counts events the sink accepted (an HTTP 2xx, or stored
+	// on the Subscription's NATS subject).
+	Delivered int64 `json:"delivered,omitempty"`
+	// Failed counts failed attempts, the retried ones included.
+	Failed int64 `json:"failed,omitempty"`
+	// DeadLettered counts events given up after the last attempt.
+	DeadLettered int64 `json:"deadLettered,omitempty"`
+	// LastDelivered is when the last accepted event was delivered.
+	LastDelivered *time.Time `json:"lastDelivered,omitempty"`
+	// LastDeadLetter is the last event given up, if any since the
+	// previous report.
+	LastDeadLetter *DeadLetter `json:"lastDeadLetter,omitempty"`
+	// Problem, when set, is what keeps the dispatcher from delivering at
+	// all (an invalid selector, a missing Secret, a NATS consumer name
+	// taken by another Subscription); nil means it delivers.
+	Problem *Failure `json:"problem,omitempty"`
+}
+
+// DeadLetter records an event a Subscription's sink never accepted.
+type DeadLetter struct {
+	// EventID, EventType and Subject are the event's CloudEvent id, type
+	// and subject; the event itself stays on HEADWATER_EVENTS for a day.
+	EventID   string `json:"eventID"`
+	EventType string `json:"eventType"`
+	Subject   string `json:"subject"`
+	// Time is when the last attempt failed.
+	Time time.Time `json:"time"`
+	// Attempts is how many deliveries were tried.
+	Attempts int64 `json:"attempts"`
+	// Error is why the last attempt failed (the HTTP status, a timeout);
+	// it never contains credentials.
+	Error string `json:"error"`
+}

@@ -14,6 +14,8 @@
 //	fetcher   --FetchUnchanged/FetchFailed-->       headwater.jobs.publish.<kind>
 //	packager  --Packaged/PackageFailed/Deleted-->   headwater.jobs.publish.<kind>
 //	artifact-server --ArtifactStored/...-->         headwater.events.<kind>.<namespace>.<name>
+//	dispatcher --(the events of nats Subscriptions)-> headwater.subscriptions.<namespace>.<name>
+//	dispatcher --DeliveryReported-->                headwater.delivery.<namespace>.<name>
 //
 // Credentials never travel on the bus: jobs carry the names of Secrets, and
 // the fetcher reads them itself.

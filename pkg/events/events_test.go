@@ -23,6 +23,7 @@ func testJob() Job {
 		Object: ObjectRef{
 			Kind: "GitRepository", Namespace: "flux-system", Name: "podinfo.v2",
 			UID: "6b1f0c52-7c4e-4bde-9a0b-1b2c3d4e5f60", Generation: 7,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "podinfo"},
 		},
 		ReconcileToken: "2026-01-02T03:04:05Z",
 		RequestedAt:    time.Date(2026, 1, 2, 3, 4, 5, 600, time.UTC),
@@ -107,6 +108,20 @@ func sampleData() map[string]any {
 					MatchLabels: map[string]string{"team": "a"}},
 			},
 		},
+		TypeDeliveryReported: &DeliveryReport{
+			Subscription:  SubscriptionRef{Namespace: "team-a", Name: "ci", UID: "0c4e-uid", Generation: 2},
+			Dispatcher:    "dispatcher-7d9f",
+			Delivered:     12,
+			Failed:        5,
+			DeadLettered:  1,
+			LastDelivered: &time.Time{},
+			LastDeadLetter: &DeadLetter{
+				EventID: "0f3c-uid-7-token/io.headwater.artifact.stored.v1", EventType: TypeArtifactStored,
+				Subject: "gitrepository/flux-system/podinfo.v2", Time: time.Date(2026, 1, 2, 3, 4, 8, 0, time.UTC),
+				Attempts: 5, Error: "HTTP 500 Internal Server Error",
+			},
+			Problem: &Failure{Reason: "SecretNotFound", Message: "secret team-a/hmac not found"},
+		},
 	}
 }
 
@@ -129,7 +144,9 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			job := JobOf(data)
 			id := MessageID(job, typ)
 			subject := ObjectSubject(job.Object)
-			if want := "gitrepository/flux-system/podinfo.v2"; typ != TypeHookReceived && subject != want {
+			if r, ok := data.(*DeliveryReport); ok {
+				id, subject = "dispatcher-7d9f/1", "subscription/"+r.Subscription.Namespace+"/"+r.Subscription.Name
+			} else if want := "gitrepository/flux-system/podinfo.v2"; typ != TypeHookReceived && subject != want {
 				t.Fatalf("subject %q, want %q", subject, want)
 			} else if want := "receiver/flux-system/github"; typ == TypeHookReceived && subject != want {
 				t.Fatalf("subject %q, want %q", subject, want)
@@ -184,7 +201,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Errorf("data changed:\n got %s\nwant %s", got, want)
 			}
-			if j := JobOf(m.Data); j.ID != job.ID || j.Object != job.Object || !j.RequestedAt.Equal(job.RequestedAt) || j.ReconcileToken != job.ReconcileToken {
+			if j := JobOf(m.Data); j.ID != job.ID || !reflect.DeepEqual(j.Object, job.Object) || !j.RequestedAt.Equal(job.RequestedAt) || j.ReconcileToken != job.ReconcileToken {
 				t.Errorf("job %+v, want %+v", j, job)
 			}
 		})
@@ -399,6 +416,7 @@ func TestPublicType(t *testing.T) {
 		{TypeArtifactFailed, "", false},
 		{TypeArtifactDeleted, "", false},
 		{TypeHookReceived, "", false},
+		{TypeDeliveryReported, "", false},
 		{"", "", false},
 		{"io.headwater.job.package.succeeded.v2", "", false},
 	}
@@ -424,11 +442,14 @@ func TestPublicType(t *testing.T) {
 
 func TestJobOf(t *testing.T) {
 	for typ, data := range sampleData() {
+		if _, report := data.(*DeliveryReport); report {
+			continue // names a Subscription, not a job
+		}
 		if j := JobOf(data); j.ID != testJob().ID {
 			t.Errorf("%s: JobOf = %+v", typ, j)
 		}
 	}
-	if j := JobOf("not data"); j != (Job{}) {
+	if j := JobOf("not data"); !reflect.DeepEqual(j, Job{}) {
 		t.Errorf("JobOf(string) = %+v, want zero", j)
 	}
 }
@@ -504,10 +525,10 @@ func TestStreams(t *testing.T) {
 			t.Errorf("stream name %q is not a valid JetStream name", s.Name)
 		}
 	}
-	if got, want := slices.Sorted(maps.Keys(byName)), []string{EventStream, FetchStream, HookStream, PackageStream, PublishStream}; !slices.Equal(got, want) {
+	if got, want := slices.Sorted(maps.Keys(byName)), []string{DeliveryStream, EventStream, FetchStream, HookStream, PackageStream, PublishStream, SubscriptionStream}; !slices.Equal(got, want) {
 		t.Fatalf("streams %q, want %q", got, want)
 	}
-	for _, name := range []string{FetchStream, PackageStream, PublishStream, HookStream} {
+	for _, name := range []string{FetchStream, PackageStream, PublishStream, HookStream, DeliveryStream} {
 		if byName[name].Retention != jetstream.WorkQueuePolicy {
 			t.Errorf("%s: retention %v, want work queue", name, byName[name].Retention)
 		}

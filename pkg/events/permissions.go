@@ -17,16 +17,21 @@ const (
 	// ArtifactServerIdentity takes results and publishes the public
 	// events.
 	ArtifactServerIdentity = "artifact-server"
-	// SubscriberIdentity may only read the public events.
-	SubscriberIdentity = "subscriber"
+	// DispatcherIdentity delivers the public events to Subscriptions:
+	// it reads them through one consumer per Subscription, republishes
+	// those of `nats` Subscriptions and reports deliveries to the watcher.
+	DispatcherIdentity = "dispatcher"
 	// ReceiverIdentity is the internet-facing webhook receiver: it may
-	// only publish the hooks it accepted.
+	// publish the hooks it accepted, and nothing else.
 	ReceiverIdentity = "receiver"
+	// SubscriberIdentity may only read the public events, and pull from
+	// the durable consumers of `nats` Subscriptions.
+	SubscriberIdentity = "subscriber"
 )
 
 // Identities lists every identity, services first.
 func Identities() []string {
-	return []string{WatcherIdentity, FetcherIdentity, PackagerIdentity, ArtifactServerIdentity, ReceiverIdentity, SubscriberIdentity}
+	return []string{WatcherIdentity, FetcherIdentity, PackagerIdentity, ArtifactServerIdentity, ReceiverIdentity, DispatcherIdentity, SubscriberIdentity}
 }
 
 // InboxPrefix is the prefix of the reply subjects an identity's
@@ -44,30 +49,49 @@ type Permission struct {
 type role struct {
 	// publishes are the subject prefixes it publishes jobs or events on.
 	publishes []string
-	// streams it consumes, if any, each with the durable consumer named
-	// consumer.
-	streams  []string
-	consumer string
+	// stream and consumer it consumes, if any.
+	stream, consumer string
 	// readsStream lets it read messages of its stream by sequence (the
 	// packager's janitors list the jobs still waiting).
 	readsStream bool
+	// also are further streams and consumers it consumes (the watcher's
+	// delivery reports); a consumer "*" is any consumer of that stream.
+	also []streamConsumer
+	// owns is a stream it owns without consuming it.
+	owns string
+	// manages are streams on which it creates, updates and deletes any
+	// consumer (the dispatcher's consumers for `nats` Subscriptions).
+	manages []string
 }
+
+// streamConsumer is a durable consumer on a stream.
+type streamConsumer struct{ stream, consumer string }
 
 func roleOf(identity string) (role, bool) {
 	switch identity {
 	case WatcherIdentity:
 		// Deletion jobs go to the packagers.
-		// It also turns the hooks receivers accepted into fetch jobs.
-		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, streams: []string{EventStream, HookStream}, consumer: WatcherConsumer}, true
+		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, stream: EventStream, consumer: WatcherConsumer,
+			// It also writes the Subscriptions' status from the delivery
+			// reports, and turns the hooks receivers accepted into fetch jobs.
+			also: []streamConsumer{{DeliveryStream, WatcherConsumer}, {HookStream, WatcherConsumer}}}, true
 	case FetcherIdentity:
-		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, streams: []string{FetchStream}, consumer: FetcherConsumer}, true
+		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, stream: FetchStream, consumer: FetcherConsumer}, true
 	case PackagerIdentity:
-		return role{publishes: []string{PublishSubjectPrefix}, streams: []string{PackageStream}, consumer: PackagerConsumer, readsStream: true}, true
+		return role{publishes: []string{PublishSubjectPrefix}, stream: PackageStream, consumer: PackagerConsumer, readsStream: true}, true
 	case ArtifactServerIdentity:
-		return role{publishes: []string{EventSubjectPrefix}, streams: []string{PublishStream}, consumer: ArtifactServerConsumer}, true
+		return role{publishes: []string{EventSubjectPrefix}, stream: PublishStream, consumer: ArtifactServerConsumer}, true
 	case ReceiverIdentity:
 		// Internet-facing: it consumes nothing and publishes only hooks.
 		return role{publishes: []string{HookSubjectPrefix}}, true
+	case DispatcherIdentity:
+		// One consumer per Subscription on the event stream, named by
+		// its UID: NATS permissions cannot match a prefix of a token, so
+		// the dispatcher may use any consumer name there (see
+		// docs/design.md, "Subscriptions").
+		return role{publishes: []string{DeliverySubjectPrefix, SubscriptionSubjectPrefix},
+			also: []streamConsumer{{EventStream, "*"}}, owns: SubscriptionStream,
+			manages: []string{EventStream, SubscriptionStream}}, true
 	case SubscriberIdentity:
 		return role{}, true
 	}
@@ -80,8 +104,17 @@ func roleOf(identity string) (role, bool) {
 // exists with another configuration), so services start in any order.
 func StreamOwner(stream string) string {
 	for _, id := range Identities() {
-		if r, _ := roleOf(id); slices.Contains(r.streams, stream) {
+		r, _ := roleOf(id)
+		if r.stream == stream || r.owns == stream {
 			return id
+		}
+	}
+	for _, id := range Identities() {
+		r, _ := roleOf(id)
+		for _, c := range r.also {
+			if c.stream == stream && c.consumer != "*" {
+				return id
+			}
 		}
 	}
 	return ""
@@ -97,8 +130,20 @@ func Permissions(identity string) (p Permission, ok bool) {
 	if !ok {
 		return Permission{}, false
 	}
+	api := "$JS.API.CONSUMER."
 	if identity == SubscriberIdentity {
-		return Permission{Subscribe: []string{EventSubjectPrefix + ".>"}}, true
+		// It pulls from the consumers the dispatcher made for `nats`
+		// Subscriptions; no Headwater service consumes that stream.
+		p.Publish = []string{
+			"$JS.API.INFO",
+			"$JS.API.STREAM.INFO." + SubscriptionStream,
+			api + "INFO." + SubscriptionStream + ".*",
+			api + "MSG.NEXT." + SubscriptionStream + ".*",
+			"$JS.ACK." + SubscriptionStream + ".>",
+		}
+		p.Subscribe = []string{EventSubjectPrefix + ".>", InboxPrefix(identity) + ".>"}
+		slices.Sort(p.Publish)
+		return p, true
 	}
 	for _, prefix := range r.publishes {
 		p.Publish = append(p.Publish, prefix+".>")
@@ -106,23 +151,34 @@ func Permissions(identity string) (p Permission, ok bool) {
 	p.Publish = append(p.Publish, "$JS.API.INFO")
 	for _, s := range Streams(1) {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.INFO."+s.Name, "$JS.API.STREAM.CREATE."+s.Name)
-	}
-	api := "$JS.API.CONSUMER."
-	for _, stream := range r.streams {
-		p.Publish = append(p.Publish,
-			"$JS.API.STREAM.UPDATE."+stream,
-			api+"CREATE."+stream+"."+r.consumer,
-			api+"CREATE."+stream+"."+r.consumer+".>",
-			api+"DURABLE.CREATE."+stream+"."+r.consumer,
-			api+"INFO."+stream+"."+r.consumer,
-			api+"MSG.NEXT."+stream+"."+r.consumer,
-			"$JS.ACK."+stream+"."+r.consumer+".>",
-		)
-		if r.readsStream {
-			p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+stream)
+		if StreamOwner(s.Name) == identity {
+			p.Publish = append(p.Publish, "$JS.API.STREAM.UPDATE."+s.Name)
 		}
+	}
+	consumers := r.also
+	if r.stream != "" {
+		consumers = append([]streamConsumer{{r.stream, r.consumer}}, consumers...)
+	}
+	for _, c := range consumers {
+		p.Publish = append(p.Publish,
+			api+"CREATE."+c.stream+"."+c.consumer,
+			api+"CREATE."+c.stream+"."+c.consumer+".>",
+			api+"DURABLE.CREATE."+c.stream+"."+c.consumer,
+			api+"INFO."+c.stream+"."+c.consumer,
+			api+"MSG.NEXT."+c.stream+"."+c.consumer,
+			"$JS.ACK."+c.stream+"."+c.consumer+".>",
+		)
+	}
+	for _, s := range r.manages {
+		p.Publish = append(p.Publish,
+			api+"CREATE."+s+".*", api+"CREATE."+s+".*.>", api+"DURABLE.CREATE."+s+".*",
+			api+"INFO."+s+".*", api+"DELETE."+s+".*")
+	}
+	if r.readsStream {
+		p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+r.stream)
 	}
 	p.Subscribe = []string{InboxPrefix(identity) + ".>"}
 	slices.Sort(p.Publish)
+	p.Publish = slices.Compact(p.Publish)
 	return p, true
 }

@@ -19,6 +19,12 @@ const (
 	// HookStream holds the webhooks receivers accepted until the watcher
 	// has turned them into fetch jobs.
 	HookStream = "HEADWATER_HOOKS"
+	// DeliveryStream holds the dispatcher's delivery reports until the
+	// watcher has written them into the Subscriptions' status.
+	DeliveryStream = "HEADWATER_DELIVERY"
+	// SubscriptionStream keeps the events the dispatcher selected for
+	// each `nats` Subscription, for its durable consumer.
+	SubscriptionStream = "HEADWATER_SUBSCRIPTIONS"
 )
 
 // Durable consumer names, one per service; replicas of a service share it,
@@ -29,6 +35,11 @@ const (
 	ArtifactServerConsumer = "artifact-server"
 	WatcherConsumer        = "watcher"
 )
+
+// SubscriptionConsumer is the durable consumer on EventStream that the
+// dispatcher replicas share for one Subscription, named by its UID: each
+// Subscription has its own, so a slow or dead sink only holds up its own.
+func SubscriptionConsumer(uid string) string { return "subscription-" + token(uid) }
 
 // DuplicateWindow is how long JetStream remembers message IDs: a job
 // published twice within it is stored once.
@@ -60,6 +71,7 @@ func Streams(replicas int) []jetstream.StreamConfig {
 		job(PackageStream, PackageSubjectPrefix, "Headwater packaging and deletion jobs"),
 		job(PublishStream, PublishSubjectPrefix, "Headwater job results waiting to be announced"),
 		job(HookStream, HookSubjectPrefix, "Headwater webhooks accepted by a receiver, waiting for the watcher"),
+		job(DeliveryStream, DeliverySubjectPrefix, "Headwater delivery reports for the Subscriptions' status"),
 		{
 			Name:              EventStream,
 			Description:       "Headwater public CloudEvents, per source",
@@ -71,6 +83,17 @@ func Streams(replicas int) []jetstream.StreamConfig {
 			MaxMsgsPerSubject: 16,
 			Discard:           jetstream.DiscardOld,
 			Replicas:          replicas,
+		},
+		{
+			Name:        SubscriptionStream,
+			Description: "Headwater public CloudEvents selected for each nats Subscription",
+			Subjects:    []string{SubscriptionSubjectPrefix + ".>"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Duplicates:  DuplicateWindow,
+			MaxAge:      24 * time.Hour,
+			Discard:     jetstream.DiscardOld,
+			Replicas:    replicas,
 		},
 	}
 }

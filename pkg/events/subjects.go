@@ -18,7 +18,38 @@ const (
 	EventSubjectPrefix = "headwater.events"
 	// HookSubjectPrefix is the prefix of the webhook subjects.
 	HookSubjectPrefix = "headwater.hooks"
+	// DeliverySubjectPrefix is the prefix of the dispatcher's delivery
+	// reports to the watcher.
+	DeliverySubjectPrefix = "headwater.delivery"
+	// SubscriptionSubjectPrefix is the prefix of the subjects the
+	// dispatcher republishes a `nats` Subscription's events on.
+	SubscriptionSubjectPrefix = "headwater.subscriptions"
 )
+
+// DeliverySubject is where the dispatcher reports on a Subscription:
+// headwater.delivery.<namespace>.<name>.
+func DeliverySubject(namespace, name string) string {
+	return DeliverySubjectPrefix + "." + token(namespace) + "." + token(name)
+}
+
+// SubscriptionSubject is where the events a `nats` Subscription selected
+// are republished, for its durable consumer:
+// headwater.subscriptions.<namespace>.<name>.
+func SubscriptionSubject(namespace, name string) string {
+	return SubscriptionSubjectPrefix + "." + token(namespace) + "." + token(name)
+}
+
+// SourceFilterSubject is the public subject pattern of the events of the
+// given kind, namespace and name, an empty value matching any (as "*").
+func SourceFilterSubject(kind, namespace, name string) string {
+	tok := func(s string) string {
+		if s == "" {
+			return "*"
+		}
+		return token(s)
+	}
+	return EventSubjectPrefix + "." + tok(kind) + "." + tok(namespace) + "." + tok(name)
+}
 
 // FetchSubject is where fetch jobs for a kind are published.
 func FetchSubject(kind string) string { return FetchSubjectPrefix + "." + token(kind) }

@@ -62,6 +62,18 @@ const (
 	TypeArtifactDeleted = "io.headwater.artifact.deleted.v1"
 )
 
+// Subscription types (see docs/events.md, "Subscriptions"): the dispatcher
+// tells the watcher how delivery to a Subscription goes, so that the
+// watcher, which alone writes to the Kubernetes API, keeps its status.
+const (
+	// TypeDeliveryReported reports a dispatcher's deliveries for one
+	// Subscription since its previous report: counts, the last delivery,
+	// the last dead letter and any problem with the Subscription itself.
+	// Data: DeliveryReport. Published by the dispatcher on
+	// DeliverySubject(namespace, name).
+	TypeDeliveryReported = "io.headwater.subscription.delivery.reported.v1"
+)
+
 // PublicType maps an internal result type to the public type the
 // artifact-server announces it as; ok is false for types that are not results.
 func PublicType(internal string) (public string, ok bool) {

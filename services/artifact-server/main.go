@@ -46,7 +46,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 			"replaced by localhost and 0.0.0.0 or :: by this machine's hostname.")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "Job results announced at once.")
 	fs.Var(&o.sinks, "event-sink-url",
-		"HTTP endpoint that also receives every public CloudEvent (binary HTTP binding); repeatable or comma-separated.")
+		"Deprecated: use a Subscription (events.headwater.dev), delivered with retries and signatures by the dispatcher. "+
+			"HTTP endpoint that also receives every public CloudEvent (binary HTTP binding), best effort; repeatable or comma-separated.")
 }
 
 func main() {

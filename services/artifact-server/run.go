@@ -50,6 +50,9 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	if len(o.sinks) > 0 {
+		log.Info("-event-sink-url is deprecated: declare a Subscription (events.headwater.dev/v1alpha1) instead, which the dispatcher delivers with retries, signatures and dead letters")
+	}
 	advertised := o.advAddr
 	if advertised == "" {
 		advertised = httpserver.AdvertisedAddr(o.addr)

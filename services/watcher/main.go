@@ -29,6 +29,7 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -38,6 +39,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/subscriptions"
 )
 
 // service names the watcher on the bus, in logs and in metrics.
@@ -129,6 +131,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if err := sourcev1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := eventsv1alpha1.AddToScheme(scheme); err != nil {
 		return err
 	}
 	if o.receivers {
@@ -234,6 +239,17 @@ func run(ctx context.Context, o options) error {
 		Metrics:     jobMetrics,
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
 		Log:         log.WithName("results"),
+	}); err != nil {
+		return err
+	}
+	// Subscriptions: the dispatcher reports, the watcher keeps status.
+	if err := mgr.Add(&subscriptions.Consumer{
+		Conn:        conn,
+		Client:      mgr.GetClient(),
+		Live:        mgr.GetAPIReader(),
+		Concurrency: 2,
+		Metrics:     jobMetrics,
+		Log:         log.WithName("subscriptions"),
 	}); err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ import (
 // run starts Headwater, shows the walkthrough and waits for ctx to end (or a
 // service to die), then stops everything it started.
 func run(ctx context.Context, o options, p *walkthrough.Printer) (err error) {
-	cfg := harness.Config{ExtraArgs: map[string][]string{}, Progress: p.Step}
+	cfg := harness.Config{ExtraArgs: map[string][]string{}, Progress: p.Step, Dispatcher: true}
 	for _, d := range []struct {
 		dst *string
 		src string

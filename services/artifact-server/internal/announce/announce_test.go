@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -246,7 +247,7 @@ func TestAnnounceEveryResultType(t *testing.T) {
 			if ev.Subject() != "gitrepository/flux-system/"+tt.name {
 				t.Errorf("subject = %q", ev.Subject())
 			}
-			if out.Job.ID != tt.outcome.Job.ID || out.Job.Object != tt.outcome.Job.Object || !out.Job.RequestedAt.Equal(tt.outcome.Job.RequestedAt) {
+			if out.Job.ID != tt.outcome.Job.ID || !reflect.DeepEqual(out.Job.Object, tt.outcome.Job.Object) || !out.Job.RequestedAt.Equal(tt.outcome.Job.RequestedAt) {
 				t.Errorf("job = %+v, want %+v", out.Job, tt.outcome.Job)
 			}
 			if out.Revision != tt.outcome.Revision || out.EventMessage != tt.outcome.EventMessage || len(out.Notices) != len(tt.outcome.Notices) {

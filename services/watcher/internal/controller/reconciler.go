@@ -319,5 +319,6 @@ func ref(kind string, obj source.Object) events.ObjectRef {
 		Name:       obj.GetName(),
 		UID:        string(obj.GetUID()),
 		Generation: obj.GetGeneration(),
+		Labels:     obj.GetLabels(),
 	}
 }
