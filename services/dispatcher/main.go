@@ -19,14 +19,13 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/dispatcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/dispatcher/internal/deliver"
@@ -77,7 +76,7 @@ func run(ctx context.Context, o options) error {
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(log)
-	cfg, err := restConfig(o.kubeconfig)
+	cfg, err := kubeconfig.Load(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -151,19 +150,3 @@ func (f leaderless) Start(ctx context.Context) error { return f(ctx) }
 
 // NeedLeaderElection is false: every replica delivers.
 func (leaderless) NeedLeaderElection() bool { return false }
-
-// restConfig loads the kubeconfig flag, then $KUBECONFIG, then in-cluster.
-func restConfig(path string) (*rest.Config, error) {
-	if path != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes config: %w", err)
-	}
-	return cfg, nil
-}

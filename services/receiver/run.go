@@ -12,13 +12,12 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 
 	"github.com/headwater-gitops/headwater/services/receiver/internal/hook"
@@ -39,7 +38,7 @@ const (
 func run(ctx context.Context, o options) error {
 	log := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(log)
-	cfg, err := restConfig(o.kubeconfig)
+	cfg, err := kubeconfig.Load(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -129,20 +128,4 @@ func run(ctx context.Context, o options) error {
 		shutErr = fmt.Errorf("http shutdown: %w", shutErr)
 	}
 	return errors.Join(<-serveErr, shutErr, <-cacheErr)
-}
-
-// restConfig loads the kubeconfig flag, then $KUBECONFIG, then in-cluster.
-func restConfig(path string) (*rest.Config, error) {
-	if path != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes config: %w", err)
-	}
-	return cfg, nil
 }

@@ -20,8 +20,6 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,6 +30,7 @@ import (
 	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
@@ -117,7 +116,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := restConfig(o.kubeconfig)
+	cfg, err := kubeconfig.Load(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -256,20 +255,4 @@ func run(ctx context.Context, o options) error {
 	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
 		"notifications", notifier != nil, "receivers", o.receivers)
 	return mgr.Start(ctx)
-}
-
-// restConfig loads the kubeconfig flag, then $KUBECONFIG, then in-cluster.
-func restConfig(path string) (*rest.Config, error) {
-	if path != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes config: %w", err)
-	}
-	return cfg, nil
 }
