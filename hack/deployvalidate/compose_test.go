@@ -21,6 +21,10 @@ func TestCompose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every profile: the optional services are checked too.
+	if p, err = p.WithProfiles([]string{"*"}); err != nil {
+		t.Fatal(err)
+	}
 	flags, err := AllServiceFlags(root)
 	if err != nil {
 		t.Fatal(err)
