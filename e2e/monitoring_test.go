@@ -13,7 +13,11 @@ import (
 	"testing"
 	"time"
 
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 )
 
 // monitoringDir holds the Grafana dashboard and the alert rules.
@@ -41,9 +45,28 @@ func TestMonitoringMetricsExist(t *testing.T) {
 	}
 
 	const name = "monitoring"
+	// Two Subscriptions of the source, so the delivery families have
+	// series: one sink takes its events, the other refuses them until its
+	// one attempt is a dead letter.
+	selector := v1alpha1.SourceSelector{Namespaces: []string{namespace},
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"e2e.headwater.dev/team": name}}}
+	ok, okURL := newSink(t, nil, http.StatusOK)
+	_, deadURL := newSink(t, nil, http.StatusServiceUnavailable)
+	createSubscription(t, &v1alpha1.Subscription{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.SubscriptionSpec{Sources: selector, HTTP: &v1alpha1.HTTPSink{URL: okURL}}})
+	createSubscription(t, &v1alpha1.Subscription{ObjectMeta: metav1.ObjectMeta{Name: name + "-dead"},
+		Spec: v1alpha1.SubscriptionSpec{Sources: selector, HTTP: &v1alpha1.HTTPSink{URL: deadURL, MaxAttempts: 1}}})
 	_, c := newRepo(t, name, map[string]string{"README.md": "# " + name + "\n"})
-	createSource(t, name, env.Git.RepoURL(name), branch)
-	waitArtifact(t, name, revision(c))
+	createSource(t, name, env.Git.RepoURL(name), branch, func(g *sourcev1.GitRepository) {
+		g.Labels = map[string]string{"e2e.headwater.dev/team": name}
+	})
+	src := waitArtifact(t, name, revision(c))
+	// A download, so the artifact-server's request families have series.
+	if body := download(t, src.Status.Artifact.URL); sha256Digest(body) != src.Status.Artifact.Digest {
+		t.Fatalf("the artifact downloads with digest %s, status says %s", sha256Digest(body), src.Status.Artifact.Digest)
+	}
+	ok.waitStored(t, name, revision(c))
+	waitSubscription(t, name+"-dead", metav1.ConditionFalse, v1alpha1.DeliveryFailedReason)
 
 	eventually(t, "every metric the dashboard and the alerts use is served", func() error {
 		served, err := servedFamilies()

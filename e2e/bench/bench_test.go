@@ -92,7 +92,12 @@ func BenchmarkSources(b *testing.B) {
 			b.Run(id+"-"+string(sys), func(b *testing.B) {
 				ms, err := run(sys)
 				got[sys], errs[sys] = ms, err
-				if err != nil {
+				switch {
+				case err != nil && sys == Flux:
+					// What Flux cannot do is a result of the comparison,
+					// shown in the table, not a failure of the benchmark.
+					b.Logf("Flux: %v", err)
+				case err != nil:
 					b.Error(err)
 				}
 				if len(ms) > 0 && ms[0] != nil {

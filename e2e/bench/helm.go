@@ -109,12 +109,30 @@ type readyObject interface {
 	GetConditions() []metav1.Condition
 }
 
-// waitReady polls the object name until it is Ready.
+// failingFor is how long an object may stay Ready=False with one message
+// before waitReady gives up on it: a failure that outlasts the controller's
+// retries for that long is the system's answer, not a step on the way.
+const failingFor = 2 * time.Minute
+
+// waitReady polls the object name until it is Ready, or until it has been
+// Ready=False with the same message for failingFor.
 func waitReady(ctx context.Context, c client.Client, obj readyObject, name string) error {
+	var failing string
+	var since time.Time
 	for {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err == nil {
-			if cond := apimeta.FindStatusCondition(obj.GetConditions(), meta.ReadyCondition); cond != nil && cond.Status == metav1.ConditionTrue {
+			cond := apimeta.FindStatusCondition(obj.GetConditions(), meta.ReadyCondition)
+			switch {
+			case cond != nil && cond.Status == metav1.ConditionTrue:
 				return nil
+			case cond != nil && cond.Status == metav1.ConditionFalse && cond.Message != "":
+				if cond.Message != failing {
+					failing, since = cond.Message, time.Now()
+				} else if time.Since(since) >= failingFor {
+					return fmt.Errorf("%T %s not Ready for %s: %s: %s", obj, name, failingFor, cond.Reason, cond.Message)
+				}
+			default:
+				failing = ""
 			}
 		}
 		if !sleep(ctx, 100*time.Millisecond) {
