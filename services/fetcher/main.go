@@ -52,6 +52,8 @@ type options struct {
 	refCacheTTL time.Duration
 	// contentCache reuses the artifacts of identical content.
 	contentCache bool
+	// verifyInterval is how long a verified stored artifact is trusted.
+	verifyInterval time.Duration
 	// helmIndexMaxSize bounds a Helm repository index.
 	helmIndexMaxSize int64
 	// helmChartMaxSize bounds a chart archive, helmChartFileMaxSize a file
@@ -75,6 +77,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.bucketConcurrency, "bucket-concurrency", bucketfetch.DefaultConcurrency, "Objects of one Bucket downloaded at once.")
 	fs.DurationVar(&o.refCacheTTL, "ref-cache-ttl", gitfetch.DefaultRefCacheTTL,
 		"How long a Git remote's reference listing answers other fetches of the same remote with the same credentials; 0 disables sharing.")
+	fs.DurationVar(&o.verifyInterval, "artifact-verify-interval", fetch.DefaultVerifyInterval,
+		"How long an unchanged reconcile trusts a stored artifact this fetcher read and found intact, while storage reports the same size and modification time (ETag); 0 reads it through on every reconcile, as Flux.")
 	fs.BoolVar(&o.contentCache, "content-cache", true,
 		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again.")
 	fs.Int64Var(&o.helmIndexMaxSize, "helm-index-max-size", helmfetch.DefaultMaxIndexSize, "Largest Helm repository index fetched, in bytes.")
@@ -107,6 +111,9 @@ func run(ctx context.Context, o options) error {
 	helmchartfetch.SetMaxChartFileSize(o.helmChartFileMaxSize)
 	if o.refCacheTTL < 0 {
 		return errors.New("--ref-cache-ttl must not be negative")
+	}
+	if o.verifyInterval < 0 {
+		return errors.New("--artifact-verify-interval must not be negative")
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	ctrllog.SetLogger(log)
@@ -175,6 +182,7 @@ func run(ctx context.Context, o options) error {
 		Metrics:      fetch.NewMetrics(reg),
 		ContentCache: o.contentCache,
 		Provenance:   checker,
+		Verified:     &fetch.Verified{Interval: o.verifyInterval},
 	}
 	worker := &bus.Worker{
 		Service:     service,

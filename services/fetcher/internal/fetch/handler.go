@@ -71,6 +71,10 @@ type Handler struct {
 	// names before anything is read or fetched for it: a stale job is
 	// dropped, a forged one rejected. Nil without a cluster.
 	Provenance *provenance.Checker
+	// Verified, when set, lets an unchanged reconcile skip reading a
+	// stored artifact this fetcher verified recently and storage still
+	// describes the same way (see Verified); nil reads it every time.
+	Verified *Verified
 }
 
 // Handle is a bus.Handler for the fetch stream. A failed fetch is a
@@ -429,10 +433,28 @@ func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, r
 // verify checks that the previous artifact is stored intact. It returns the
 // notice to carry when it is not; an error only when storage cannot tell.
 func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Notice, error) {
+	var info storage.Info
+	statted := false
+	if h.Verified != nil {
+		// What storage says of the artifact before it is read: if it says
+		// the same next time, the read can be skipped for a while.
+		if i, err := h.Storage.Stat(ctx, prev.Path); err == nil {
+			if h.Verified.Fresh(prev, i) {
+				return nil, nil
+			}
+			info, statted = i, true
+		}
+	}
 	err := storage.Verify(ctx, h.Storage, prev.Path, prev.Digest)
+	if err != nil {
+		h.Verified.Forget(prev)
+	}
 	var mismatch *storage.DigestMismatchError
 	switch {
 	case err == nil:
+		if statted {
+			h.Verified.Remember(prev, info)
+		}
 		return nil, nil
 	case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrInvalidKey):
 		return &events.Notice{Warning: true, Reason: ArtifactMissingReason,
