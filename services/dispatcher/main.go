@@ -41,9 +41,7 @@ type options struct {
 	bus       bus.Options
 	telemetry telemetry.Options
 
-	kubeconfig     string
-	kubeAPIQPS     float64
-	kubeAPIBurst   int
+	kube           kubeconfig.Options
 	concurrency    int
 	reportInterval time.Duration
 }
@@ -51,10 +49,7 @@ type options struct {
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.bus.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9104")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
-	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", -1,
-		"Client-side limit of Kubernetes API requests per second; -1 leaves throttling to the API server's priority and fairness.")
-	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
+	o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Events of one Subscription delivered at once, per replica.")
 	fs.DurationVar(&o.reportInterval, "report-interval", 2*time.Second,
 		"Longest a delivery report waits before it is sent to the watcher (a dead letter is sent at once).")
@@ -76,11 +71,10 @@ func run(ctx context.Context, o options) error {
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(log)
-	cfg, err := kubeconfig.Load(o.kubeconfig)
+	cfg, err := o.kube.Load()
 	if err != nil {
 		return err
 	}
-	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err

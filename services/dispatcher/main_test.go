@@ -21,7 +21,7 @@ func TestFlagDefaults(t *testing.T) {
 	if err := command.ParseArgs(fs, []string{"-concurrency=3"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if o.telemetry.Addr != ":9104" || o.concurrency != 3 || o.reportInterval != 500*time.Millisecond || o.kubeAPIQPS != -1 {
+	if o.telemetry.Addr != ":9104" || o.concurrency != 3 || o.reportInterval != 500*time.Millisecond || o.kube.QPS != -1 {
 		t.Errorf("options = %+v", o)
 	}
 }

@@ -50,7 +50,7 @@ type options struct {
 	bus       bus.Options
 	telemetry telemetry.Options
 
-	kubeconfig              string
+	kube                    kubeconfig.Options
 	healthAddr              string
 	leaderElect             bool
 	leaderElectionNamespace string
@@ -58,8 +58,6 @@ type options struct {
 	eventConcurrency        int
 	intervalJitter          float64
 	requeueDependency       time.Duration
-	kubeAPIQPS              float64
-	kubeAPIBurst            int
 	jobKeyFile              string
 	eventsAddr              string
 	// receivers serves Flux's Receivers (the receivers component).
@@ -71,7 +69,7 @@ type options struct {
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.bus.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9100")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
+	o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
 	fs.StringVar(&o.healthAddr, "health-addr", ":9110", "Address serving /healthz and /readyz.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader among replicas; only the leader reconciles.")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
@@ -81,9 +79,6 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux).")
 	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
 		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
-	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", -1,
-		"Client-side limit of Kubernetes API requests per second; -1 leaves throttling to the API server's priority and fairness.")
-	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
 		"File holding the secret (32 bytes or more) every watcher replica seals its jobs with; default: the bus identity's -nats-nkey, then -nats-creds.")
 	fs.StringVar(&o.eventsAddr, "events-addr", "",
@@ -116,15 +111,10 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := kubeconfig.Load(o.kubeconfig)
+	cfg, err := o.kube.Load()
 	if err != nil {
 		return err
 	}
-	// Any kubeconfig source leaves QPS at 0, which client-go reads as its
-	// own default of 5 requests per second: far too few for thousands of
-	// sources. Flux's flags set it explicitly; -1 disables client-side
-	// throttling in favour of the API server's priority and fairness.
-	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err

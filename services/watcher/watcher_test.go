@@ -28,6 +28,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
@@ -66,12 +67,12 @@ func startEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeconfig, err := user.KubeConfig()
+	kubeconfigData, err := user.KubeConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
 	kubeconfigPath := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+	if err := os.WriteFile(kubeconfigPath, kubeconfigData, 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -82,7 +83,7 @@ func startEnv(t *testing.T) *env {
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 
 	ctx, cancel := context.WithCancel(context.Background())
-	o := options{kubeconfig: kubeconfigPath, healthAddr: "0", leaderElect: true,
+	o := options{kube: kubeconfig.Options{Path: kubeconfigPath}, healthAddr: "0", leaderElect: true,
 		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2, requeueDependency: time.Second,
 		sourceMetricsInterval: 100 * time.Millisecond}
 	o.bus.URL = ns.ClientURL()

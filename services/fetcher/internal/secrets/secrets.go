@@ -18,10 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 )
 
@@ -61,19 +60,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 // default of 5 requests per second (20 with controller-runtime's loader)
 // would make a burst of a thousand jobs wait a minute for nothing.
 func (o *Options) RESTConfig() (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-			&clientcmd.ClientConfigLoadingRules{ExplicitPath: o.Kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
-		if err != nil {
-			return nil, fmt.Errorf("load kubeconfig %s: %w", o.Kubeconfig, err)
-		}
-	} else if cfg, err = config.GetConfig(); err != nil {
-		return nil, fmt.Errorf("load kubernetes config: %w", err)
-	}
-	cfg.QPS, cfg.Burst = float32(o.QPS), o.Burst
-	return cfg, nil
+	return kubeconfig.Options{Path: o.Kubeconfig, QPS: o.QPS, Burst: o.Burst}.Load()
 }
 
 // NewReader returns a Reader on the configured cluster. When no cluster is
