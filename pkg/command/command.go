@@ -95,6 +95,32 @@ func ServeProfiles(ctx context.Context, addr string) error {
 	return nil
 }
 
+// Serve serves srv on ln until ctx ends, then shuts it down gracefully,
+// waiting at most timeout for the requests in progress. It returns early,
+// with the error, if the server fails; otherwise what the shutdown
+// returned.
+func Serve(ctx context.Context, srv *http.Server, ln net.Listener, timeout time.Duration) error {
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case err := <-serveErr:
+		// ctx is still running: the server failed on its own.
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var shutErr error
+	if err := srv.Shutdown(sctx); err != nil {
+		shutErr = fmt.Errorf("http shutdown: %w", err)
+	}
+	err := <-serveErr
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, shutErr)
+}
+
 // ErrVersion is what ParseArgs returns once it has printed the version for
 // -version: the caller exits, successfully.
 var ErrVersion = errors.New("version printed")

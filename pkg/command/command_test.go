@@ -118,3 +118,57 @@ func TestServeProfiles(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestServe serves until its context ends: a request in progress at that
+// moment is answered before Serve returns, and a server that cannot serve
+// returns its error at once.
+func TestServe(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(started)
+		<-release
+		_, _ = w.Write([]byte("done"))
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- Serve(ctx, srv, ln, 10*time.Second) }()
+
+	answer := make(chan string, 1)
+	go func() {
+		resp, err := http.Get("http://" + ln.Addr().String())
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answer <- string(b)
+	}()
+	<-started
+	cancel()
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned %v with a request in progress", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if got := <-answer; got != "done" {
+		t.Errorf("the request in progress got %q, want it answered", got)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve after its context ended: %v", err)
+	}
+
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = closed.Close()
+	if err := Serve(context.Background(), &http.Server{}, closed, time.Second); err == nil {
+		t.Error("Serve on a closed listener returned nil")
+	}
+}

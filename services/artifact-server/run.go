@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -93,11 +94,7 @@ func run(ctx context.Context, o options) error {
 
 	serveErr := make(chan error, 1)
 	go func() {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		}
-		serveErr <- err
+		serveErr <- command.Serve(ctx, srv, ln, shutdownTimeout)
 		cancel()
 	}()
 	sinksDone := make(chan struct{})
@@ -111,12 +108,6 @@ func run(ctx context.Context, o options) error {
 	workErr := worker.Run(ctx)
 	cancel()
 	log.Info("shutting down")
-	sctx, scancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer scancel()
-	shutErr := srv.Shutdown(sctx)
-	if shutErr != nil {
-		shutErr = fmt.Errorf("http shutdown: %w", shutErr)
-	}
 	<-sinksDone
-	return errors.Join(workErr, <-serveErr, shutErr)
+	return errors.Join(workErr, <-serveErr)
 }

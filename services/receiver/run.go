@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 
@@ -108,24 +109,9 @@ func run(ctx context.Context, o options) error {
 		_ = ln.Close()
 		return err
 	}
-	serveErr := make(chan error, 1)
-	go func() {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		}
-		serveErr <- err
-		cancel()
-	}()
 	log.Info("serving webhooks", "addr", ln.Addr().String())
-
-	<-ctx.Done()
-	log.Info("shutting down")
-	sctx, scancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer scancel()
-	shutErr := srv.Shutdown(sctx)
-	if shutErr != nil {
-		shutErr = fmt.Errorf("http shutdown: %w", shutErr)
-	}
-	return errors.Join(<-serveErr, shutErr, <-cacheErr)
+	context.AfterFunc(ctx, func() { log.Info("shutting down") })
+	serveErr := command.Serve(ctx, srv, ln, shutdownTimeout)
+	cancel()
+	return errors.Join(serveErr, <-cacheErr)
 }
