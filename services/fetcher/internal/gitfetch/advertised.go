@@ -85,7 +85,7 @@ func (r *resolved) fetchListed(ctx context.Context, st storage.Storer) (err erro
 		return errNotListed
 	}
 	name, _ := strings.CutSuffix(r.reference, tagDereferenceSuffix)
-	tip, ok := newListed(r.adv.refs).refs[name]
+	tip, ok := r.refs.refs[name]
 	if !ok {
 		return errNotListed
 	}

@@ -151,9 +151,11 @@ type resolved struct {
 	// refCache shares listings.
 	refCache *RefCache
 	// listed is true once the remote answered a listing with this
-	// source's credentials; adv is that listing.
+	// source's credentials; adv is that listing, refs its references by
+	// name.
 	listed bool
 	adv    *advertised
+	refs   *listed
 	// freshAfter, when set, is the time a shared listing must have started
 	// at or after: when the user asked for the reconcile.
 	freshAfter time.Time
@@ -244,8 +246,8 @@ func (r *resolved) list(ctx context.Context) (*listed, error) {
 		}
 		return nil, gitError(err, format, r.url)
 	}
-	r.listed, r.adv = true, adv
-	return newListed(adv.refs), nil
+	r.listed, r.adv, r.refs = true, adv, newListed(adv.refs)
+	return r.refs, nil
 }
 
 // ContentIdentity is what, besides the revision, determines the
