@@ -60,6 +60,9 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 REVISION   ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 BUILDINFO  := github.com/headwater-gitops/headwater/pkg/buildinfo
+# STRIP drops the symbol and debug tables, as the images do; `make build
+# STRIP=` keeps them, for perf(1) (pprof needs neither).
+STRIP      ?= -s -w
 LDFLAGS    := -X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Revision=$(REVISION) -X $(BUILDINFO).BuildDate=$(BUILD_DATE)
 
 ##@ General
@@ -79,16 +82,16 @@ run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C st
 ##@ Build
 
 .PHONY: build
-build: ## Build the services (stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
+build: ## Build the services as their images do (static, stripped, stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
 	@mkdir -p $(BIN_DIR)
 	@echo "==> version $(VERSION), revision $(REVISION)"
 	@for s in $(SERVICES); do \
 		echo "==> building $$s"; \
-		(cd services/$$s && go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/$$s .) || exit 1; \
+		(cd services/$$s && CGO_ENABLED=0 go build -trimpath -ldflags '$(STRIP) $(LDFLAGS)' -o $(BIN_DIR)/$$s .) || exit 1; \
 	done
 	@echo "==> building headwater-local and headwater-nats"
 	@cd e2e && go build -trimpath -o $(BIN_DIR)/headwater-local ./cmd/headwater-local
-	@cd e2e && go build -trimpath -o $(BIN_DIR)/headwater-nats ./cmd/headwater-nats
+	@cd e2e && CGO_ENABLED=0 go build -trimpath -ldflags '$(STRIP)' -o $(BIN_DIR)/headwater-nats ./cmd/headwater-nats
 
 .PHONY: tools
 tools: kube-tools minio registry controller-gen ## Build and cache every real component used by tests.
