@@ -38,8 +38,12 @@ const (
 // listing obtained with one source's credentials never answers a source
 // with other ones. A fetch may also demand a listing that started after a
 // given time (a reconcile the user requested after a push must see the
-// push). A failed listing answers only the fetches that waited for it. The cache holds at most MaxEntries finished listings, dropping
-// the expired ones first and then the oldest.
+// push). A failed listing answers only the fetches that waited for it.
+//
+// An expired listing is dropped at the first request that comes a TTL or
+// more after the previous sweep, so a fetcher that listed thousands of
+// repositories once does not keep their listings; and the cache never
+// holds more than MaxEntries finished listings, dropping the oldest.
 //
 // A nil *RefCache, or one with a TTL of zero, shares nothing.
 type RefCache struct {
@@ -50,6 +54,8 @@ type RefCache struct {
 	shared  prometheus.Counter
 	mu      sync.Mutex
 	entries map[string]*refEntry
+	// swept is when expired listings were last dropped.
+	swept time.Time
 }
 
 // refEntry is one listing, in flight until done is closed.
@@ -104,7 +110,7 @@ func (c *RefCache) list(ctx context.Context, key string, notBefore time.Time,
 	} else {
 		e = &refEntry{done: make(chan struct{}), started: c.now()}
 		c.entries[key] = e
-		c.evict()
+		c.evict(e.started)
 		c.listed.Inc()
 		lctx := context.WithoutCancel(ctx)
 		cancel := context.CancelFunc(func() {})
@@ -160,15 +166,17 @@ func (c *RefCache) usable(e *refEntry) bool {
 	}
 }
 
-// evict drops finished listings past the TTL, then the oldest finished
-// ones, until at most max remain. Listings in flight stay. c.mu is held.
-func (c *RefCache) evict() {
-	if len(c.entries) <= c.max {
-		return
-	}
-	for k, e := range c.entries {
-		if !c.usable(e) {
-			delete(c.entries, k)
+// evict drops finished listings past the TTL, when a TTL has passed since
+// it last did or the cache is over max, then the oldest finished ones
+// until at most max remain; a sweep costs one pass over at most max
+// entries once per TTL. Listings in flight stay. c.mu is held.
+func (c *RefCache) evict(now time.Time) {
+	if len(c.entries) > c.max || now.Sub(c.swept) >= c.ttl {
+		c.swept = now
+		for k, e := range c.entries {
+			if !c.usable(e) {
+				delete(c.entries, k)
+			}
 		}
 	}
 	for len(c.entries) > c.max {

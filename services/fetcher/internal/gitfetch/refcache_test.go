@@ -247,6 +247,36 @@ func TestRefCacheBounded(t *testing.T) {
 	}
 }
 
+func TestRefCacheDropsExpiredListings(t *testing.T) {
+	cache := NewRefCache(2*time.Second, 0, nil)
+	now := time.Now()
+	cache.now = func() time.Time { return now }
+	list := func(context.Context) (*advertised, error) {
+		return &advertised{refs: []*plumbing.Reference{plumbing.NewHashReference("refs/heads/master", plumbing.ZeroHash)}}, nil
+	}
+	ctx := context.Background()
+	steps := []struct {
+		advance time.Duration
+		key     string
+		want    int // listings held afterwards
+	}{
+		{0, "a", 1},
+		{time.Second, "b", 2},             // a is still fresh
+		{1500 * time.Millisecond, "c", 2}, // a expired and went; b is fresh
+		{500 * time.Millisecond, "d", 3},  // within a TTL of the sweep: nothing swept
+		{3 * time.Second, "e", 1},         // all of b, c and d expired
+	}
+	for i, st := range steps {
+		now = now.Add(st.advance)
+		if _, err := cache.list(ctx, st.key, time.Time{}, list); err != nil {
+			t.Fatal(err)
+		}
+		if got := cache.Len(); got != st.want {
+			t.Fatalf("step %d (%s): cache holds %d listings, want %d", i, st.key, got, st.want)
+		}
+	}
+}
+
 func TestRefCacheWaiterCancelled(t *testing.T) {
 	cache := NewRefCache(time.Minute, 0, nil)
 	release := make(chan struct{})
