@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,26 +24,7 @@ import (
 // stale; one whose spec, UID-bound generation or kind the object never had
 // is forged.
 func TestCheck(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
-	}
-	testEnv := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "..", "..", "deploy", "crds")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := testEnv.Start()
-	if err != nil {
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = testEnv.Stop() })
-	scheme := runtime.NewScheme()
-	if err := sourcev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startAPIServer(t)
 	ctx := context.Background()
 	repo := &sourcev1.GitRepository{
 		ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default"},
@@ -142,6 +124,131 @@ func TestCheck(t *testing.T) {
 	testChartSource(t, c, checker)
 }
 
+// startAPIServer starts a real API server with Headwater's CRDs and
+// returns a client of it.
+func startAPIServer(t *testing.T) client.Client {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
+	}
+	testEnv := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "..", "..", "deploy", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := testEnv.Start()
+	if err != nil {
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = testEnv.Stop() })
+	scheme := runtime.NewScheme()
+	if err := sourcev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// countingReader counts the reads made through it.
+type countingReader struct {
+	client.Reader
+	gets atomic.Int64
+}
+
+func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	r.gets.Add(1)
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+// TestCheckCached runs the cached check against a real API server: the
+// jobs of an unchanged source cost one read per TTL; a forged job is
+// refused as without the cache; a job older than the generation last read
+// is stale without a read; and a source deleted or changed is noticed once
+// the TTL has passed, as documented.
+func TestCheckCached(t *testing.T) {
+	c := startAPIServer(t)
+	ctx := context.Background()
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "cached", Namespace: "default"},
+		Spec: sourcev1.GitRepositorySpec{URL: "https://example.com/podinfo.git", Interval: metav1.Duration{Duration: time.Minute},
+			SecretRef: &meta.LocalObjectReference{Name: "podinfo-auth"}},
+	}
+	if err := c.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	job := func() *events.FetchRequested {
+		live := &sourcev1.GitRepository{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(repo), live); err != nil {
+			t.Fatal(err)
+		}
+		return &events.FetchRequested{
+			Job: events.Job{ID: "job", Object: events.ObjectRef{Kind: sourcev1.GitRepositoryKind, Namespace: live.Namespace,
+				Name: live.Name, UID: string(live.UID), Generation: live.Generation}},
+			GitRepository: live.Spec.DeepCopy(),
+		}
+	}
+	reader := &countingReader{Reader: c}
+	checker := NewCached(reader, time.Minute)
+	now := time.Now()
+	checker.now = func() time.Time { return now }
+	check := func(step string, r *events.FetchRequested, wantErr error, wantGets int64) {
+		t.Helper()
+		err := checker.Check(ctx, r)
+		switch {
+		case wantErr == nil && err != nil:
+			t.Fatalf("%s: %v", step, err)
+		case wantErr != nil && !errors.Is(err, wantErr):
+			t.Fatalf("%s: %v, want %v", step, err, wantErr)
+		}
+		if got := reader.gets.Load(); got != wantGets {
+			t.Fatalf("%s: %d reads of the source so far, want %d", step, got, wantGets)
+		}
+	}
+
+	first := job()
+	check("first job", first, nil, 1)
+	now = now.Add(30 * time.Second)
+	check("the same job within the TTL", job(), nil, 1)
+	forged := job()
+	forged.GitRepository.URL = "https://attacker.example/x.git"
+	check("another URL at the remembered generation", forged, ErrForged, 2)
+	forged = job()
+	forged.Job.Object.UID = "another-uid"
+	check("another UID", forged, ErrStale, 3)
+	now = now.Add(31 * time.Second)
+	check("the same job after the TTL", job(), nil, 4)
+
+	repo.Spec.Interval = metav1.Duration{Duration: 2 * time.Minute}
+	if err := c.Update(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	check("an older generation within the TTL of its read", first, nil, 4)
+	check("the new generation", job(), nil, 5)
+	check("an older generation once a newer one was read", first, ErrStale, 5)
+
+	current := job()
+	if err := c.Delete(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	check("a deleted source within the TTL", current, nil, 5)
+	now = now.Add(time.Minute)
+	check("a deleted source after the TTL", current, ErrStale, 6)
+	check("a deleted source, read again", current, ErrStale, 7)
+
+	uncached := &countingReader{Reader: c}
+	strict := New(uncached)
+	for range 2 {
+		if err := strict.Check(ctx, current); !errors.Is(err, ErrStale) {
+			t.Fatalf("uncached check of a deleted source: %v, want stale", err)
+		}
+	}
+	if got := uncached.gets.Load(); got != 2 {
+		t.Errorf("uncached checker read the source %d times for 2 jobs, want 2", got)
+	}
+}
+
 // testChartSource checks a HelmChart's job against its live source: the
 // HelmRepository specs it carries (whose Secrets the fetcher reads) must
 // be the live ones, and its source the chart's sourceRef.
@@ -199,5 +306,34 @@ func testChartSource(t *testing.T, c client.Client, checker *Checker) {
 	}
 	if err := checker.Check(ctx, r); err != nil || len(r.ChartSource.Repositories) != 1 || r.ChartSource.Repositories[0].Spec.URL != live.URL {
 		t.Errorf("dependency repositories %+v (%v), want only the live one kept", r.ChartSource.Repositories, err)
+	}
+}
+
+// TestCheckCacheBounded: a full cache drops expired entries first, then
+// others, and never holds more than its bound.
+func TestCheckCacheBounded(t *testing.T) {
+	checker := NewCached(nil, time.Minute)
+	checker.max = 2
+	now := time.Now()
+	checker.now = func() time.Time { return now }
+	key := func(name string) objectKey { return objectKey{kind: "GitRepository", namespace: "default", name: name, uid: name} }
+	checker.remember(key("a"), seenSpec{gen: 1})
+	now = now.Add(2 * time.Minute)
+	checker.remember(key("b"), seenSpec{gen: 1})
+	checker.remember(key("c"), seenSpec{gen: 1})
+	if _, ok := checker.seen[key("a")]; ok {
+		t.Error("the expired entry outlived a full cache")
+	}
+	for _, k := range []string{"b", "c"} {
+		if _, ok := checker.recall(key(k)); !ok {
+			t.Errorf("entry %s was dropped while an expired one could go", k)
+		}
+	}
+	checker.remember(key("d"), seenSpec{gen: 1})
+	if n := len(checker.seen); n != 2 {
+		t.Errorf("cache holds %d entries, want its bound 2", n)
+	}
+	if _, ok := checker.recall(key("d")); !ok {
+		t.Error("the newest entry is not remembered")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -44,6 +45,10 @@ type Options struct {
 	// priority and fairness.
 	QPS   float64
 	Burst int
+	// ProvenanceCacheTTL is how long the check of a job against its
+	// source (package provenance) trusts a read of the source at the
+	// job's generation and spec; zero reads the source for every job.
+	ProvenanceCacheTTL time.Duration
 }
 
 // BindFlags registers the options on fs.
@@ -53,6 +58,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.QPS, "kube-api-qps", -1,
 		"Client-side limit of Kubernetes API requests per second (every job reads its source, and Secrets); -1 leaves throttling to the API server's priority and fairness.")
 	fs.IntVar(&o.Burst, "kube-api-burst", -1, "Client-side burst of Kubernetes API requests, with -kube-api-qps.")
+	fs.DurationVar(&o.ProvenanceCacheTTL, "provenance-cache-ttl", 5*time.Minute,
+		"How long a job's source, read at the job's generation and spec, vouches for later jobs of that generation and spec without another read; 0 reads the source for every job.")
 }
 
 // RESTConfig loads the API server configuration, with the client-side
@@ -91,7 +98,7 @@ func (o *Options) NewProvenance() (*provenance.Checker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return provenance.New(c), nil
+	return provenance.NewCached(c, o.ProvenanceCacheTTL), nil
 }
 
 // Kube reads Secrets through a controller-runtime client.
