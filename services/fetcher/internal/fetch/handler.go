@@ -235,24 +235,29 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 				return result, err
 			}
 		} else {
+			// copied, when set, is this job's copy of content another
+			// fetch staged: the flight lands with it, so that the fetches
+			// that joined this one copy it in turn.
+			var copied *events.Fetched
 			if staged := h.flights.recent(contentKey); staged != nil {
 				// A flight of the content landed a moment ago: its staged
 				// content, if still there, or the content cache, which
 				// knows the content once the packager deleted it, saves
 				// the download.
-				if result, done, err := h.copyStaged(ctx, work, req, staged, share, notices); done || err != nil {
+				if err := share.ProveAccess(work); err != nil {
 					h.flights.land(contentKey, fl, nil)
-					return result, err
+					return "", source.AsError(err, sourcev1.GitOperationFailedReason)
 				}
-				if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
+				if copied = h.copyOf(ctx, work, req, staged, notices); copied != nil {
+					h.Metrics.countCombined(CombineFollowedLocal)
+				} else if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
 					h.flights.land(contentKey, fl, nil)
 					return result, err
 				}
 			}
 			// The fetches of the same content in other fetchers join too:
 			// one of them downloads.
-			var copied *events.Fetched
-			if h.Leases != nil {
+			if copied == nil && h.Leases != nil {
 				var result string
 				var done bool
 				lease, copied, result, done, err = h.combine(ctx, work, req, revision, contentKey, share, notices, verify)
@@ -386,18 +391,6 @@ func (h *Handler) follow(ctx, work context.Context, req *events.FetchRequested, 
 		return "", false, nil
 	}
 	return h.stageCopy(ctx, work, req, staged, notices, release)
-}
-
-// copyStaged hands the content a flight that already landed staged to the
-// packager as this job's, as follow does, once this source's credentials
-// proved they can read the upstream. done is false when the staged content
-// is gone (the packager took it): the caller looks in the content cache.
-func (h *Handler) copyStaged(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched, share source.Shareable,
-	notices []events.Notice) (result string, done bool, err error) {
-	if err := share.ProveAccess(work); err != nil {
-		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
-	}
-	return h.stageCopy(ctx, work, req, staged, notices, func() {})
 }
 
 // stageCopy copies staged content to the job's staging key, calls release
