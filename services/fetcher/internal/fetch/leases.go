@@ -254,8 +254,9 @@ func (ls *Lease) renew(log logr.Logger) {
 	}
 }
 
-// end stops the renewal and reports whether the lease was still open; the
-// caller then holds mu.
+// end stops the renewal and reports whether the lease was still open, in
+// which case it returns with mu held for the caller to write the entry
+// and unlock.
 func (ls *Lease) end() bool {
 	ls.mu.Lock()
 	if ls.ended {
