@@ -26,6 +26,7 @@ var (
 	s3          = flag.Bool("s3", true, "Run scenario g (Headwater on MinIO; needs HEADWATER_MINIO_BIN).")
 	serviceArgs = flag.String("service-args", "",
 		"Service flags added for an experiment, space-separated <service>:<flag>, e.g. 'fetcher:-concurrency=8'.")
+	fetcherReplicas = flag.Int("fetcher-replicas", 2, "Fetcher replicas of scenario a2 (a with several fetchers).")
 )
 
 // Sizes of the Git scenarios.
@@ -48,6 +49,8 @@ var (
 	targetI    = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 1}}
 	targetI2   = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 0}}
 	targetJ    = Target{Memory: 1, MaxWall: 15 * time.Second, MaxCounters: map[string]int64{CounterLayerDownloads: ociArtifacts}}
+	// Issue 11: identical fetches combine across fetcher replicas too.
+	targetA2 = Target{MaxCounters: map[string]int64{CounterGitFetches: 10}}
 	// Issue 12: a webhook push becomes a new artifact in status quickly.
 	targetK = Target{MaxP99: 2 * time.Second}
 	// Issue 12: an event reaches its subscriber within 50 ms (p99).
@@ -144,6 +147,16 @@ func BenchmarkSources(b *testing.B) {
 	for _, r := range rows[before:] {
 		growth(r.Headwater, byName["a0"])
 	}
+	// a2: a with several fetcher replicas, which combine their identical
+	// fetches as one fetcher does (docs/design.md, "Combining fetches
+	// across replicas").
+	replicated := headwaterOnly
+	replicated.Harness.FetcherReplicas = *fetcherReplicas
+	compare(replicated, "a2", []string{fmt.Sprintf("a2. a with %d fetcher replicas (Headwater only)", *fetcherReplicas)}, []Target{targetA2},
+		func(sys System) ([]*Measurement, error) {
+			m, _, err := ManyGit(b.Context(), replicated, sys, GitLoad{Name: "a2", Repos: loadA.Repos, Sources: loadA.Sources})
+			return []*Measurement{m}, err
+		})
 	if *s3 && only.MatchString("g") {
 		rows = append(rows, s3Rows(b, headwaterOnly, byName)...)
 	}

@@ -153,7 +153,8 @@ func (c *Conn) Healthy() error {
 const maxStreamReplicas = 5
 
 // EnsureStreams creates every stream of events.Streams that does not exist
-// and updates the one the connection's identity owns (events.StreamOwner).
+// and updates the one the connection's identity owns (events.StreamOwner),
+// and creates or updates the key-value buckets it owns (events.Buckets).
 // Every service calls it at start-up, so no start order is needed, while
 // only a stream's consumer may change its configuration (its replicas
 // included: raising -nats-stream-replicas on a cluster scales the streams
@@ -169,6 +170,21 @@ func (c *Conn) EnsureStreams(ctx context.Context) error {
 		}
 		if err != nil {
 			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+		}
+	}
+	return c.ensureBuckets(ctx)
+}
+
+// ensureBuckets creates or updates the key-value buckets of events.Buckets
+// that the connection's identity owns (events.BucketOwner): no other
+// identity may touch them.
+func (c *Conn) ensureBuckets(ctx context.Context) error {
+	for _, cfg := range events.Buckets(c.streamReplicas) {
+		if events.BucketOwner(cfg.Bucket) != c.identity {
+			continue
+		}
+		if _, err := c.JS.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+			return fmt.Errorf("ensure key-value bucket %s: %w", cfg.Bucket, err)
 		}
 	}
 	return nil

@@ -62,6 +62,9 @@ type role struct {
 	// manages are streams on which it creates, updates and deletes any
 	// consumer (the dispatcher's consumers for `nats` Subscriptions).
 	manages []string
+	// buckets are the key-value buckets (Buckets) it alone creates,
+	// reads, writes and watches (the fetchers' FlightBucket).
+	buckets []string
 }
 
 // streamConsumer is a durable consumer on a stream.
@@ -76,7 +79,9 @@ func roleOf(identity string) (role, bool) {
 			// reports, and turns the hooks receivers accepted into fetch jobs.
 			also: []streamConsumer{{DeliveryStream, WatcherConsumer}, {HookStream, WatcherConsumer}}}, true
 	case FetcherIdentity:
-		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, stream: FetchStream, consumer: FetcherConsumer}, true
+		// Its replicas combine fetches of the same content in a bucket.
+		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, stream: FetchStream, consumer: FetcherConsumer,
+			buckets: []string{FlightBucket}}, true
 	case PackagerIdentity:
 		return role{publishes: []string{PublishSubjectPrefix}, stream: PackageStream, consumer: PackagerConsumer, readsStream: true}, true
 	case ArtifactServerIdentity:
@@ -123,8 +128,8 @@ func StreamOwner(stream string) string {
 // Permissions returns what NATS allows an identity: publishing on its
 // subjects, the JetStream API calls its start-up and its worker make
 // (stream info and creation, updating the stream it owns, creating and
-// pulling from its own durable consumer, acknowledging its messages), and
-// its own inbox. ok is false for an unknown identity.
+// pulling from its own durable consumer, acknowledging its messages), the
+// key-value buckets it owns, and its own inbox. ok is false for an unknown identity.
 func Permissions(identity string) (p Permission, ok bool) {
 	r, ok := roleOf(identity)
 	if !ok {
@@ -177,8 +182,34 @@ func Permissions(identity string) (p Permission, ok bool) {
 	if r.readsStream {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+r.stream)
 	}
+	for _, b := range r.buckets {
+		p.Publish = append(p.Publish, bucketPermissions(b)...)
+	}
 	p.Subscribe = []string{InboxPrefix(identity) + ".>"}
 	slices.Sort(p.Publish)
 	p.Publish = slices.Compact(p.Publish)
 	return p, true
+}
+
+// bucketPermissions are the subjects of a key-value bucket's owner: its
+// stream's creation, update and reads (direct or not), writing its keys,
+// and the ordered consumers of a watch (created with any name, deleted
+// when reset, answering flow control).
+func bucketPermissions(bucket string) []string {
+	stream := BucketStream(bucket)
+	api := "$JS.API."
+	return []string{
+		api + "STREAM.INFO." + stream,
+		api + "STREAM.CREATE." + stream,
+		api + "STREAM.UPDATE." + stream,
+		api + "STREAM.MSG.GET." + stream,
+		api + "DIRECT.GET." + stream,
+		api + "DIRECT.GET." + stream + ".>",
+		"$KV." + bucket + ".>",
+		api + "CONSUMER.CREATE." + stream,
+		api + "CONSUMER.CREATE." + stream + ".>",
+		api + "CONSUMER.INFO." + stream + ".*",
+		api + "CONSUMER.DELETE." + stream + ".*",
+		"$JS.FC." + stream + ".>",
+	}
 }

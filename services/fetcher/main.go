@@ -80,7 +80,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.verifyInterval, "artifact-verify-interval", fetch.DefaultVerifyInterval,
 		"How long an unchanged reconcile trusts a stored artifact this fetcher read and found intact, while storage reports the same size and modification time (ETag); 0 reads it through on every reconcile, as Flux.")
 	fs.BoolVar(&o.contentCache, "content-cache", true,
-		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again.")
+		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again, and combine identical fetches in flight across the fetcher replicas.")
 	fs.Int64Var(&o.helmIndexMaxSize, "helm-index-max-size", helmfetch.DefaultMaxIndexSize, "Largest Helm repository index fetched, in bytes.")
 	fs.Int64Var(&o.helmChartMaxSize, "helm-chart-max-size", helmchartfetch.DefaultMaxChartSize, "Largest Helm chart archive fetched, in bytes.")
 	fs.Int64Var(&o.helmChartFileMaxSize, "helm-chart-file-max-size", helmchartfetch.DefaultMaxChartFileSize,
@@ -159,6 +159,18 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	var leases *fetch.Leases
+	if o.contentCache {
+		// Identical fetches in flight in every replica combine through
+		// the bucket JoinStream created.
+		kv, err := conn.JS.KeyValue(ctx, events.FlightBucket)
+		if err != nil {
+			return fmt.Errorf("key-value bucket %s: %w", events.FlightBucket, err)
+		}
+		host, _ := os.Hostname()
+		leases = &fetch.Leases{KV: kv, Holder: fmt.Sprintf("%s/%d", host, os.Getpid())}
+	}
+
 	reg := telemetry.NewRegistry()
 	telemetry.RegisterBuildInfo(reg, service)
 	helmSource := helmfetch.NewSource(secretReader, o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
@@ -181,6 +193,7 @@ func run(ctx context.Context, o options) error {
 		MaxFileSize:  o.maxFileSize,
 		Metrics:      fetch.NewMetrics(reg),
 		ContentCache: o.contentCache,
+		Leases:       leases,
 		Provenance:   checker,
 		Verified:     &fetch.Verified{Interval: o.verifyInterval},
 	}

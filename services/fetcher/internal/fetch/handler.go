@@ -67,6 +67,10 @@ type Handler struct {
 	ContentCache bool
 	// flights joins concurrent fetches of the same content (see inflight).
 	flights inflight
+	// Leases, when set (with ContentCache), joins the fetches of the same
+	// content that run at the same time in other fetcher replicas (see
+	// Leases); nil combines them in this fetcher only.
+	Leases *Leases
 	// Provenance, when set, checks each job against the live object it
 	// names before anything is read or fetched for it: a stale job is
 	// dropped, a forged one rejected. Nil without a cluster.
@@ -205,6 +209,7 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 	}
 
 	var lead func(staged *events.Fetched)
+	var lease *Lease
 	if share != nil {
 		// A stored artifact that no longer matches its digest may be the
 		// very file the content cache shares (a hard link): the cache's
@@ -218,21 +223,50 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		fl, leader := h.flights.join(contentKey)
 		if !leader {
 			if result, done, err := h.follow(ctx, work, req, fl, share, notices); done || err != nil {
+				if done {
+					h.Metrics.countCombined(CombineFollowedLocal)
+				}
+				return result, err
+			}
+			// The leader failed, or it found the content cached, with
+			// nothing staged: the cache, if it has it now, saves the
+			// download.
+			if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
 				return result, err
 			}
 		} else {
+			// copied, when set, is this job's copy of content another
+			// fetch staged: the flight lands with it, so that the fetches
+			// that joined this one copy it in turn.
+			var copied *events.Fetched
 			if staged := h.flights.recent(contentKey); staged != nil {
 				// A flight of the content landed a moment ago: its staged
 				// content, if still there, or the content cache, which
 				// knows the content once the packager deleted it, saves
 				// the download.
-				if result, done, err := h.copyStaged(ctx, work, req, staged, share, notices); done || err != nil {
+				if err := share.ProveAccess(work); err != nil {
+					h.flights.land(contentKey, fl, nil)
+					return "", source.AsError(err, sourcev1.GitOperationFailedReason)
+				}
+				if copied = h.copyOf(ctx, work, req, staged, notices); copied != nil {
+					h.Metrics.countCombined(CombineFollowedLocal)
+				} else if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
 					h.flights.land(contentKey, fl, nil)
 					return result, err
 				}
-				if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
+			}
+			// The fetches of the same content in other fetchers join too:
+			// one of them downloads.
+			if copied == nil && h.Leases != nil {
+				var result string
+				var done bool
+				lease, copied, result, done, err = h.combine(ctx, work, req, revision, contentKey, share, notices, verify)
+				if done || err != nil {
 					h.flights.land(contentKey, fl, nil)
 					return result, err
+				}
+				if lease != nil {
+					defer lease.Release(ctx)
 				}
 			}
 			landed := false
@@ -243,6 +277,11 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 				}
 			}
 			defer lead(nil)
+			if copied != nil {
+				// This fetcher's followers copy the copy.
+				lead(copied)
+				return h.publishCopy(ctx, req, copied)
+			}
 		}
 	}
 
@@ -291,6 +330,13 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		// The followers copy the staged content before the packager,
 		// once it has the job, deletes it.
 		lead(out)
+	}
+	if lease != nil {
+		// So do the followers in other fetchers, or they find the
+		// content cache, which the packager fills before it deletes.
+		if err := lease.Land(ctx, out); err != nil {
+			log.Error(err, "offering the staged content to other fetchers failed", "key", contentKey)
+		}
 	}
 	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
 		return "", err
@@ -347,36 +393,88 @@ func (h *Handler) follow(ctx, work context.Context, req *events.FetchRequested, 
 	return h.stageCopy(ctx, work, req, staged, notices, release)
 }
 
-// copyStaged hands the content a flight that already landed staged to the
-// packager as this job's, as follow does, once this source's credentials
-// proved they can read the upstream. done is false when the staged content
-// is gone (the packager took it): the caller looks in the content cache.
-func (h *Handler) copyStaged(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched, share source.Shareable,
-	notices []events.Notice) (result string, done bool, err error) {
-	if err := share.ProveAccess(work); err != nil {
-		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
-	}
-	return h.stageCopy(ctx, work, req, staged, notices, func() {})
-}
-
 // stageCopy copies staged content to the job's staging key, calls release
 // once the copy is made, and hands the copy to the packager.
 func (h *Handler) stageCopy(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched,
 	notices []events.Notice, release func()) (result string, done bool, err error) {
-	log := logr.FromContextOrDiscard(ctx)
-	key := storage.StagingKey(req.Job.ID)
-	if _, err := h.Storage.Copy(work, staged.Staging, key); err != nil {
-		log.Info("the content another fetch staged could not be copied", "error", err.Error())
+	out := h.copyOf(ctx, work, req, staged, notices)
+	if out == nil {
 		return "", false, nil
 	}
 	release()
+	result, err = h.publishCopy(ctx, req, out)
+	return result, err == nil, err
+}
+
+// copyOf copies the content another fetch staged to the job's staging key
+// and returns the job's Fetched for the copy; nil when the content could
+// not be copied (it is gone).
+func (h *Handler) copyOf(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched,
+	notices []events.Notice) *events.Fetched {
+	key := storage.StagingKey(req.Job.ID)
+	if _, err := h.Storage.Copy(work, staged.Staging, key); err != nil {
+		logr.FromContextOrDiscard(ctx).Info("the content another fetch staged could not be copied", "error", err.Error())
+		return nil
+	}
 	out := *staged
 	out.Job, out.Staging, out.Notices, out.Includes = req.Job, key, notices, req.Includes
-	if err := h.Publisher.Publish(ctx, events.PackageSubject(req.Job.Object.Kind), events.TypeFetched, req.Job, &out); err != nil {
-		return "", false, err
+	return &out
+}
+
+// publishCopy hands the copy of content another fetch staged to the
+// packager.
+func (h *Handler) publishCopy(ctx context.Context, req *events.FetchRequested, out *events.Fetched) (string, error) {
+	if err := h.Publisher.Publish(ctx, events.PackageSubject(req.Job.Object.Kind), events.TypeFetched, req.Job, out); err != nil {
+		return "", err
 	}
-	log.Info("content staged by another fetch of the same content", "revision", out.Revision, "staging", key)
-	return ResultJoined, true, nil
+	logr.FromContextOrDiscard(ctx).Info("content staged by another fetch of the same content", "revision", out.Revision, "staging", out.Staging)
+	return ResultJoined, nil
+}
+
+// combine takes part, for the fetch leading the flight of key in this
+// fetcher, in the fetches of the same content in other fetcher replicas
+// (see Leases). It returns the lease when this fetcher leads them: the
+// caller downloads, then lands or releases it. When another fetcher led,
+// it returns copied, this job's Fetched for its copy of what that fetcher
+// staged, yet to be published; or done, once published, when the content
+// cache held the content that fetcher staged and the packager took. With
+// none of them, the caller downloads alone: the bucket cannot be read, or
+// the other fetcher failed or died.
+func (h *Handler) combine(ctx, work context.Context, req *events.FetchRequested, revision, key string, share source.Shareable,
+	notices []events.Notice, verify bool) (lease *Lease, copied *events.Fetched, result string, done bool, err error) {
+	log := logr.FromContextOrDiscard(ctx)
+	lease, err = h.Leases.Acquire(work, key)
+	if err != nil {
+		if work.Err() == nil {
+			log.Error(err, "the fetches in flight in other fetchers cannot be read: fetching alone", "key", key)
+			h.Metrics.countCombined(CombineBypassed)
+		}
+		return nil, nil, "", false, nil
+	}
+	if lease != nil {
+		h.Metrics.countCombined(CombineLed)
+		return lease, nil, "", false, nil
+	}
+	// Proven before the copy, as a follower in this fetcher does.
+	if err := share.ProveAccess(work); err != nil {
+		return nil, nil, "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
+	}
+	staged, outcome := h.Leases.Wait(work, key)
+	if staged == nil {
+		h.Metrics.countCombined(outcome)
+		return nil, nil, "", false, nil
+	}
+	if copied = h.copyOf(ctx, work, req, staged, notices); copied != nil {
+		h.Metrics.countCombined(CombineFollowedRemote)
+		return nil, copied, "", false, nil
+	}
+	// The packager took the staged content, after it recorded it in the
+	// content cache.
+	result, done, err = h.reuse(ctx, work, req, revision, key, share, notices, verify)
+	if done {
+		h.Metrics.countCombined(CombineFollowedRemote)
+	}
+	return nil, nil, result, done, err
 }
 
 // reuse looks the content of key (of revision) up in the content cache and, on a hit,

@@ -56,6 +56,12 @@ type env struct {
 	attempts    []attempt
 	ctx         context.Context
 	tempDir     string
+	// flights is the events.FlightBucket of the fetchers.
+	flights jetstream.KeyValue
+	// cons is the fetchers' consumer, and workers what their Run returns.
+	cons    jetstream.Consumer
+	workers chan error
+	started int
 }
 
 // attempt is one call of the handler and what it returned.
@@ -88,6 +94,9 @@ func newEnv(t *testing.T, maxAttempts int, opts ...func(*Handler)) *env {
 	e.store, err = storage.NewDir(t.TempDir())
 	must(t, err)
 	e.pub = e.conn.NewPublisher("watcher-test")
+	e.flights, err = e.conn.JS.CreateKeyValue(ctx, events.Buckets(1)[0])
+	must(t, err)
+	e.cons, e.workers = cons, make(chan error, 4)
 
 	// The repository, served through a proxy that counts clones.
 	root := t.TempDir()
@@ -120,19 +129,45 @@ func newEnv(t *testing.T, maxAttempts int, opts ...func(*Handler)) *env {
 
 	e.reg = prometheus.NewRegistry()
 	e.tempDir = t.TempDir()
+	t.Cleanup(func() {
+		cancel()
+		for range e.started {
+			if err := <-e.workers; err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		}
+		counting.Close()
+		_ = srv.Stop()
+		e.conn.Close()
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		_ = e.store.Close()
+	})
+	e.replica(t, e.reg, opts...)
+	return e
+}
+
+// replica starts a fetcher on the env's consumer with a handler of its
+// own, its metrics on reg; opts adjust the handler. A Leases the options
+// set without a bucket gets the env's.
+func (e *env) replica(t *testing.T, reg *prometheus.Registry, opts ...func(*Handler)) {
+	t.Helper()
 	h := &Handler{
 		Sources:   map[string]source.Source{gitfetch.Kind: &gitfetch.Source{}},
 		Storage:   e.store,
 		Publisher: e.conn.NewPublisher("fetcher"),
 		TempDir:   e.tempDir,
-		Metrics:   NewMetrics(e.reg),
+		Metrics:   NewMetrics(reg),
 	}
 	for _, o := range opts {
 		o(h)
 	}
+	if h.Leases != nil && h.Leases.KV == nil {
+		h.Leases.KV = e.flights
+	}
 	w := &bus.Worker{
 		Service:     "fetcher",
-		Consumer:    cons,
+		Consumer:    e.cons,
 		Concurrency: 2,
 		Handler: func(ctx context.Context, m *events.Message, d bus.Delivery) error {
 			err := h.Handle(ctx, m, d)
@@ -142,24 +177,11 @@ func newEnv(t *testing.T, maxAttempts int, opts ...func(*Handler)) *env {
 			return err
 		},
 		Report:  h.Report,
-		Metrics: telemetry.NewJobMetrics(e.reg, "fetcher"),
+		Metrics: telemetry.NewJobMetrics(reg, "fetcher"),
 		Log:     logr.Discard(),
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-		counting.Close()
-		_ = srv.Stop()
-		e.conn.Close()
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		_ = e.store.Close()
-	})
-	return e
+	e.started++
+	go func() { e.workers <- w.Run(e.ctx) }()
 }
 
 func must(t *testing.T, err error) {

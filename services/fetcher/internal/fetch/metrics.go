@@ -15,16 +15,19 @@ const (
 	// downloaded.
 	ResultReused = "reused"
 	// ResultJoined: another fetch of the same content was under way in
-	// this fetcher; its staged content was copied, nothing downloaded.
+	// this fetcher or another replica; its staged content was copied,
+	// nothing downloaded.
 	ResultJoined = "joined"
 )
 
 // Metrics are the fetcher's own families:
-// headwater_fetch_duration_seconds{kind,result} and
-// headwater_fetch_bytes_total{kind}.
+// headwater_fetch_duration_seconds{kind,result},
+// headwater_fetch_bytes_total{kind} and
+// headwater_fetch_combined_total{outcome}.
 type Metrics struct {
 	duration *prometheus.HistogramVec
 	bytes    *prometheus.CounterVec
+	combined *prometheus.CounterVec
 }
 
 // NewMetrics registers the fetch families on reg.
@@ -39,7 +42,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: telemetry.Namespace, Name: "fetch_bytes_total",
 			Help: "Bytes of content staged for packaging, by kind.",
 		}, []string{"kind"}),
+		combined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_combined_total",
+			Help: "Fetches of content that may be shared, by how they combined with identical fetches in flight: " +
+				"led (downloaded for all replicas), followed-local, followed-remote (copied what another fetch staged), " +
+				"leader-failed, lease-expired, bypassed (downloaded alone).",
+		}, []string{"outcome"}),
 	}
-	reg.MustRegister(m.duration, m.bytes)
+	reg.MustRegister(m.duration, m.bytes, m.combined)
 	return m
+}
+
+// countCombined counts how a fetch combined with identical fetches in
+// flight (Combine*); m may be nil.
+func (m *Metrics) countCombined(outcome string) {
+	if m != nil && outcome != "" {
+		m.combined.WithLabelValues(outcome).Inc()
+	}
 }

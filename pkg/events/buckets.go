@@ -1,0 +1,56 @@
+package events
+
+import (
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// FlightBucket is the JetStream key-value bucket in which fetcher replicas
+// combine fetches of the same content: the first to fetch a content key
+// creates its entry (a lease it refreshes while it fetches), the others
+// watch the entry until the leader's staged content lands in it, then copy
+// that content instead of fetching. Only the fetcher identity may use it
+// (see Permissions, and docs/design.md, "Combining fetches across
+// replicas").
+const FlightBucket = "HEADWATER_FLIGHTS"
+
+// FlightTTL is how long an entry of FlightBucket lives after its last
+// write: the leader of a fetch rewrites its lease well within it, so the
+// lease of a leader that died expires after FlightTTL, and a landed
+// entry, which no one rewrites, is offered to late fetches for as long.
+const FlightTTL = 20 * time.Second
+
+// Buckets returns the configuration of every key-value bucket Headwater
+// uses, kept in replicas copies as the streams are (see Streams).
+func Buckets(replicas int) []jetstream.KeyValueConfig {
+	return []jetstream.KeyValueConfig{{
+		Bucket:      FlightBucket,
+		Description: "Headwater fetches in flight, by content key, shared by the fetcher replicas",
+		History:     1,
+		TTL:         FlightTTL,
+		// Expiry leaves a marker that watchers see, so a follower learns
+		// at once that a lease expired; the marker goes after FlightTTL.
+		LimitMarkerTTL: FlightTTL,
+		// An entry holds a Fetched job, which is small.
+		MaxValueSize: 256 << 10,
+		Storage:      jetstream.FileStorage,
+		Replicas:     max(replicas, 1),
+	}}
+}
+
+// BucketStream is the name of the stream that holds a key-value bucket.
+func BucketStream(bucket string) string { return "KV_" + bucket }
+
+// BucketOwner returns the identity that uses a bucket, which alone may
+// create, update and use it.
+func BucketOwner(bucket string) string {
+	for _, id := range Identities() {
+		r, _ := roleOf(id)
+		if slices.Contains(r.buckets, bucket) {
+			return id
+		}
+	}
+	return ""
+}
