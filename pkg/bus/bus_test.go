@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"fmt"
 	"slices"
 	"sync"
@@ -978,5 +979,96 @@ func TestWorkerReportFailureRetries(t *testing.T) {
 	})
 	if got := attempts(rec.of("unreported")); !slices.Equal(got, []uint64{1, 2}) {
 		t.Errorf("attempts %v, want [1 2]", got)
+	}
+}
+
+// TestWorkerRejoinsAfterNATSRestart: a work queue's consumer keeps its
+// state in memory, so a NATS server restarted on the same store has the
+// stream and its messages but not the consumer; the worker notices the
+// missing heartbeats, creates its consumer again (Rejoin) and handles the
+// jobs published after the restart. A consumer of a former release, with
+// its state on disk, is replaced the same way when the service joins.
+func TestWorkerRejoinsAfterNATSRestart(t *testing.T) {
+	store := t.TempDir()
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ns.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ctx := context.Background()
+	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "bus-test", testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	pub := conn.NewPublisher("tester")
+
+	// A consumer as a former release made it, state on disk, is replaced.
+	if err := conn.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := events.Consumer(events.PublishStream, "rejoin", events.ConsumerOptions{})
+	old.MemoryStorage = false
+	if _, err := conn.JS.CreateOrUpdateConsumer(ctx, events.PublishStream, old); err != nil {
+		t.Fatal(err)
+	}
+	join := conn.Joiner(events.PublishStream, "rejoin", events.ConsumerOptions{})
+	cons, err := join(ctx)
+	if err != nil {
+		t.Fatalf("joining over a consumer with its state on disk: %v", err)
+	}
+	if info := consumerInfo(t, cons); !info.Config.MemoryStorage {
+		t.Fatal("the work queue's consumer keeps its state on disk")
+	}
+
+	var rec recorder
+	runWorker(t, &bus.Worker{
+		Service: "test", Consumer: cons, Rejoin: join, Concurrency: 1,
+		Handler: func(_ context.Context, m *events.Message, d bus.Delivery) error {
+			rec.add(m, d)
+			return nil
+		},
+	})
+	publish := func(id string) {
+		t.Helper()
+		deadline := time.Now().Add(wait)
+		for {
+			err := pub.Publish(ctx, subject, events.TypePackaged, job(id), &events.Outcome{Job: job(id)})
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("publish %s: %v", id, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	publish("before")
+	eventually(t, "the job before the restart handled and removed", func() bool {
+		info, err := conn.JS.Stream(ctx, events.PublishStream)
+		return len(rec.of("before")) == 1 && err == nil && info.CachedInfo().State.Msgs == 0
+	})
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	ns, err = natsserver.Start(natsserver.Options{StoreDir: store, Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.JS.Consumer(ctx, events.PublishStream, "rejoin"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("after the restart the consumer is %v, want not found (its state was in memory)", err)
+	}
+	publish("after")
+	// Two missed heartbeats (10 s) after the reconnect, then a join.
+	deadline := time.Now().Add(4 * wait)
+	for len(rec.of("after")) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the job published after the restart was not handled: the consumer was not created again")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(rec.of("before")); n != 1 {
+		t.Errorf("the job acknowledged before the restart was handled %d times", n)
 	}
 }

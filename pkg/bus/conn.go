@@ -190,13 +190,33 @@ func (c *Conn) ensureBuckets(ctx context.Context) error {
 	return nil
 }
 
-// EnsureConsumer creates or updates a durable consumer on a stream.
+// EnsureConsumer creates or updates a durable consumer on a stream. A work
+// queue's consumer that keeps its state elsewhere than cfg says (on disk,
+// as a former release made it; JetStream cannot change that in place) is
+// deleted and created again: its messages stay in the stream, and the
+// ones it had delivered are delivered again.
 func (c *Conn) EnsureConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	cons, err := c.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
+	if err != nil && events.IsWorkQueue(stream) {
+		old, gerr := c.JS.Consumer(ctx, stream, cfg.Durable)
+		if gerr == nil && old.CachedInfo().Config.MemoryStorage != cfg.MemoryStorage {
+			if err = c.JS.DeleteConsumer(ctx, stream, cfg.Durable); err == nil {
+				cons, err = c.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
+			}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ensure consumer %s on %s: %w", cfg.Durable, stream, err)
 	}
 	return cons, nil
+}
+
+// Joiner returns JoinStream for stream, consumer and o as a function, for
+// a Worker's Rejoin: it joins at start and again if the consumer is lost.
+func (c *Conn) Joiner(stream, consumer string, o events.ConsumerOptions) func(context.Context) (jetstream.Consumer, error) {
+	return func(ctx context.Context) (jetstream.Consumer, error) {
+		return c.JoinStream(ctx, stream, consumer, o)
+	}
 }
 
 // JoinStream prepares a service's side of the bus: it creates or updates

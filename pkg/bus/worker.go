@@ -85,20 +85,43 @@ type Worker struct {
 	ConsumerInfoEvery time.Duration
 	// Log is the worker's logger.
 	Log logr.Logger
+	// Rejoin, when set, creates the consumer again (Conn.Joiner). The
+	// worker calls it when its consumer is gone: a work queue's consumer
+	// keeps its state in memory (events.IsWorkQueue), so a restarted
+	// single NATS server has forgotten it, while the stream kept its
+	// messages. Missing heartbeats tell the worker to look.
+	Rejoin func(context.Context) (jetstream.Consumer, error)
+
+	mu sync.Mutex // guards consumer and iter once Run has started
+	// consumer and iter are the consumer and the iterator in use, which
+	// rejoin replaces.
+	consumer jetstream.Consumer
+	iter     jetstream.MessagesContext
 }
+
+// pullHeartbeat is how often JetStream tells a waiting pull it is alive;
+// two missed in a row make the worker check its consumer.
+const pullHeartbeat = 5 * time.Second
 
 // Run handles messages until ctx is cancelled, then waits for the handlers
 // in flight to finish (their context is cancelled too).
 func (w *Worker) Run(ctx context.Context) error {
 	n := max(w.Concurrency, 1)
-	it, err := w.Consumer.Messages(jetstream.PullMaxMessages(n))
+	it, err := w.consume(w.Consumer)
 	if err != nil {
-		return fmt.Errorf("%s: consume: %w", w.Service, err)
+		return err
 	}
+	w.mu.Lock()
+	w.consumer, w.iter = w.Consumer, it
+	w.mu.Unlock()
 	// On shutdown, Drain stops pulling but keeps the messages already
 	// buffered readable, so each is handed back (Nak) to another replica at
 	// once instead of waiting out its AckWait.
-	stop := context.AfterFunc(ctx, it.Drain)
+	stop := context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.iter.Drain()
+	})
 	defer stop()
 
 	slots := make(chan struct{}, n)
@@ -117,6 +140,12 @@ func (w *Worker) Run(ctx context.Context) error {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
 				return nil
 			}
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				if next := w.rejoin(ctx); next != nil {
+					it = next
+				}
+				continue
+			}
 			w.Log.Error(err, "reading from consumer")
 			continue
 		}
@@ -134,6 +163,55 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
+// consume starts pulling from cons.
+func (w *Worker) consume(cons jetstream.Consumer) (jetstream.MessagesContext, error) {
+	it, err := cons.Messages(jetstream.PullMaxMessages(max(w.Concurrency, 1)),
+		jetstream.PullHeartbeat(pullHeartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	if err != nil {
+		return nil, fmt.Errorf("%s: consume: %w", w.Service, err)
+	}
+	return it, nil
+}
+
+// rejoin checks the consumer after missed heartbeats (NATS restarting, or
+// the worker busy for a while) and, if JetStream no longer knows it and
+// Rejoin is set, creates it again and returns the iterator that replaces
+// the current one; nil when nothing changed.
+func (w *Worker) rejoin(ctx context.Context) jetstream.MessagesContext {
+	if w.Rejoin == nil {
+		return nil
+	}
+	w.mu.Lock()
+	cons := w.consumer
+	w.mu.Unlock()
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := cons.Info(ictx); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	w.Log.Info("consumer lost: creating it again", "consumer", cons.CachedInfo().Name, "stream", cons.CachedInfo().Stream)
+	cons, err := w.Rejoin(ictx)
+	if err != nil {
+		w.Log.Error(err, "creating the lost consumer again; retrying at the next missed heartbeat")
+		return nil
+	}
+	it, err := w.consume(cons)
+	if err != nil {
+		w.Log.Error(err, "pulling from the consumer created again")
+		return nil
+	}
+	w.mu.Lock()
+	old := w.iter
+	w.consumer, w.iter = cons, it
+	w.mu.Unlock()
+	old.Stop()
+	if ctx.Err() != nil {
+		// Run is stopping: the drain may have missed the new iterator.
+		it.Drain()
+	}
+	return it
+}
+
 // watchConsumer records the consumer's state in Metrics at once, then every
 // ConsumerInfoEvery until ctx ends. A failed read is logged and leaves the
 // last state: the bus being down shows in /readyz.
@@ -146,7 +224,10 @@ func (w *Worker) watchConsumer(ctx context.Context) {
 	defer t.Stop()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, every)
-		info, err := w.Consumer.Info(rctx)
+		w.mu.Lock()
+		cons := w.consumer
+		w.mu.Unlock()
+		info, err := cons.Info(rctx)
 		cancel()
 		switch {
 		case err == nil:

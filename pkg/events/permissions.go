@@ -173,6 +173,12 @@ func Permissions(identity string) (p Permission, ok bool) {
 			api+"MSG.NEXT."+c.stream+"."+c.consumer,
 			"$JS.ACK."+c.stream+"."+c.consumer+".>",
 		)
+		if IsWorkQueue(c.stream) {
+			// A work queue's consumer whose state a former release kept
+			// on disk is replaced (bus.Conn.EnsureConsumer): the
+			// messages stay in the stream.
+			p.Publish = append(p.Publish, api+"DELETE."+c.stream+"."+c.consumer)
+		}
 	}
 	for _, s := range r.manages {
 		p.Publish = append(p.Publish,

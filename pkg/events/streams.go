@@ -145,5 +145,26 @@ func Consumer(stream, name string, o ConsumerOptions) jetstream.ConsumerConfig {
 		MaxDeliver:    o.MaxDeliver,
 		MaxAckPending: o.MaxAckPending,
 		DeliverPolicy: deliver,
+		MemoryStorage: IsWorkQueue(stream),
 	}
+}
+
+// IsWorkQueue reports whether stream is one of the work-queue streams of
+// Streams, where a message is removed once acknowledged.
+//
+// Their consumers keep their state (delivered and acknowledged sequences)
+// in memory, not on disk: the stream itself, on disk, holds every message
+// not yet acknowledged, so a consumer that lost its state with a NATS
+// server restart delivers exactly those again, which is what its state
+// would have said. Writing that state to disk, up to ten times a second
+// per consumer (a temporary file and a rename each time), was a fifth of
+// NATS's CPU under load. A consumer lost that way is created again by its
+// service (bus.Worker.Rejoin).
+func IsWorkQueue(stream string) bool {
+	for _, cfg := range Streams(1) {
+		if cfg.Name == stream {
+			return cfg.Retention == jetstream.WorkQueuePolicy
+		}
+	}
+	return false
 }

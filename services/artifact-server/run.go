@@ -40,7 +40,8 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer conn.Close()
-	cons, err := conn.JoinStream(ctx, events.PublishStream, events.ArtifactServerConsumer, events.ConsumerOptions{})
+	join := conn.Joiner(events.PublishStream, events.ArtifactServerConsumer, events.ConsumerOptions{})
+	cons, err := join(ctx)
 	if err != nil {
 		return err
 	}
@@ -69,6 +70,7 @@ func run(ctx context.Context, o options) error {
 	worker := &bus.Worker{
 		Service:     service,
 		Consumer:    cons,
+		Rejoin:      join,
 		Concurrency: o.concurrency,
 		Handler:     ann.Handle,
 		Metrics:     telemetry.NewJobMetrics(reg, service),

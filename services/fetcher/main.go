@@ -154,7 +154,8 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer conn.Close()
-	consumer, err := conn.JoinStream(ctx, events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
+	join := conn.Joiner(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
+	consumer, err := join(ctx)
 	if err != nil {
 		return err
 	}
@@ -200,6 +201,7 @@ func run(ctx context.Context, o options) error {
 	worker := &bus.Worker{
 		Service:     service,
 		Consumer:    consumer,
+		Rejoin:      join,
 		Concurrency: o.concurrency,
 		Handler:     handler.Handle,
 		Report:      handler.Report,

@@ -78,7 +78,8 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer conn.Close()
-	consumer, err := conn.JoinStream(ctx, events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
+	join := conn.Joiner(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
+	consumer, err := join(ctx)
 	if err != nil {
 		return err
 	}
@@ -107,6 +108,7 @@ func run(ctx context.Context, o options) error {
 	worker := &bus.Worker{
 		Service:     service,
 		Consumer:    consumer,
+		Rejoin:      join,
 		Concurrency: o.concurrency,
 		Handler:     p.Handle,
 		Report:      p.Report,

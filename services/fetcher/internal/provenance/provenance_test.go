@@ -316,7 +316,9 @@ func TestCheckCacheBounded(t *testing.T) {
 	checker.max = 2
 	now := time.Now()
 	checker.now = func() time.Time { return now }
-	key := func(name string) objectKey { return objectKey{kind: "GitRepository", namespace: "default", name: name, uid: name} }
+	key := func(name string) objectKey {
+		return objectKey{kind: "GitRepository", namespace: "default", name: name, uid: name}
+	}
 	checker.remember(key("a"), seenSpec{gen: 1})
 	now = now.Add(2 * time.Minute)
 	checker.remember(key("b"), seenSpec{gen: 1})

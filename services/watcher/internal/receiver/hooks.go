@@ -49,13 +49,15 @@ var _ manager.Runnable = (*Hooks)(nil)
 
 // Start consumes until ctx ends.
 func (h *Hooks) Start(ctx context.Context) error {
-	cons, err := h.Conn.JoinStream(ctx, events.HookStream, events.WatcherConsumer, events.ConsumerOptions{MaxAckPending: 64})
+	join := h.Conn.Joiner(events.HookStream, events.WatcherConsumer, events.ConsumerOptions{MaxAckPending: 64})
+	cons, err := join(ctx)
 	if err != nil {
 		return err
 	}
 	w := &bus.Worker{
 		Service:     "watcher",
 		Consumer:    cons,
+		Rejoin:      join,
 		Concurrency: 4,
 		Handler:     h.handle,
 		Metrics:     h.Metrics,

@@ -54,12 +54,13 @@ var _ manager.Runnable = (*Consumer)(nil)
 
 // Start consumes the reports until ctx ends.
 func (c *Consumer) Start(ctx context.Context) error {
-	cons, err := c.Conn.JoinStream(ctx, events.DeliveryStream, events.WatcherConsumer,
+	join := c.Conn.Joiner(events.DeliveryStream, events.WatcherConsumer,
 		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), MaxDeliver: reportAttempts})
+	cons, err := join(ctx)
 	if err != nil {
 		return err
 	}
-	w := &bus.Worker{Service: "watcher", Consumer: cons, Concurrency: c.Concurrency, Handler: c.handle, Metrics: c.Metrics, Log: c.Log}
+	w := &bus.Worker{Service: "watcher", Consumer: cons, Rejoin: join, Concurrency: c.Concurrency, Handler: c.handle, Metrics: c.Metrics, Log: c.Log}
 	return w.Run(ctx)
 }
 
