@@ -179,20 +179,22 @@ func keyOf(key, suffix string) (string, bool) {
 	return k, true
 }
 
-// Record adds the artifact stored at from to the cache under idx.Key: it
-// writes the index, then copies the artifact to idx.Artifact. A reader
-// that finds the index before the copy exists sees a miss, never a wrong
-// artifact: a key's artifact is the same bytes whoever makes it.
-func Record(ctx context.Context, store storage.Storage, from string, idx Index) error {
+// Record adds the artifact from (as Put, Stat or Open described it) to the
+// cache under idx.Key: it writes the index, then copies the artifact to
+// idx.Artifact, only if from's key still holds the object described
+// (storage.CopyMatching; on S3 two requests in all). A reader that finds
+// the index before the copy exists sees a miss, never a wrong artifact: a
+// key's artifact is the same bytes whoever makes it.
+func Record(ctx context.Context, store storage.Storage, from storage.Info, idx Index) error {
 	if err := writeIndex(ctx, store, &idx); err != nil {
 		return err
 	}
-	info, err := store.Copy(ctx, from, idx.Artifact)
+	info, err := store.CopyMatching(ctx, from, idx.Artifact)
 	if err != nil {
 		return fmt.Errorf("content cache: %w", err)
 	}
 	if info.Size != idx.Size {
-		return fmt.Errorf("content cache: copied %d bytes of %s, want %d", info.Size, from, idx.Size)
+		return fmt.Errorf("content cache: copied %d bytes of %s, want %d", info.Size, from.Key, idx.Size)
 	}
 	return nil
 }
