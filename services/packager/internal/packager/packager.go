@@ -324,8 +324,11 @@ func (p *Packager) announce(ctx context.Context, j *packaging, artifact *meta.Ar
 		log = log.WithValues("reused", j.Reuse.Key)
 	}
 	log.Info("artifact stored", "artifact", j.key, "digest", artifact.Digest, "size", *artifact.Size, "revision", j.Revision)
-	p.deleteStaging(ctx, j.Staging)
+	// Independent of each other: at once (on S3, overlapping round trips).
+	var wg sync.WaitGroup
+	wg.Go(func() { p.deleteStaging(ctx, j.Staging) })
 	p.collect(ctx, j.dir, j.key)
+	wg.Wait()
 	return nil
 }
 
