@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -74,6 +75,17 @@ func TestRecord(t *testing.T) {
 	}
 	if err := storage.Verify(ctx, s, ArtifactKey(k), "sha256:"+hex.EncodeToString(sha256sum("tarball"))); err != nil {
 		t.Errorf("cached artifact: %v", err)
+	}
+
+	// An artifact replaced since it was described is not copied.
+	if _, err := s.Put(ctx, from.Key, strings.NewReader("tarball")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Record(ctx, s, from, idx); !errors.Is(err, storage.ErrChanged) {
+		t.Errorf("Record of a replaced artifact: %v, want ErrChanged", err)
+	}
+	if from, err = s.Stat(ctx, from.Key); err != nil {
+		t.Fatal(err)
 	}
 
 	// A size that does not match is an error.

@@ -62,7 +62,9 @@ type Object interface {
 // implementation is safe for concurrent use by many processes.
 type Storage interface {
 	// Put stores r's content under key atomically: readers see the old
-	// object or the complete new one, never a partial one.
+	// object or the complete new one, never a partial one. It describes
+	// what it stored; the ModTime may be the writer's clock (S3), where
+	// Stat's is the store's.
 	Put(ctx context.Context, key string, r io.Reader) (Info, error)
 	// Open opens key for reading.
 	Open(ctx context.Context, key string) (Object, error)
