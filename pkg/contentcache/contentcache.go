@@ -28,6 +28,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -113,8 +114,34 @@ func Key(kind string, identity []string, revision string, includes []events.Incl
 // Lookup returns the index of key when the cache holds an artifact for it
 // made from revision, nil when it does not. It checks that the cached
 // artifact is stored with the recorded size, and writes nothing. Errors are
-// the storage's, or a cancelled ctx; a malformed index is a miss.
+// the storage's, or a cancelled ctx; a malformed index is a miss. The index
+// is read while the artifact is described (its key follows from key), so on
+// S3 a look-up waits for one round trip, not two.
 func Lookup(ctx context.Context, store storage.Storage, key, revision string) (*Index, error) {
+	var (
+		info    storage.Info
+		statErr error
+		wg      sync.WaitGroup
+	)
+	wg.Go(func() { info, statErr = store.Stat(ctx, ArtifactKey(key)) })
+	idx, err := readIndex(ctx, store, key, revision)
+	wg.Wait()
+	switch {
+	case err != nil || idx == nil:
+		return nil, err
+	case errors.Is(statErr, storage.ErrNotFound):
+		return nil, nil
+	case statErr != nil:
+		return nil, fmt.Errorf("content cache: %w", statErr)
+	case info.Size != idx.Size:
+		return nil, nil
+	}
+	return idx, nil
+}
+
+// readIndex reads the index of key, nil when there is none or it is not
+// one of an artifact of revision.
+func readIndex(ctx context.Context, store storage.Storage, key, revision string) (*Index, error) {
 	obj, err := store.Open(ctx, IndexKey(key))
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, nil
@@ -131,16 +158,6 @@ func Lookup(ctx context.Context, store storage.Storage, key, revision string) (*
 	if len(body) > maxIndexSize || json.Unmarshal(body, &idx) != nil || idx.Key != key || idx.Artifact != ArtifactKey(key) ||
 		idx.Revision != revision || idx.Size < 0 || idx.Digest == "" || idx.ArtifactName == "" ||
 		!strings.HasPrefix(idx.Digest, idx.Algorithm+":") {
-		return nil, nil
-	}
-	info, err := store.Stat(ctx, idx.Artifact)
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("content cache: %w", err)
-	}
-	if info.Size != idx.Size {
 		return nil, nil
 	}
 	return &idx, nil
@@ -179,20 +196,22 @@ func keyOf(key, suffix string) (string, bool) {
 	return k, true
 }
 
-// Record adds the artifact stored at from to the cache under idx.Key: it
-// writes the index, then copies the artifact to idx.Artifact. A reader
-// that finds the index before the copy exists sees a miss, never a wrong
-// artifact: a key's artifact is the same bytes whoever makes it.
-func Record(ctx context.Context, store storage.Storage, from string, idx Index) error {
+// Record adds the artifact from (as Put, Stat or Open described it) to the
+// cache under idx.Key: it writes the index, then copies the artifact to
+// idx.Artifact, only if from's key still holds the object described
+// (storage.CopyMatching; on S3 two requests in all). A reader that finds
+// the index before the copy exists sees a miss, never a wrong artifact: a
+// key's artifact is the same bytes whoever makes it.
+func Record(ctx context.Context, store storage.Storage, from storage.Info, idx Index) error {
 	if err := writeIndex(ctx, store, &idx); err != nil {
 		return err
 	}
-	info, err := store.Copy(ctx, from, idx.Artifact)
+	info, err := store.CopyMatching(ctx, from, idx.Artifact)
 	if err != nil {
 		return fmt.Errorf("content cache: %w", err)
 	}
 	if info.Size != idx.Size {
-		return fmt.Errorf("content cache: copied %d bytes of %s, want %d", info.Size, from, idx.Size)
+		return fmt.Errorf("content cache: copied %d bytes of %s, want %d", info.Size, from.Key, idx.Size)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -43,11 +44,14 @@ func exists(s *storage.Dir, k string) bool {
 func TestRecord(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
-	put(t, s, "gitrepository/default/app/abc.tar.gz", "tarball")
+	from, err := s.Put(ctx, "gitrepository/default/app/abc.tar.gz", strings.NewReader("tarball"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	k := key("app")
 	idx := Index{Key: k, Digest: "sha256:00", Algorithm: "sha256", Size: 7, Revision: "main@sha1:abc",
 		ArtifactName: "abc.tar.gz", EventMessage: "stored artifact for commit 'x'"}
-	if err := Record(ctx, s, "gitrepository/default/app/abc.tar.gz", idx); err != nil {
+	if err := Record(ctx, s, from, idx); err != nil {
 		t.Fatal(err)
 	}
 	obj, err := s.Open(ctx, IndexKey(k))
@@ -73,14 +77,25 @@ func TestRecord(t *testing.T) {
 		t.Errorf("cached artifact: %v", err)
 	}
 
+	// An artifact replaced since it was described is not copied.
+	if _, err := s.Put(ctx, from.Key, strings.NewReader("tarball")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Record(ctx, s, from, idx); !errors.Is(err, storage.ErrChanged) {
+		t.Errorf("Record of a replaced artifact: %v, want ErrChanged", err)
+	}
+	if from, err = s.Stat(ctx, from.Key); err != nil {
+		t.Fatal(err)
+	}
+
 	// A size that does not match is an error.
 	idx.Size = 8
-	if err := Record(ctx, s, "gitrepository/default/app/abc.tar.gz", idx); err == nil {
+	if err := Record(ctx, s, from, idx); err == nil {
 		t.Error("Record accepted a size that does not match")
 	}
 	for _, bad := range []string{"", "../x", strings.Repeat("A", 64), strings.Repeat("a", 63)} {
 		idx.Key = bad
-		if err := Record(ctx, s, "gitrepository/default/app/abc.tar.gz", idx); err == nil {
+		if err := Record(ctx, s, from, idx); err == nil {
 			t.Errorf("Record accepted key %q", bad)
 		}
 	}

@@ -250,6 +250,21 @@ func (d *Dir) SetLatest(_ context.Context, key, target string) error {
 // the file system cannot link, the bytes are copied with Put. A latest
 // pointer as src is copied as its target's content.
 func (d *Dir) Copy(ctx context.Context, src, dst string) (Info, error) {
+	return d.copy(ctx, src, dst, "")
+}
+
+// CopyMatching is Copy, checking that the file linked (or read) is the one
+// src describes: the link is made under its temporary name, described,
+// and renamed over dst only when its ETag is src's.
+func (d *Dir) CopyMatching(ctx context.Context, src Info, dst string) (Info, error) {
+	if src.ETag == "" {
+		return Info{}, fmt.Errorf("copy %s: %w: no ETag to match", src.Key, ErrInvalidKey)
+	}
+	return d.copy(ctx, src.Key, dst, src.ETag)
+}
+
+// copy is Copy, or CopyMatching when etag is not empty.
+func (d *Dir) copy(ctx context.Context, src, dst, etag string) (Info, error) {
 	src, err := CleanKey(src)
 	if err != nil {
 		return Info{}, err
@@ -266,10 +281,14 @@ func (d *Dir) Copy(ctx context.Context, src, dst string) (Info, error) {
 	}
 	switch {
 	case src == dst:
-		return d.Stat(ctx, dst)
+		info, err := d.Stat(ctx, dst)
+		if err == nil && etag != "" && info.ETag != etag {
+			return Info{}, fmt.Errorf("copy %s: %w", src, ErrChanged)
+		}
+		return info, err
 	case fi.Mode()&fs.ModeSymlink != 0:
 		// A link to a symlink would resolve beside dst, not beside src.
-		return d.copyBytes(ctx, src, dst)
+		return d.copyBytes(ctx, src, dst, etag)
 	case !fi.Mode().IsRegular():
 		return Info{}, fmt.Errorf("copy %s: %w", src, ErrNotFound)
 	}
@@ -280,7 +299,19 @@ func (d *Dir) Copy(ctx context.Context, src, dst string) (Info, error) {
 			return Info{}, fmt.Errorf("copy %w", err)
 		}
 		// No hard links here (some network file systems): copy the bytes.
-		return d.copyBytes(ctx, src, dst)
+		return d.copyBytes(ctx, src, dst, etag)
+	}
+	if etag != "" {
+		// The link shares the file, its mtime and size, so its ETag is
+		// that of the file src named when it was linked.
+		ti, err := d.root.Stat(tmp)
+		if err != nil || info(src, ti).ETag != etag {
+			_ = d.root.Remove(tmp)
+			if err != nil {
+				return Info{}, fmt.Errorf("copy %s to %s: %w", src, dst, err)
+			}
+			return Info{}, fmt.Errorf("copy %s to %s: %w", src, dst, ErrChanged)
+		}
 	}
 	if err := d.root.Rename(tmp, dst); err != nil {
 		_ = d.root.Remove(tmp)
@@ -315,13 +346,17 @@ func (d *Dir) linkIn(dir, src, name string) error {
 	return err
 }
 
-// copyBytes copies src's content to dst with Put.
-func (d *Dir) copyBytes(ctx context.Context, src, dst string) (Info, error) {
+// copyBytes copies src's content to dst with Put; when etag is not empty,
+// only if the file opened has it.
+func (d *Dir) copyBytes(ctx context.Context, src, dst, etag string) (Info, error) {
 	obj, err := d.Open(ctx, src)
 	if err != nil {
 		return Info{}, fmt.Errorf("copy %w", err)
 	}
 	defer obj.Close()
+	if etag != "" && obj.Info().ETag != etag {
+		return Info{}, fmt.Errorf("copy %s to %s: %w", src, dst, ErrChanged)
+	}
 	info, err := d.Put(ctx, dst, obj)
 	if err != nil {
 		return Info{}, fmt.Errorf("copy %s: %w", src, err)

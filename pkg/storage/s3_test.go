@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -332,5 +333,65 @@ func TestOptionsOpenDefaultsToDir(t *testing.T) {
 	opts.Backend = "tape"
 	if _, err := opts.OpenContext(t.Context()); err == nil || !strings.Contains(err.Error(), `unknown backend "tape"`) {
 		t.Fatalf("unknown backend: %v", err)
+	}
+}
+
+// TestS3RequestsPerOperation counts the requests of each operation on S3:
+// the answer to a PUT, a GET or a copy describes the object, so no
+// operation asks again (see docs/design.md, "What S3 costs").
+func TestS3RequestsPerOperation(t *testing.T) {
+	srv := miniotest.New(t)
+	srv.MakeBucket(t, "artifacts")
+	client, requests := srv.CountingClient(t)
+	s, err := storage.NewS3(client, "artifacts", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const dir = "gitrepository/ns/app"
+	var put storage.Info
+	for _, op := range []struct {
+		name, want string
+		run        func() error
+	}{
+		{"Put", "PUT=1", func() (err error) {
+			put, err = s.Put(ctx, dir+"/a.tar.gz", strings.NewReader("content"))
+			return err
+		}},
+		// Initiate, three parts, complete.
+		{"Put, 40 MiB streamed", "POST=2 PUT=3", func() error {
+			_, err := s.Put(ctx, dir+"/big.tar.gz", unknownLength{io.LimitReader(rand.NewChaCha8([32]byte{}), 40<<20)})
+			return err
+		}},
+		{"Open and read through", "GET=1", func() error {
+			obj, err := s.Open(ctx, put.Key)
+			if err != nil {
+				return err
+			}
+			defer obj.Close()
+			_, err = io.Copy(io.Discard, obj)
+			return err
+		}},
+		{"Open of a missing key", "GET=1", func() error {
+			if _, err := s.Open(ctx, dir+"/missing"); !errors.Is(err, storage.ErrNotFound) {
+				return fmt.Errorf("Open of a missing key: %v, want ErrNotFound", err)
+			}
+			return nil
+		}},
+		{"Stat", "HEAD=1", func() error { _, err := s.Stat(ctx, put.Key); return err }},
+		{"Copy", "COPY=1 HEAD=1", func() error { _, err := s.Copy(ctx, put.Key, ".cache/a.tar.gz"); return err }},
+		{"CopyMatching", "COPY=1", func() error { _, err := s.CopyMatching(ctx, put, "other/ns/app/a.tar.gz"); return err }},
+		{"SetLatest", "COPY=1", func() error { return s.SetLatest(ctx, dir+"/"+storage.LatestName, put.Key) }},
+		{"List", "LIST=1", func() error { _, err := s.List(ctx, dir); return err }},
+		{"Delete", "DELETE=1", func() error { return s.Delete(ctx, dir+"/big.tar.gz") }},
+	} {
+		requests.Take()
+		if err := op.run(); err != nil {
+			t.Fatalf("%s: %v", op.name, err)
+		}
+		if got := requests.Take(); got != op.want {
+			t.Errorf("%s: requests %s, want %s", op.name, got, op.want)
+		}
 	}
 }

@@ -35,6 +35,10 @@ var ErrNotFound = errors.New("not found")
 // path inside the storage.
 var ErrInvalidKey = errors.New("invalid key")
 
+// ErrChanged is returned (wrapped) by CopyMatching when the source key no
+// longer holds the object the caller described.
+var ErrChanged = errors.New("object changed")
+
 // Info describes a stored object.
 type Info struct {
 	// Key of the object.
@@ -58,7 +62,9 @@ type Object interface {
 // implementation is safe for concurrent use by many processes.
 type Storage interface {
 	// Put stores r's content under key atomically: readers see the old
-	// object or the complete new one, never a partial one.
+	// object or the complete new one, never a partial one. It describes
+	// what it stored; the ModTime may be the writer's clock (S3), where
+	// Stat's is the store's.
 	Put(ctx context.Context, key string, r io.Reader) (Info, error)
 	// Open opens key for reading.
 	Open(ctx context.Context, key string) (Object, error)
@@ -77,6 +83,12 @@ type Storage interface {
 	// copy on S3), and describes dst. A missing src wraps ErrNotFound. The
 	// copy's ModTime and ETag may be src's (Dir) or new ones (S3).
 	Copy(ctx context.Context, src, dst string) (Info, error)
+	// CopyMatching is Copy of the object src describes (as Open, Stat or
+	// Put described it, by its ETag): when src.Key now holds another
+	// object it fails wrapping ErrChanged and leaves dst alone, so dst
+	// gets exactly the bytes the caller saw. It saves Copy's look-up of
+	// src (on S3 one request instead of two).
+	CopyMatching(ctx context.Context, src Info, dst string) (Info, error)
 }
 
 // TemporarySweeper is a Storage whose writes leave temporary files behind

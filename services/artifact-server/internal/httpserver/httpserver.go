@@ -66,29 +66,58 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	obj, err := h.store.Open(r.Context(), key)
-	if err != nil {
-		if notFound(err) {
-			if !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrInvalidKey) {
-				// Something is at the key but cannot be served from it.
-				h.log.Info("refusing unservable key", "key", key, "error", err.Error())
-			}
-			http.NotFound(w, r)
+	if r.Method == http.MethodHead {
+		// No body: a description is enough (on S3 a HEAD, where Open is a
+		// GET of the whole object).
+		info, err := h.store.Stat(r.Context(), key)
+		if err != nil {
+			h.unservable(w, r, key, err)
 			return
 		}
-		h.log.Error(err, "opening artifact", "key", key)
-		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+		h.serveContent(w, r, key, info, io.NewSectionReader(unread{}, 0, info.Size))
+		return
+	}
+	obj, err := h.store.Open(r.Context(), key)
+	if err != nil {
+		h.unservable(w, r, key, err)
 		return
 	}
 	defer obj.Close()
-	info := obj.Info()
+	h.serveContent(w, r, key, obj.Info(), obj)
+}
+
+// unservable answers a request for key that storage could not open or
+// describe: 404 for what is not there to serve, 500 otherwise.
+func (h *Handler) unservable(w http.ResponseWriter, r *http.Request, key string, err error) {
+	if notFound(err) {
+		if !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrInvalidKey) {
+			// Something is at the key but cannot be served from it.
+			h.log.Info("refusing unservable key", "key", key, "error", err.Error())
+		}
+		http.NotFound(w, r)
+		return
+	}
+	h.log.Error(err, "opening artifact", "key", key)
+	http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+}
+
+// serveContent serves content, the object info describes.
+func (h *Handler) serveContent(w http.ResponseWriter, r *http.Request, key string, info storage.Info, content io.ReadSeeker) {
 	hdr := w.Header()
 	hdr.Set("Content-Type", ContentType(key))
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	if info.ETag != "" {
 		hdr.Set("ETag", info.ETag)
 	}
-	http.ServeContent(w, r, path.Base(key), info.ModTime, obj)
+	http.ServeContent(w, r, path.Base(key), info.ModTime, content)
+}
+
+// unread is the content of a HEAD request, which http.ServeContent seeks
+// (for the size) but never reads.
+type unread struct{}
+
+func (unread) ReadAt([]byte, int64) (int, error) {
+	return 0, errors.New("the body of a HEAD request is not read")
 }
 
 // Key turns a request path into the storage key it may serve: ok is false

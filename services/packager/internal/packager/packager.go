@@ -31,6 +31,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -119,11 +120,12 @@ func archiveFailure(h failure.Handling, format string, args ...any) *failure.Err
 
 // input is the content-in stage of the pipeline: it writes a job's
 // artifact to storage at key and describes it, with its digest in the
-// packager's algorithm computed from the bytes written. Its errors are
-// *failure.Error, or wrap errStagingGone when the staged content it reads
-// is gone.
+// packager's algorithm computed from the bytes written, and as storage
+// described the object it stored (what the content cache copies). Its
+// errors are *failure.Error, or wrap errStagingGone when the staged content
+// it reads is gone.
 type input interface {
-	write(ctx context.Context, key string) (*meta.Artifact, error)
+	write(ctx context.Context, key string) (*meta.Artifact, storage.Info, error)
 }
 
 // errStagingGone is wrapped by an input's error when the staged content
@@ -188,62 +190,68 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched) error 
 	if err != nil {
 		return err
 	}
-	artifact, err := j.in.write(ctx, j.key)
+	artifact, info, err := j.in.write(ctx, j.key)
 	switch {
 	case errors.Is(err, errStagingGone):
 		// The latest pointer is left alone: a newer job may have moved
 		// it on since the artifact was stored.
-		if artifact, err = p.stored(ctx, j); err != nil {
+		if artifact, info, err = p.stored(ctx, j); err != nil {
 			return err
 		}
+		p.record(ctx, j, artifact, info)
 	case err != nil:
 		return err
 	default:
-		if err := p.store.SetLatest(ctx, path.Join(j.dir, storage.LatestName), j.key); err != nil {
+		// The pointer and the content cache are independent objects:
+		// both are written at once (on S3, their round trips overlap).
+		// Recorded before it is announced, so that whoever learns of the
+		// artifact can reuse it.
+		var wg sync.WaitGroup
+		wg.Go(func() { p.record(ctx, j, artifact, info) })
+		err := p.store.SetLatest(ctx, path.Join(j.dir, storage.LatestName), j.key)
+		wg.Wait()
+		if err != nil {
 			return archiveFailure(failure.Transient, "update latest pointer: %w", err)
 		}
 		p.observe(j, artifact)
 	}
-	// Recorded before it is announced, so that whoever learns of the
-	// artifact can reuse it.
-	p.record(ctx, j, artifact)
 	return p.announce(ctx, j, artifact)
 }
 
 // stored describes the artifact an earlier attempt of j stored, for a job
 // redelivered after its staged content was deleted: that attempt stored,
 // pointed at and announced the artifact before deleting it.
-func (p *Packager) stored(ctx context.Context, j *packaging) (*meta.Artifact, error) {
-	artifact, err := p.describe(ctx, j.key)
+func (p *Packager) stored(ctx context.Context, j *packaging) (*meta.Artifact, storage.Info, error) {
+	artifact, info, err := p.describe(ctx, j.key)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		return nil, archiveFailure(failure.Final, "staged content %s is gone and artifact %s is not stored", j.Staging, j.key)
+		return nil, info, archiveFailure(failure.Final, "staged content %s is gone and artifact %s is not stored", j.Staging, j.key)
 	case err != nil:
-		return nil, archiveFailure(failure.Transient, "%w", err)
+		return nil, info, archiveFailure(failure.Transient, "%w", err)
 	}
 	logr.FromContextOrDiscard(ctx).Info("staged content gone, artifact already stored", "artifact", j.key)
-	return artifact, nil
+	return artifact, info, nil
 }
 
 // describe describes the artifact stored at key, computing its digest from
-// the stored bytes.
-func (p *Packager) describe(ctx context.Context, key string) (*meta.Artifact, error) {
+// the stored bytes, and returns what storage said of the object it read.
+func (p *Packager) describe(ctx context.Context, key string) (*meta.Artifact, storage.Info, error) {
 	obj, err := p.store.Open(ctx, key)
 	if err != nil {
-		return nil, err
+		return nil, storage.Info{}, err
 	}
 	defer obj.Close()
 	digester := p.opts.Algorithm().Digester()
 	n, err := io.Copy(digester.Hash(), obj)
 	if err != nil {
-		return nil, fmt.Errorf("read artifact %s: %w", key, err)
+		return nil, storage.Info{}, fmt.Errorf("read artifact %s: %w", key, err)
 	}
 	return &meta.Artifact{
 		Path:           key,
 		Digest:         digester.Digest().String(),
 		Size:           &n,
 		LastUpdateTime: metav1.NewTime(obj.Info().ModTime),
-	}, nil
+	}, obj.Info(), nil
 }
 
 func (p *Packager) observe(j *packaging, artifact *meta.Artifact) {
@@ -261,7 +269,7 @@ func (p *Packager) observe(j *packaging, artifact *meta.Artifact) {
 // its content key; reused content refreshes the index of the entry it was
 // copied from, so that the janitor keeps an entry in use. A failure is
 // only logged: the cache is an optimisation.
-func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Artifact) {
+func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Artifact, stored storage.Info) {
 	if j.cacheKey == "" || p.opts.ContentCacheTTL <= 0 {
 		return
 	}
@@ -282,7 +290,7 @@ func (p *Packager) record(ctx context.Context, j *packaging, artifact *meta.Arti
 		}
 		return
 	}
-	if err := contentcache.Record(ctx, p.store, j.key, idx); err != nil {
+	if err := contentcache.Record(ctx, p.store, stored, idx); err != nil {
 		log.Error(err, "recording the artifact in the content cache failed", "key", j.cacheKey)
 		return
 	}
@@ -316,8 +324,11 @@ func (p *Packager) announce(ctx context.Context, j *packaging, artifact *meta.Ar
 		log = log.WithValues("reused", j.Reuse.Key)
 	}
 	log.Info("artifact stored", "artifact", j.key, "digest", artifact.Digest, "size", *artifact.Size, "revision", j.Revision)
-	p.deleteStaging(ctx, j.Staging)
+	// Independent of each other: at once (on S3, overlapping round trips).
+	var wg sync.WaitGroup
+	wg.Go(func() { p.deleteStaging(ctx, j.Staging) })
 	p.collect(ctx, j.dir, j.key)
+	wg.Wait()
 	return nil
 }
 

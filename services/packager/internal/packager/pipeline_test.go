@@ -159,6 +159,8 @@ func TestFailureClassification(t *testing.T) {
 		{step: "reuse: open", setup: reuse, fault: fault{op: "open", prefix: contentcache.Dir}, want: storageFailed("disk on fire")},
 		{step: "reuse: read", setup: reuse, fault: fault{op: "read", prefix: contentcache.Dir}, want: storageFailed("read artifact .cache/")},
 		{step: "reuse: copy", setup: reuse, fault: fault{op: "copy", prefix: contentcache.Dir}, want: storageFailed("copy cached artifact: disk on fire")},
+		{step: "reuse: cached artifact replaced after the check", setup: reuse, fault: fault{op: "replace", prefix: contentcache.Dir},
+			want: storageFailed("copy cached artifact: copy .cache/")},
 		{step: "latest", fault: fault{op: "latest", prefix: appDir}, want: storageFailed("update latest pointer: disk on fire")},
 		{step: "latest, reused", setup: reuse, fault: fault{op: "latest", prefix: appDir}, want: storageFailed("update latest pointer: disk on fire")},
 		{step: "announce", bus: true},
@@ -202,7 +204,8 @@ func TestFailureClassification(t *testing.T) {
 }
 
 // fault is a storage one operation of which fails for the keys under
-// prefix: "open", "read" (an object whose reads break halfway), "put",
+// prefix: "open", "read" (an object whose reads break halfway), "replace"
+// (an object written again, with the same bytes, as soon as it is opened), "put",
 // "short-put" (stored, but reported one byte short), "stat", "copy" (of
 // a source key) or "latest".
 type fault struct {
@@ -219,6 +222,12 @@ func (f *fault) Open(ctx context.Context, key string) (storage.Object, error) {
 		return nil, errDiskOnFire
 	}
 	obj, err := f.Storage.Open(ctx, key)
+	if err == nil && f.hit("replace", key) {
+		// The same bytes written again: another object, by its ETag.
+		if _, err := f.Storage.Put(ctx, key, io.NewSectionReader(obj.(io.ReaderAt), 0, obj.Info().Size)); err != nil {
+			return nil, err
+		}
+	}
 	if err != nil || !f.hit("read", key) {
 		return obj, err
 	}
@@ -252,6 +261,13 @@ func (f *fault) Copy(ctx context.Context, src, dst string) (storage.Info, error)
 		return storage.Info{}, errDiskOnFire
 	}
 	return f.Storage.Copy(ctx, src, dst)
+}
+
+func (f *fault) CopyMatching(ctx context.Context, src storage.Info, dst string) (storage.Info, error) {
+	if f.hit("copy", src.Key) {
+		return storage.Info{}, errDiskOnFire
+	}
+	return f.Storage.CopyMatching(ctx, src, dst)
 }
 
 func (f *fault) SetLatest(ctx context.Context, key, target string) error {

@@ -30,34 +30,37 @@ type cachedArtifact struct {
 	cacheKey string
 }
 
-func (c *cachedArtifact) write(ctx context.Context, key string) (*meta.Artifact, error) {
+func (c *cachedArtifact) write(ctx context.Context, key string) (*meta.Artifact, storage.Info, error) {
 	r := c.reuse
 	// The cached artifact is checked before it is copied, so one that is
 	// not what its record says never replaces what key holds (an intact
-	// artifact of the same revision, say).
-	artifact, err := c.p.describe(ctx, r.Key)
+	// artifact of the same revision, say); the copy is of the object
+	// checked (CopyMatching), never of one that replaced it meanwhile.
+	artifact, cached, err := c.p.describe(ctx, r.Key)
 	if err != nil {
-		return nil, c.unavailable(err)
+		return nil, storage.Info{}, c.unavailable(err)
 	}
 	recorded, err := digest.Parse(r.Digest)
 	switch {
 	case *artifact.Size != r.Size:
-		return nil, c.mismatch(ctx, "cached artifact %s is %d bytes, recorded as %d", r.Key, *artifact.Size, r.Size)
+		return nil, storage.Info{}, c.mismatch(ctx, "cached artifact %s is %d bytes, recorded as %d", r.Key, *artifact.Size, r.Size)
 	case err != nil:
-		return nil, c.mismatch(ctx, "cached artifact %s has an invalid digest %q", r.Key, r.Digest)
+		return nil, storage.Info{}, c.mismatch(ctx, "cached artifact %s has an invalid digest %q", r.Key, r.Digest)
 	case recorded.Algorithm() == c.p.opts.Algorithm() && recorded.String() != artifact.Digest:
-		return nil, c.mismatch(ctx, "cached artifact %s does not match its digest '%s'", r.Key, r.Digest)
+		return nil, storage.Info{}, c.mismatch(ctx, "cached artifact %s does not match its digest '%s'", r.Key, r.Digest)
 	}
-	info, err := c.p.store.Copy(ctx, r.Key, key)
+	info, err := c.p.store.CopyMatching(ctx, cached, key)
 	if err != nil {
-		return nil, c.unavailable(fmt.Errorf("copy cached artifact: %w", err))
+		// A cached artifact replaced since it was checked (recorded
+		// again) is checked again at the job's next attempt.
+		return nil, storage.Info{}, c.unavailable(fmt.Errorf("copy cached artifact: %w", err))
 	}
 	if info.Size != r.Size {
-		return nil, archiveFailure(failure.Transient, "copy of cached artifact %s is %d bytes, recorded as %d", r.Key, info.Size, r.Size)
+		return nil, storage.Info{}, archiveFailure(failure.Transient, "copy of cached artifact %s is %d bytes, recorded as %d", r.Key, info.Size, r.Size)
 	}
 	artifact.Path = key
 	artifact.LastUpdateTime = metav1.NewTime(c.p.now())
-	return artifact, nil
+	return artifact, info, nil
 }
 
 // unavailable is the failure of a cached artifact storage cannot give:

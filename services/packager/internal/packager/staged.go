@@ -27,14 +27,14 @@ type stagedTar struct {
 	job *events.Fetched
 }
 
-func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, error) {
+func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, storage.Info, error) {
 	p, f := s.p, s.job
 	if err := checkIncludes(f.Job.Object, f.Includes); err != nil {
-		return nil, err
+		return nil, storage.Info{}, err
 	}
 	obj, err := p.openStaged(ctx, f)
 	if err != nil {
-		return nil, err
+		return nil, storage.Info{}, err
 	}
 	defer obj.Close()
 
@@ -44,7 +44,7 @@ func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, erro
 	if len(f.Includes) > 0 {
 		objs, err := p.openIncludes(ctx, f.Includes)
 		if err != nil {
-			return nil, err
+			return nil, storage.Info{}, err
 		}
 		defer closeAll(objs)
 		logr.FromContextOrDiscard(ctx).V(1).Info("merging includes", "includes", describeIncludes(f.Includes))
@@ -67,12 +67,12 @@ func (s *stagedTar) write(ctx context.Context, key string) (*meta.Artifact, erro
 		g.fail(archiveFailure(failure.Transient, "store artifact: %w", err))
 	}
 	if err := g.wait(); err != nil {
-		return nil, err
+		return nil, storage.Info{}, err
 	}
 	if info.Size != res.Size {
-		return nil, archiveFailure(failure.Transient, "store artifact %s: wrote %d bytes, stored %d", key, res.Size, info.Size)
+		return nil, storage.Info{}, archiveFailure(failure.Transient, "store artifact %s: wrote %d bytes, stored %d", key, res.Size, info.Size)
 	}
-	return p.newArtifact(key, res.Digest.String(), res.Size), nil
+	return p.newArtifact(key, res.Digest.String(), res.Size), info, nil
 }
 
 // openStaged opens f's staged content; when it is gone the error wraps

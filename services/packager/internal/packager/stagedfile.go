@@ -10,6 +10,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/pkg/storage"
 )
 
 // stagedFile is the input of content the fetcher staged as the artifact
@@ -21,14 +22,14 @@ type stagedFile struct {
 	job *events.Fetched
 }
 
-func (s *stagedFile) write(ctx context.Context, key string) (*meta.Artifact, error) {
+func (s *stagedFile) write(ctx context.Context, key string) (*meta.Artifact, storage.Info, error) {
 	p, f := s.p, s.job
 	if len(f.Includes) > 0 {
-		return nil, archiveFailure(failure.Final, "content staged as a file takes no includes")
+		return nil, storage.Info{}, archiveFailure(failure.Final, "content staged as a file takes no includes")
 	}
 	obj, err := p.openStaged(ctx, f)
 	if err != nil {
-		return nil, err
+		return nil, storage.Info{}, err
 	}
 	defer obj.Close()
 
@@ -44,13 +45,13 @@ func (s *stagedFile) write(ctx context.Context, key string) (*meta.Artifact, err
 	switch {
 	case tooLarge:
 		// Put failed on the limit, which the same content reaches again.
-		return nil, archiveFailure(failure.Final, "file too large: over the limit of %d bytes", p.opts.MaxFileSize)
+		return nil, storage.Info{}, archiveFailure(failure.Final, "file too large: over the limit of %d bytes", p.opts.MaxFileSize)
 	case readErr != nil:
-		return nil, archiveFailure(failure.Transient, "read staged content: %w", readErr)
+		return nil, storage.Info{}, archiveFailure(failure.Transient, "read staged content: %w", readErr)
 	case err != nil:
-		return nil, archiveFailure(failure.Transient, "store artifact: %w", err)
+		return nil, storage.Info{}, archiveFailure(failure.Transient, "store artifact: %w", err)
 	}
-	return p.newArtifact(key, digester.Digest().String(), info.Size), nil
+	return p.newArtifact(key, digester.Digest().String(), info.Size), info, nil
 }
 
 // errTooLarge ends a read past the size limit.
