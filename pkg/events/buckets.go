@@ -35,7 +35,12 @@ func Buckets(replicas int) []jetstream.KeyValueConfig {
 		LimitMarkerTTL: FlightTTL,
 		// An entry holds a Fetched job, which is small.
 		MaxValueSize: 256 << 10,
-		Storage:      jetstream.FileStorage,
+		// A lease lives seconds and losing it costs one duplicate
+		// download (a restarted NATS server forgets the fetches in
+		// flight, whose fetchers then fetch on their own): in memory it
+		// costs NATS no disk write, where every distinct content key
+		// writes an entry twice.
+		Storage: jetstream.MemoryStorage,
 		Replicas:     max(replicas, 1),
 	}}
 }
