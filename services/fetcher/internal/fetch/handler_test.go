@@ -572,17 +572,26 @@ func eventuallyHistogramCount(t *testing.T, reg *prometheus.Registry, name, resu
 
 func jobsTotal(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	must(t, err)
+	return labelledCounter(t, "headwater_jobs_total", "result", result, reg)
+}
+
+// labelledCounter sums the counter name's series whose label has value,
+// over regs.
+func labelledCounter(t *testing.T, name, label, value string, regs ...*prometheus.Registry) float64 {
+	t.Helper()
 	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != "headwater_jobs_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					n += m.GetCounter().GetValue()
+	for _, reg := range regs {
+		mfs, err := reg.Gather()
+		must(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == label && l.GetValue() == value {
+						n += m.GetCounter().GetValue()
+					}
 				}
 			}
 		}

@@ -291,24 +291,7 @@ func TestOnlyFetchersUseTheFlightBucket(t *testing.T) {
 // summed over regs.
 func combinedCount(t *testing.T, outcome string, regs ...*prometheus.Registry) float64 {
 	t.Helper()
-	var n float64
-	for _, reg := range regs {
-		mfs, err := reg.Gather()
-		must(t, err)
-		for _, mf := range mfs {
-			if mf.GetName() != "headwater_fetch_combined_total" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "outcome" && l.GetValue() == outcome {
-						n += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-	}
-	return n
+	return labelledCounter(t, "headwater_fetch_combined_total", "outcome", outcome, regs...)
 }
 
 // TestConcurrentFetchesInTwoFetchersDownloadOnce runs two fetchers (two

@@ -31,21 +31,7 @@ func TestCheck(t *testing.T) {
 		Spec: sourcev1.GitRepositorySpec{URL: "https://example.com/podinfo.git", Interval: metav1.Duration{Duration: time.Minute},
 			SecretRef: &meta.LocalObjectReference{Name: "podinfo-auth"}, Include: []sourcev1.GitRepositoryInclude{}},
 	}
-	if err := c.Create(ctx, repo); err != nil {
-		t.Fatal(err)
-	}
-	// The job the watcher makes: the spec as the API server returns it.
-	job := func() *events.FetchRequested {
-		live := &sourcev1.GitRepository{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(repo), live); err != nil {
-			t.Fatal(err)
-		}
-		return &events.FetchRequested{
-			Job: events.Job{ID: "job", Object: events.ObjectRef{Kind: sourcev1.GitRepositoryKind, Namespace: live.Namespace,
-				Name: live.Name, UID: string(live.UID), Generation: live.Generation}},
-			GitRepository: live.Spec.DeepCopy(),
-		}
-	}
+	job := createGitRepository(t, c, repo)
 	checker := New(c)
 
 	if err := checker.Check(ctx, job()); err != nil {
@@ -151,6 +137,29 @@ func startAPIServer(t *testing.T) client.Client {
 	return c
 }
 
+// createGitRepository creates repo and returns a function making the job
+// the watcher makes for it at each call: the spec as the API server
+// returns it then.
+func createGitRepository(t *testing.T, c client.Client, repo *sourcev1.GitRepository) func() *events.FetchRequested {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	return func() *events.FetchRequested {
+		t.Helper()
+		live := &sourcev1.GitRepository{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(repo), live); err != nil {
+			t.Fatal(err)
+		}
+		return &events.FetchRequested{
+			Job: events.Job{ID: "job", Object: events.ObjectRef{Kind: sourcev1.GitRepositoryKind, Namespace: live.Namespace,
+				Name: live.Name, UID: string(live.UID), Generation: live.Generation}},
+			GitRepository: live.Spec.DeepCopy(),
+		}
+	}
+}
+
 // countingReader counts the reads made through it.
 type countingReader struct {
 	client.Reader
@@ -175,20 +184,7 @@ func TestCheckCached(t *testing.T) {
 		Spec: sourcev1.GitRepositorySpec{URL: "https://example.com/podinfo.git", Interval: metav1.Duration{Duration: time.Minute},
 			SecretRef: &meta.LocalObjectReference{Name: "podinfo-auth"}},
 	}
-	if err := c.Create(ctx, repo); err != nil {
-		t.Fatal(err)
-	}
-	job := func() *events.FetchRequested {
-		live := &sourcev1.GitRepository{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(repo), live); err != nil {
-			t.Fatal(err)
-		}
-		return &events.FetchRequested{
-			Job: events.Job{ID: "job", Object: events.ObjectRef{Kind: sourcev1.GitRepositoryKind, Namespace: live.Namespace,
-				Name: live.Name, UID: string(live.UID), Generation: live.Generation}},
-			GitRepository: live.Spec.DeepCopy(),
-		}
-	}
+	job := createGitRepository(t, c, repo)
 	reader := &countingReader{Reader: c}
 	checker := NewCached(reader, time.Minute)
 	now := time.Now()
