@@ -4,7 +4,7 @@
 # server and the CNCF distribution registry -- from the Go module proxy, and
 # caches them by version.
 #
-# Usage: hack/build-tools.sh <tools-dir> [kube|etcd|minio|registry|controller-gen|flux ...]
+# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|registry|controller-gen|flux ...]
 #
 # flux is Flux's source-controller, the peer `make bench` measures Headwater
 # against side by side. It is built from its module as published, never
@@ -60,6 +60,19 @@ kube() {
 	go build -trimpath -ldflags "$ldflags" -o "$out/kubectl" k8s.io/kubernetes/cmd/kubectl
 }
 
+# kube_node builds the node and controller components the cluster tests run
+# (hack/cluster): kubelet, kube-proxy, kube-scheduler and
+# kube-controller-manager, from the same module and version as kube-apiserver.
+kube_node() {
+	local out=$1 v=${KUBE_VERSION#v}
+	local pkg=k8s.io/component-base/version
+	local ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=${v%%.*} -X $pkg.gitMinor=$(echo "$v" | cut -d. -f2)"
+	cd tools/kube
+	for c in kubelet kube-proxy kube-scheduler kube-controller-manager; do
+		go build -trimpath -ldflags "$ldflags" -o "$out/$c" "k8s.io/kubernetes/cmd/$c"
+	done
+}
+
 etcd() {
 	cd tools/etcd
 	go build -trimpath -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3
@@ -95,6 +108,7 @@ flux() {
 for c in "${components[@]}"; do
 	case $c in
 	kube) build_once "$tools_dir/kube-$KUBE_VERSION" "kube-apiserver and kubectl $KUBE_VERSION" kube ;;
+	kube-node) build_once "$tools_dir/kube-node-$KUBE_VERSION" "kubelet, kube-proxy, kube-scheduler and kube-controller-manager $KUBE_VERSION" kube_node ;;
 	etcd) build_once "$tools_dir/etcd-$ETCD_VERSION" "etcd $ETCD_VERSION" etcd ;;
 	minio) build_once "$tools_dir/minio-$MINIO_VERSION" "minio $MINIO_VERSION" minio ;;
 	registry) build_once "$tools_dir/registry-$REGISTRY_VERSION" "registry $REGISTRY_VERSION" registry ;;

@@ -63,16 +63,7 @@ func New(tb testing.TB) *Server {
 
 // Start starts a server with its data in dir (created if needed), for use
 // outside tests; the caller must Stop it.
-func Start(dir string) (*Server, error) {
-	bin, err := Binary()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("miniotest: %w", err)
-	}
-	return start(bin, dir)
-}
+func Start(dir string) (*Server, error) { return StartOn(dir, "127.0.0.1") }
 
 // Binary returns the MinIO binary named by HEADWATER_MINIO_BIN.
 func Binary() (string, error) {
@@ -109,12 +100,27 @@ func (s *Server) Stop() error {
 	return s.stopErr
 }
 
-func start(bin, dir string) (*Server, error) {
+// StartOn starts a server as Start does, listening on ip instead of
+// 127.0.0.1 (a test node's link, for clients in its pods).
+func StartOn(dir, ip string) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("miniotest: %w", err)
+	}
+	return startIP(bin, dir, ip)
+}
+
+func start(bin, dir string) (*Server, error) { return startIP(bin, dir, "127.0.0.1") }
+
+func startIP(bin, dir, ip string) (*Server, error) {
 	user, password := "minio-"+randomHex(6), randomHex(16)
 	var err error
 	for range startAttempts {
 		var s *Server
-		s, err = startOnce(bin, dir, user, password)
+		s, err = startOnce(bin, dir, ip, user, password)
 		if err == nil {
 			return s, nil
 		}
@@ -125,8 +131,8 @@ func start(bin, dir string) (*Server, error) {
 	return nil, err
 }
 
-func startOnce(bin, dir, user, password string) (*Server, error) {
-	addr, err := process.FreeAddr()
+func startOnce(bin, dir, ip, user, password string) (*Server, error) {
+	addr, err := process.FreeAddrOn(ip)
 	if err != nil {
 		return nil, fmt.Errorf("miniotest: %w", err)
 	}

@@ -94,8 +94,12 @@ func (p *Process) Stop() error {
 
 // FreeAddr returns a 127.0.0.1 address with a port that was free a moment
 // ago.
-func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func FreeAddr() (string, error) { return FreeAddrOn("127.0.0.1") }
+
+// FreeAddrOn returns an address of ip with a port that was free a moment
+// ago.
+func FreeAddrOn(ip string) (string, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		return "", fmt.Errorf("free port: %w", err)
 	}

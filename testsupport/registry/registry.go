@@ -59,6 +59,9 @@ type Options struct {
 	// issued by an authority of the server's own (see CACert); plain HTTP
 	// otherwise.
 	TLS bool
+	// ListenIP is the address the registry listens on: 127.0.0.1 when
+	// empty (another, such as a test node's link, for clients elsewhere).
+	ListenIP string
 }
 
 // Server is a running registry.
@@ -244,7 +247,11 @@ func start(bin, dir string, o Options) (*Server, error) {
 }
 
 func startOnce(bin, dir string, o Options, ca *testca.Authority) (*Server, error) {
-	addr, err := process.FreeAddr()
+	ip := o.ListenIP
+	if ip == "" {
+		ip = "127.0.0.1"
+	}
+	addr, err := process.FreeAddrOn(ip)
 	if err != nil {
 		return nil, fmt.Errorf("registry: %w", err)
 	}

@@ -1,0 +1,710 @@
+// Package cluster runs a real single-node Kubernetes cluster on this
+// machine for the tests: etcd, kube-apiserver (ServiceAccount admission
+// on, Node and RBAC authorization), kube-controller-manager,
+// kube-scheduler, kubelet, kube-proxy and cluster DNS, on containerd and
+// runc, with the pod network on a CNI bridge.
+//
+// Everything of the node lives in a network namespace of its own, joined to
+// the machine by one veth pair and routed nowhere else: pods reach the API
+// server, each other, and the host end of the link (where a test serves its
+// git repositories), and nothing off this machine. Images are imported, never
+// pulled.
+//
+// It needs root, ip(8), iptables, containerd, ctr and runc, and Debian's
+// containernetworking-plugins: Available says what is missing. The binaries
+// come from hack/build-tools.sh (components kube, kube-node and etcd).
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	_ "embed"
+
+	"github.com/headwater-gitops/headwater/testsupport/process"
+)
+
+//go:embed manifests/coredns.yaml
+var corednsManifest []byte
+
+// Options say where the cluster's binaries and images are.
+type Options struct {
+	// KubeDir holds kube-apiserver, kubectl and etcd (KUBEBUILDER_ASSETS).
+	KubeDir string
+	// NodeDir holds kubelet, kube-proxy, kube-scheduler and
+	// kube-controller-manager.
+	NodeDir string
+	// Images are image archives (OCI layout or docker tarballs) imported
+	// into containerd before the kubelet starts.
+	Images []string
+	// Dir is where the node keeps its state (default
+	// /var/lib/headwater-cluster); it is emptied first.
+	Dir string
+	// Log receives the components' output and the harness's progress.
+	Log io.Writer
+}
+
+// FromEnv returns the Options the Makefile sets up: KUBEBUILDER_ASSETS,
+// HEADWATER_KUBE_NODE_DIR and HEADWATER_IMAGES (a colon-separated list).
+func FromEnv() Options {
+	o := Options{KubeDir: os.Getenv("KUBEBUILDER_ASSETS"), NodeDir: os.Getenv("HEADWATER_KUBE_NODE_DIR")}
+	if v := os.Getenv("HEADWATER_IMAGES"); v != "" {
+		o.Images = strings.Split(v, ":")
+	}
+	return o
+}
+
+// Available reports what this machine lacks to run a node, or nil.
+func (o Options) Available() error {
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root (the node makes a network namespace and runs containers)")
+	}
+	for _, bin := range []string{"ip", "iptables", "containerd", "ctr", "runc", "mount"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			missing = append(missing, bin+" (Debian: containerd runc iptables iproute2)")
+		}
+	}
+	for _, plugin := range []string{"bridge", "host-local", "loopback", "portmap"} {
+		if _, err := os.Stat(filepath.Join("/usr/lib/cni", plugin)); err != nil {
+			missing = append(missing, "/usr/lib/cni/"+plugin+" (Debian: containernetworking-plugins)")
+		}
+	}
+	for _, b := range []struct{ dir, name string }{
+		{o.KubeDir, "kube-apiserver"}, {o.KubeDir, "kubectl"}, {o.KubeDir, "etcd"},
+		{o.NodeDir, "kubelet"}, {o.NodeDir, "kube-proxy"}, {o.NodeDir, "kube-scheduler"}, {o.NodeDir, "kube-controller-manager"},
+	} {
+		if b.dir == "" {
+			missing = append(missing, b.name+" (no directory given: run through `make test-cluster`)")
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(b.dir, b.name)); err != nil {
+			missing = append(missing, filepath.Join(b.dir, b.name)+" (hack/build-tools.sh builds it)")
+		}
+	}
+	for _, img := range o.Images {
+		if _, err := os.Stat(img); err != nil {
+			missing = append(missing, img+" (`make image-archive` builds it)")
+		}
+	}
+	if _, err := os.Stat("/sys/fs/cgroup"); err != nil {
+		missing = append(missing, "/sys/fs/cgroup")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("this machine cannot run a Kubernetes node: missing %s", strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+// Cluster is a running single-node cluster.
+type Cluster struct {
+	opts Options
+	ns   *netns
+	pki  *pki
+	dir  string // state on disk
+	run  string // sockets and runtime state (short paths)
+
+	// Kubeconfig is the path of an administrator's kubeconfig
+	// (system:masters).
+	Kubeconfig string
+	// Config and Client are the administrator's.
+	Config *rest.Config
+	Client kubernetes.Interface
+	// HostIP is the machine's end of the node's link: a server a test
+	// listens on there is reachable from every pod.
+	HostIP string
+	// NodeIP is the node's address.
+	NodeIP string
+
+	socket string
+	prov   *provisioner
+	procs  []*proc
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type proc struct {
+	name string
+	p    *process.Process
+}
+
+// Start brings the cluster up: control plane, node Ready, cluster DNS
+// Ready. The caller must Stop it.
+func Start(ctx context.Context, o Options) (c *Cluster, err error) {
+	if err := o.Available(); err != nil {
+		return nil, err
+	}
+	if o.Dir == "" {
+		o.Dir = "/var/lib/headwater-cluster"
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	c = &Cluster{
+		opts:   o,
+		ns:     &netns{name: "headwater-node", hostIf: "hwnode0", hostIP: "10.213.0.1", nodeIP: "10.213.0.2", prefixLn: 30},
+		dir:    o.Dir,
+		run:    "/run/headwater-node",
+		HostIP: "10.213.0.1",
+		NodeIP: "10.213.0.2",
+		done:   make(chan struct{}),
+	}
+	c.socket = filepath.Join(c.run, "containerd.sock")
+	c.prov = &provisioner{dir: filepath.Join(c.dir, "volumes"), limits: map[string]string{}, logf: c.logf}
+	// A run that was killed leaves its processes' mounts and its
+	// namespace: clear them first.
+	c.cleanup()
+	defer func() {
+		if err != nil {
+			c.Stop()
+			c = nil
+		}
+	}()
+	for _, d := range []string{c.dir, c.run} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return c, fmt.Errorf("cluster dir: %w", err)
+		}
+	}
+	if err := c.ns.create(); err != nil {
+		return c, err
+	}
+	if err := c.certificates(); err != nil {
+		return c, err
+	}
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"etcd", c.startEtcd},
+		{"kube-apiserver", c.startAPIServer},
+		{"kube-controller-manager and kube-scheduler", c.startControllers},
+		{"containerd", c.startContainerd},
+		{"kubelet and kube-proxy", c.startNode},
+		{"cluster DNS", c.startDNS},
+	}
+	for _, s := range steps {
+		start := time.Now()
+		if err := s.fn(ctx); err != nil {
+			return c, fmt.Errorf("start %s: %w", s.name, err)
+		}
+		c.logf("cluster: %s up in %s", s.name, time.Since(start).Round(10*time.Millisecond))
+	}
+	return c, nil
+}
+
+func (c *Cluster) logf(format string, args ...any) {
+	fmt.Fprintf(c.opts.Log, format+"\n", args...)
+}
+
+func (c *Cluster) certificates() error {
+	pkiDir := filepath.Join(c.dir, "pki")
+	if err := os.MkdirAll(pkiDir, 0o700); err != nil {
+		return fmt.Errorf("pki dir: %w", err)
+	}
+	p, err := newPKI(pkiDir)
+	if err != nil {
+		return err
+	}
+	c.pki = p
+	server := "https://" + net.JoinHostPort(c.NodeIP, "6443")
+	issue := []struct {
+		name, cn string
+		groups   []string
+		ips      []net.IP
+		dns      []string
+	}{
+		{name: "apiserver", cn: "kube-apiserver",
+			ips: []net.IP{net.ParseIP(c.NodeIP), net.ParseIP(apiServiceIP), net.ParseIP("127.0.0.1")},
+			dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + clusterDomain, "localhost"}},
+		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", groups: []string{"system:masters"}},
+		{name: "admin", cn: "headwater-test-admin", groups: []string{"system:masters"}},
+		{name: "controller-manager", cn: "system:kube-controller-manager"},
+		{name: "scheduler", cn: "system:kube-scheduler"},
+		{name: "kube-proxy", cn: "system:kube-proxy"},
+		{name: "kubelet", cn: "system:node:" + nodeName, groups: []string{"system:nodes"}},
+	}
+	for _, i := range issue {
+		if err := p.issue(i.name, i.cn, i.groups, i.ips, i.dns); err != nil {
+			return err
+		}
+	}
+	for _, name := range []string{"admin", "controller-manager", "scheduler", "kube-proxy", "kubelet"} {
+		if _, err := p.kubeconfig(name, server); err != nil {
+			return err
+		}
+	}
+	c.Kubeconfig = p.path("admin.kubeconfig")
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("admin kubeconfig: %w", err)
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	c.Config = cfg
+	c.Client, err = kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	c.prov.client = c.Client
+	return nil
+}
+
+// start runs a component of the node in its namespace.
+func (c *Cluster) start(name, bin string, args ...string) error {
+	cmd := c.ns.command(bin, args...)
+	p, err := process.Start(name, cmd, prefixWriter(c.opts.Log, name))
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, &proc{name: name, p: p})
+	return nil
+}
+
+// wait polls check until it returns nil, the component exits or timeout.
+func (c *Cluster) wait(ctx context.Context, name string, timeout time.Duration, check func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var exited <-chan struct{}
+	var p *process.Process
+	for _, pr := range c.procs {
+		if pr.name == name {
+			p, exited = pr.p, pr.p.Exited()
+		}
+	}
+	var last error
+	for {
+		if last = check(ctx); last == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("%s exited: %s", name, tail(p.Output(), 2000))
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready after %s: %w", name, timeout, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	data := filepath.Join(c.dir, "etcd")
+	if err := c.start("etcd", filepath.Join(c.opts.KubeDir, "etcd"),
+		"--data-dir", data,
+		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+		"--initial-cluster", "default=http://127.0.0.1:2380", "--name", "default",
+		"--unsafe-no-fsync", "--log-level", "warn",
+	); err != nil {
+		return err
+	}
+	client := c.nodeHTTP(nil)
+	return c.wait(ctx, "etcd", time.Minute, func(ctx context.Context) error {
+		return httpOK(ctx, client, "http://127.0.0.1:2379/health")
+	})
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	p := c.pki.path
+	if err := c.start("kube-apiserver", filepath.Join(c.opts.KubeDir, "kube-apiserver"),
+		"--etcd-servers", "http://127.0.0.1:2379",
+		"--bind-address", "0.0.0.0", "--secure-port", "6443", "--advertise-address", c.NodeIP,
+		"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"),
+		"--client-ca-file", p("ca.crt"),
+		"--kubelet-client-certificate", p("apiserver-kubelet-client.crt"), "--kubelet-client-key", p("apiserver-kubelet-client.key"),
+		"--service-account-issuer", "https://kubernetes.default.svc."+clusterDomain,
+		"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
+		"--service-cluster-ip-range", serviceCIDR,
+		"--authorization-mode", "Node,RBAC",
+		"--enable-admission-plugins", "NodeRestriction",
+		"--allow-privileged=true",
+		"--profiling=false",
+	); err != nil {
+		return err
+	}
+	hc, err := rest.HTTPClientFor(c.Config)
+	if err != nil {
+		return fmt.Errorf("admin http client: %w", err)
+	}
+	return c.wait(ctx, "kube-apiserver", 2*time.Minute, func(ctx context.Context) error {
+		return httpOK(ctx, hc, "https://"+net.JoinHostPort(c.NodeIP, "6443")+"/readyz")
+	})
+}
+
+func (c *Cluster) startControllers(ctx context.Context) error {
+	p := c.pki.path
+	if err := c.start("kube-controller-manager", filepath.Join(c.opts.NodeDir, "kube-controller-manager"),
+		"--kubeconfig", p("controller-manager.kubeconfig"),
+		"--authentication-kubeconfig", p("controller-manager.kubeconfig"),
+		"--authorization-kubeconfig", p("controller-manager.kubeconfig"),
+		"--service-account-private-key-file", p("sa.key"),
+		"--root-ca-file", p("ca.crt"),
+		"--use-service-account-credentials=true",
+		"--leader-elect=false",
+		"--bind-address", "127.0.0.1",
+		"--node-monitor-grace-period", "20s",
+	); err != nil {
+		return err
+	}
+	if err := c.start("kube-scheduler", filepath.Join(c.opts.NodeDir, "kube-scheduler"),
+		"--kubeconfig", p("scheduler.kubeconfig"),
+		"--authentication-kubeconfig", p("scheduler.kubeconfig"),
+		"--authorization-kubeconfig", p("scheduler.kubeconfig"),
+		"--leader-elect=false",
+		"--bind-address", "127.0.0.1",
+	); err != nil {
+		return err
+	}
+	// The controller-manager's ServiceAccount token controller makes the
+	// default ServiceAccount of every namespace: pods cannot be created
+	// before it exists.
+	return c.wait(ctx, "kube-controller-manager", 2*time.Minute, func(ctx context.Context) error {
+		_, err := c.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
+}
+
+func (c *Cluster) startContainerd(ctx context.Context) error {
+	cniDir := filepath.Join(c.dir, "cni", "net.d")
+	if _, err := writeFile(cniDir, "10-headwater.conflist", cniConfig(filepath.Join(c.dir, "cni", "ipam"))); err != nil {
+		return err
+	}
+	cfg, err := writeFile(c.dir, "containerd.toml", containerdConfig(filepath.Join(c.dir, "containerd"), filepath.Join(c.run, "containerd"), c.socket, cniDir))
+	if err != nil {
+		return err
+	}
+	if err := c.start("containerd", "containerd", "--config", cfg, "--log-level", "warn"); err != nil {
+		return err
+	}
+	if err := c.wait(ctx, "containerd", time.Minute, func(ctx context.Context) error {
+		return c.ctr(ctx, io.Discard, "version")
+	}); err != nil {
+		return err
+	}
+	for _, img := range c.opts.Images {
+		start := time.Now()
+		if err := c.ImportImage(ctx, img); err != nil {
+			return err
+		}
+		c.logf("cluster: imported %s in %s", img, time.Since(start).Round(10*time.Millisecond))
+	}
+	return nil
+}
+
+// ImportImage imports an image archive (an OCI layout or docker tarball)
+// into the node's containerd, for the linux/amd64 platform.
+func (c *Cluster) ImportImage(ctx context.Context, archive string) error {
+	var out bytes.Buffer
+	if err := c.ctr(ctx, &out, "-n", "k8s.io", "images", "import", "--platform", "linux/amd64", archive); err != nil {
+		return fmt.Errorf("import %s: %w: %s", archive, err, tail(out.String(), 2000))
+	}
+	return nil
+}
+
+// Images lists the images the node has.
+func (c *Cluster) Images(ctx context.Context) ([]string, error) {
+	var out bytes.Buffer
+	if err := c.ctr(ctx, &out, "-n", "k8s.io", "images", "ls", "-q"); err != nil {
+		return nil, fmt.Errorf("list images: %w", err)
+	}
+	return strings.Fields(out.String()), nil
+}
+
+func (c *Cluster) ctr(ctx context.Context, out io.Writer, args ...string) error {
+	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.socket}, args...)...)
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd.Run()
+}
+
+func (c *Cluster) startNode(ctx context.Context) error {
+	p := c.pki.path
+	resolv, err := writeFile(c.dir, "resolv.conf", "# pods resolve only cluster names\n")
+	if err != nil {
+		return err
+	}
+	kcfg, err := writeFile(c.dir, "kubelet.yaml", kubeletConfig(p("ca.crt"), c.socket, resolv, filepath.Join(c.dir, "pod-logs")))
+	if err != nil {
+		return err
+	}
+	if err := c.start("kubelet", filepath.Join(c.opts.NodeDir, "kubelet"),
+		"--config", kcfg,
+		"--kubeconfig", p("kubelet.kubeconfig"),
+		"--root-dir", filepath.Join(c.dir, "kubelet"),
+		"--cert-dir", filepath.Join(c.dir, "kubelet-pki"),
+		"--node-ip", c.NodeIP,
+		"--hostname-override", nodeName,
+		"--v", "1",
+	); err != nil {
+		return err
+	}
+	pcfg, err := writeFile(c.dir, "kube-proxy.yaml", kubeProxyConfig(p("kube-proxy.kubeconfig")))
+	if err != nil {
+		return err
+	}
+	if err := c.start("kube-proxy", filepath.Join(c.opts.NodeDir, "kube-proxy"), "--config", pcfg); err != nil {
+		return err
+	}
+	return c.wait(ctx, "kubelet", 3*time.Minute, func(ctx context.Context) error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				if cond.Status != corev1.ConditionTrue {
+					return fmt.Errorf("node %s not Ready: %s", nodeName, cond.Message)
+				}
+				for _, t := range n.Spec.Taints {
+					if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+						return fmt.Errorf("node %s still tainted %s", nodeName, t.Key)
+					}
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("node %s has no Ready condition yet", nodeName)
+	})
+}
+
+func (c *Cluster) startDNS(ctx context.Context) error {
+	pctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go func() {
+		defer close(c.done)
+		c.prov.run(pctx)
+	}()
+	if out, err := c.Kubectl(ctx, "apply", "-f", "-").WithStdin(bytes.NewReader(corednsManifest)).Run(); err != nil {
+		return fmt.Errorf("apply coredns: %w: %s", err, out)
+	}
+	return c.WaitRollout(ctx, "kube-system", "deployment/coredns", 3*time.Minute)
+}
+
+// WaitRollout waits until kubectl rollout status of what in ns succeeds.
+func (c *Cluster) WaitRollout(ctx context.Context, ns, what string, timeout time.Duration) error {
+	out, err := c.Kubectl(ctx, "-n", ns, "rollout", "status", what, "--timeout", timeout.String()).Run()
+	if err != nil {
+		return fmt.Errorf("rollout %s/%s: %w: %s", ns, what, err, out)
+	}
+	return nil
+}
+
+// DialContext dials addr from inside the node's network namespace, as a
+// pod would: pod and Service addresses are reachable through it.
+func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return c.ns.DialContext(ctx, network, addr)
+}
+
+// LimitVolume makes the volume of every claim named claim provisioned from
+// now on a tmpfs of size ("24Mi"), so a test can fill it; "" lifts the
+// limit.
+func (c *Cluster) LimitVolume(claim, size string) {
+	c.prov.setLimit(claim, size)
+}
+
+// HTTPClient is a client whose connections start inside the node's
+// network namespace, so it reaches pod and Service addresses (and cluster
+// names resolved with LookupService) as a pod would.
+func (c *Cluster) HTTPClient() *http.Client { return c.nodeHTTP(nil) }
+
+func (c *Cluster) nodeHTTP(tlsConfig *tls.Config) *http.Client {
+	return &http.Client{
+		Timeout: 30 * time.Second,
+		Transport: &http.Transport{
+			DialContext:     c.ns.DialContext,
+			TLSClientConfig: tlsConfig,
+			MaxIdleConns:    10,
+		},
+	}
+}
+
+// ServiceURL is http://<cluster IP>:<port> of the Service's port named
+// port (the first if empty): a Service address the test reaches through
+// HTTPClient.
+func (c *Cluster) ServiceURL(ctx context.Context, ns, name, port string) (string, error) {
+	s, err := c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("service %s/%s: %w", ns, name, err)
+	}
+	for _, p := range s.Spec.Ports {
+		if port == "" || p.Name == port {
+			return fmt.Sprintf("http://%s", net.JoinHostPort(s.Spec.ClusterIP, fmt.Sprint(p.Port))), nil
+		}
+	}
+	return "", fmt.Errorf("service %s/%s has no port %q", ns, name, port)
+}
+
+// PodURL is http://<pod IP>:<port> of pod.
+func PodURL(pod *corev1.Pod, port int) string {
+	return fmt.Sprintf("http://%s", net.JoinHostPort(pod.Status.PodIP, fmt.Sprint(port)))
+}
+
+// Stop stops every component and removes the node's containers, mounts,
+// namespace and state. It is safe to call more than once.
+func (c *Cluster) Stop() {
+	if c.cancel != nil {
+		c.cancel()
+		<-c.done
+		c.cancel = nil
+	}
+	// The kubelet first, so it restarts nothing; then every container,
+	// then the rest of the node and the control plane.
+	order := []string{"kubelet", "kube-proxy", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"}
+	for _, name := range order {
+		for _, pr := range c.procs {
+			if pr.name != name {
+				continue
+			}
+			if name == "containerd" {
+				c.removeContainers()
+			}
+			_ = pr.p.Stop()
+		}
+	}
+	c.procs = nil
+	c.cleanup()
+}
+
+// removeContainers kills and deletes every container of the node.
+func (c *Cluster) removeContainers() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	if err := c.ctr(ctx, &out, "-n", "k8s.io", "tasks", "ls", "-q"); err == nil {
+		for _, id := range strings.Fields(out.String()) {
+			_ = c.ctr(ctx, io.Discard, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
+		}
+		for _, id := range strings.Fields(out.String()) {
+			_ = c.ctr(ctx, io.Discard, "-n", "k8s.io", "tasks", "rm", "-f", id)
+		}
+	}
+	out.Reset()
+	if err := c.ctr(ctx, &out, "-n", "k8s.io", "containers", "ls", "-q"); err == nil {
+		for _, id := range strings.Fields(out.String()) {
+			_ = c.ctr(ctx, io.Discard, "-n", "k8s.io", "containers", "rm", id)
+		}
+	}
+}
+
+// cleanup kills what is left of a node (container shims of its
+// containerd), unmounts everything under its directories and removes them
+// and its namespace.
+func (c *Cluster) cleanup() {
+	killShims(c.socket)
+	unmountUnder(c.dir)
+	unmountUnder(c.run)
+	c.ns.destroy()
+	_ = os.RemoveAll(c.run)
+	_ = os.RemoveAll(c.dir)
+}
+
+// killShims kills the containerd shims serving socket, and with them their
+// containers.
+func killShims(socket string) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if !strings.Contains(args[0], "containerd-shim") {
+			continue
+		}
+		if !bytes.Contains(cmdline, []byte(socket)) {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err == nil {
+			if p, err := os.FindProcess(pid); err == nil {
+				_ = p.Kill()
+			}
+		}
+	}
+}
+
+// unmountUnder lazily unmounts every mount point under dir, deepest
+// first.
+func unmountUnder(dir string) {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	var points []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) > 1 && (fields[1] == dir || strings.HasPrefix(fields[1], dir+"/")) {
+			points = append(points, fields[1])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(points)))
+	for _, p := range points {
+		_ = exec.Command("umount", "-l", p).Run()
+	}
+}
+
+func mountTmpfs(dir, size string) error {
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0777", "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mount tmpfs on %s: %w: %s", dir, err, out)
+	}
+	return nil
+}
+
+func httpOK(ctx context.Context, client *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// prefixWriter writes each line to w with "[name] " before it.
+func prefixWriter(w io.Writer, name string) io.Writer {
+	if w == io.Discard {
+		return nil
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		s := bufio.NewScanner(pr)
+		s.Buffer(make([]byte, 64<<10), 1<<20)
+		for s.Scan() {
+			fmt.Fprintf(w, "[%s] %s\n", name, s.Text())
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	return pw
+}

@@ -1,0 +1,135 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// netns is the node's network namespace: a veth pair joins it to the
+// machine's own namespace on a /30 of their own, and nothing else. It has no
+// default route, so neither the node nor its pods can send a packet off this
+// machine: an image pull, a DNS query or a source URL that is not served here
+// fails at once with "network is unreachable".
+type netns struct {
+	name     string
+	hostIf   string // the veth end in the machine's namespace
+	hostIP   string // its address: where the tests' git server listens
+	nodeIP   string // the node's address, inside the namespace
+	prefixLn int
+}
+
+// ip runs ip(8) with args.
+func ip(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// create makes the namespace and its link, replacing any left by a run
+// that was killed.
+func (n *netns) create() error {
+	n.destroy()
+	steps := [][]string{
+		{"netns", "add", n.name},
+		{"link", "add", n.hostIf, "type", "veth", "peer", "name", "eth0", "netns", n.name},
+		{"addr", "add", fmt.Sprintf("%s/%d", n.hostIP, n.prefixLn), "dev", n.hostIf},
+		{"link", "set", n.hostIf, "up"},
+		{"-n", n.name, "addr", "add", fmt.Sprintf("%s/%d", n.nodeIP, n.prefixLn), "dev", "eth0"},
+		{"-n", n.name, "link", "set", "eth0", "up"},
+		{"-n", n.name, "link", "set", "lo", "up"},
+	}
+	for _, s := range steps {
+		if err := ip(s...); err != nil {
+			n.destroy()
+			return err
+		}
+	}
+	// Pods' traffic is routed by the node (to the API server, to the
+	// tests' servers on the host end of the link, between Services).
+	for _, kv := range [][2]string{
+		{"net.ipv4.ip_forward", "1"},
+		{"net.ipv4.conf.all.route_localnet", "1"},
+	} {
+		if err := n.sysctl(kv[0], kv[1]); err != nil {
+			n.destroy()
+			return err
+		}
+	}
+	// ip netns exec bind-mounts /etc/netns/<name>/* over /etc: the node
+	// (containerd, kubelet) gets a resolver with no server at all.
+	etc := "/etc/netns/" + n.name
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return fmt.Errorf("netns etc: %w", err)
+	}
+	if err := os.WriteFile(etc+"/resolv.conf", []byte("# the test node resolves no name outside the cluster\n"), 0o644); err != nil {
+		return fmt.Errorf("netns resolv.conf: %w", err)
+	}
+	return nil
+}
+
+func (n *netns) sysctl(key, value string) error {
+	out, err := exec.Command("ip", "netns", "exec", n.name, "sysctl", "-qw", key+"="+value).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("sysctl %s in %s: %w: %s", key, n.name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// destroy removes the namespace (and with it both veth ends); errors are
+// ignored, as there may be nothing to remove.
+func (n *netns) destroy() {
+	_ = exec.Command("ip", "link", "del", n.hostIf).Run()
+	_ = exec.Command("ip", "netns", "del", n.name).Run()
+	_ = os.RemoveAll("/etc/netns/" + n.name)
+}
+
+// command returns a command that runs name with args in the namespace.
+func (n *netns) command(name string, args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", n.name, name}, args...)...)
+}
+
+// DialContext dials addr from inside the namespace: the connection's
+// socket is made on a thread that has entered it, and keeps belonging to it
+// afterwards. Through it the tests reach what only the node reaches: pod
+// and Service addresses.
+func (n *netns) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	type result struct {
+		conn net.Conn
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// The thread is never unlocked: it dies with the goroutine rather
+		// than go back to the scheduler in the wrong namespace.
+		runtime.LockOSThread()
+		fd, err := unix.Open("/run/netns/"+n.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			done <- result{err: fmt.Errorf("open netns %s: %w", n.name, err)}
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			done <- result{err: fmt.Errorf("enter netns %s: %w", n.name, err)}
+			return
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		return r.conn, r.err
+	case <-ctx.Done():
+		return nil, errors.Join(ctx.Err(), fmt.Errorf("dial %s in %s", addr, n.name))
+	}
+}

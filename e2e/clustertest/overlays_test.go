@@ -1,0 +1,195 @@
+package clustertest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
+	"github.com/headwater-gitops/headwater/testsupport/testca"
+)
+
+// TestOverlays installs every other shipped overlay as shipped, with what
+// each asks the user to provide first, and checks each the same way: every
+// pod Ready, a GitRepository Ready, its artifact downloaded from a pod.
+func TestOverlays(t *testing.T) {
+	requireFull(t)
+	for _, o := range []struct {
+		dir     string
+		prepare func(t *testing.T)
+	}{
+		{"overlays/single-node", nil},
+		{"overlays/rwx", nil},
+		{"overlays/s3", s3Secret},
+		{"overlays/production", func(t *testing.T) { s3Secret(t); natsTLSSecrets(t) }},
+		{"", componentsInstall},
+	} {
+		name := o.dir
+		if name == "" {
+			name = "components"
+		}
+		t.Run(strings.ReplaceAll(name, "/", "-"), func(t *testing.T) {
+			dir := o.dir
+			if o.prepare != nil {
+				ensureNamespace(t, ns)
+				o.prepare(t)
+			}
+			if dir == "" {
+				dir = componentsDir
+			}
+			cl := client(t)
+			install(t, dir)
+			repo := "overlay-" + strings.NewReplacer("/", "-", ".", "-").Replace(filepath.Base(dir))
+			_, head := newRepo(t, repo, map[string]string{"app.yaml": repo + "\n"})
+			gitRepository(t, cl, "default", repo, repo, time.Minute)
+			gr := readyAt(t, cl, "default", repo, head, 3*time.Minute)
+			download(t, gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
+		})
+	}
+}
+
+// s3Secret starts a MinIO on the node's link, the "any S3" of
+// overlays/s3, and makes the Secret headwater-s3 the overlay reads.
+func s3Secret(t *testing.T) {
+	srv, err := miniotest.StartOn(t.TempDir(), env.c.HostIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "headwater-s3", Namespace: ns},
+		StringData: map[string]string{
+			"endpoint": "http://" + srv.Endpoint, "bucket": "headwater",
+			"accesskey": srv.AccessKey, "secretkey": srv.SecretKey,
+		},
+	}
+	if _, err := env.c.Client.CoreV1().Secrets(ns).Create(context.Background(), secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// natsTLSSecrets makes the two Secrets components/nats-tls reads, as
+// cert-manager would: the server's and the clients' certificates with the
+// ca.crt that signs the other side.
+func natsTLSSecrets(t *testing.T) {
+	ca, err := testca.New("nats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"nats", "nats." + ns + ".svc", "nats." + ns + ".svc.cluster.local",
+		"*.nats-headless." + ns + ".svc", "*.nats-headless." + ns + ".svc.cluster.local"}
+	server, err := ca.Issue(x509.ExtKeyUsageServerAuth, "nats", func(c *x509.Certificate) { c.DNSNames = names })
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := ca.Issue(x509.ExtKeyUsageClientAuth, "headwater", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, issued := range map[string]*testca.Issued{"headwater-nats-tls": server, "headwater-nats-client-tls": client} {
+		s := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Type:       corev1.SecretTypeTLS,
+			Data:       map[string][]byte{"tls.crt": issued.CertPEM, "tls.key": issued.KeyPEM, "ca.crt": ca.CertPEM},
+		}
+		if _, err := env.c.Client.CoreV1().Secrets(ns).Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// componentsDir is a kustomization of the test's own: the default install
+// with the optional components that run pods (dispatcher, receivers).
+var componentsDir string
+
+func componentsInstall(t *testing.T) {
+	dir := t.TempDir()
+	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%q]
+components: [%q, %q]
+`, env.deploy, filepath.Join(env.deploy, "components", "dispatcher"), filepath.Join(env.deploy, "components", "receivers"))
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	componentsDir = dir
+}
+
+// TestStorageFull fills the single-node overlay's volume: the source that
+// does not fit fails with the storage's own words in its conditions and a
+// Warning Event, the source stored before keeps its artifact, and nothing
+// restarts.
+func TestStorageFull(t *testing.T) {
+	requireFull(t)
+	env.c.LimitVolume("headwater-artifacts", "24Mi")
+	defer env.c.LimitVolume("headwater-artifacts", "")
+	cl := client(t)
+	install(t, "overlays/single-node")
+	_, head := newRepo(t, "small", map[string]string{"app.yaml": "small\n"})
+	gitRepository(t, cl, "default", "small", "small", time.Minute)
+	small := readyAt(t, cl, "default", "small", head, 3*time.Minute)
+	restarts := restartCounts(t)
+
+	big := make(map[string]string)
+	for i := range 8 {
+		big[fmt.Sprintf("blob-%d.bin", i)] = randomText(4 << 20)
+	}
+	newRepo(t, "big", big)
+	gitRepository(t, cl, "default", "big", "big", time.Minute)
+	eventually(t, 3*time.Minute, "big source failing on a full volume", func(ctx context.Context) error {
+		var msgs []string
+		for _, e := range events(t, "default", "big", "") {
+			msgs = append(msgs, e.Reason+": "+e.Message)
+		}
+		for _, m := range msgs {
+			if strings.Contains(m, "no space left on device") {
+				t.Logf("Event %s", m)
+				return nil
+			}
+		}
+		return fmt.Errorf("no Event says the volume is full yet: %v", msgs)
+	})
+	var bigGR sourcev1.GitRepository
+	if err := cl.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: "big"}, &bigGR); err != nil {
+		t.Fatal(err)
+	}
+	if ready := apimeta.FindStatusCondition(bigGR.Status.Conditions, "Ready"); ready == nil || ready.Status != metav1.ConditionFalse ||
+		!strings.Contains(ready.Message, "no space left on device") {
+		t.Errorf("big source's Ready condition does not say the volume is full: %+v", ready)
+	} else {
+		t.Logf("kubectl get gitrepository big: Ready=False %s: %s", ready.Reason, ready.Message)
+	}
+	gr := small
+	if err := cl.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: "small"}, gr); err != nil {
+		t.Fatal(err)
+	}
+	digest, err := fetchArtifact(context.Background(), gr.Status.Artifact)
+	if err != nil || digest != gr.Status.Artifact.Digest {
+		t.Errorf("the artifact stored before the volume filled: %s, %v; want %s", digest, err, gr.Status.Artifact.Digest)
+	}
+	for name, n := range restartCounts(t) {
+		if before, ok := restarts[name]; ok && n != before {
+			t.Errorf("pod %s restarted while the volume was full (%d -> %d)", name, before, n)
+		}
+	}
+}
+
+// randomText is n bytes of base64 text that does not compress much.
+func randomText(n int) string {
+	b := make([]byte, n*3/4)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
