@@ -33,7 +33,14 @@ MINIO              := $(TOOLS_DIR)/minio-$(MINIO_VERSION)/minio
 REGISTRY           := $(TOOLS_DIR)/registry-$(REGISTRY_VERSION)/registry
 FLUX_SOURCE_CONTROLLER := $(TOOLS_DIR)/flux-source-controller-$(FLUX_SOURCE_CONTROLLER_VERSION)/source-controller
 
+# kubelet, kube-proxy, kube-scheduler and kube-controller-manager for the
+# cluster tests' node (e2e/cluster), and the images it runs.
+KUBE_NODE_DIR := $(TOOLS_DIR)/kube-node-$(KUBE_VERSION)
+IMAGE_ARCHIVE := $(BIN_DIR)/images/headwater-images.tar
+
 export KUBEBUILDER_ASSETS
+export HEADWATER_KUBE_NODE_DIR := $(KUBE_NODE_DIR)
+export HEADWATER_IMAGES := $(IMAGE_ARCHIVE)
 export HEADWATER_MINIO_BIN := $(MINIO)
 export HEADWATER_REGISTRY_BIN := $(REGISTRY)
 export HEADWATER_BIN_DIR   := $(BIN_DIR)
@@ -104,6 +111,14 @@ kube-tools: ## kube-apiserver, etcd and kubectl for envtest (cached).
 	@ln -sf $(TOOLS_DIR)/kube-$(KUBE_VERSION)/kubectl $(KUBEBUILDER_ASSETS)/kubectl
 	@ln -sf $(TOOLS_DIR)/etcd-$(ETCD_VERSION)/etcd $(KUBEBUILDER_ASSETS)/etcd
 
+.PHONY: kube-node
+kube-node: ## kubelet, kube-proxy, kube-scheduler and kube-controller-manager for the cluster tests (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) kube-node
+
+.PHONY: cluster-deps
+cluster-deps: ## containerd, runc, the CNI plugins and iptables from Debian's packages, when missing (as root).
+	@hack/cluster-deps.sh
+
 .PHONY: minio
 minio: ## The MinIO server for S3 tests (cached).
 	@hack/build-tools.sh $(TOOLS_DIR) minio
@@ -148,6 +163,16 @@ test: kube-tools minio registry build ## Run every test: unit, integration and e
 	@echo "==> go test hack/deployvalidate"
 	@cd hack/deployvalidate && GOWORK=off go test $(GO_TEST_FLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
+	@$(MAKE) --no-print-directory test-cluster CLUSTER_TESTS=short
+
+# CLUSTER_TESTS: short (what `make test` runs: the default install, one
+# GitRepository, fetchers scaled up; skipped, saying why, where the machine
+# cannot run a node) or full (every overlay, load, faults, bad input).
+CLUSTER_TESTS ?= full
+
+.PHONY: test-cluster
+test-cluster: kube-tools kube-node cluster-deps image-archive ## Run Headwater's images on a real single-node cluster (containerd, kubelet, kube-proxy, DNS) through deploy/ as shipped: every overlay, scaling, faults, bad input (root).
+	cd e2e && HEADWATER_CLUSTER=$(CLUSTER_TESTS) go test $(GO_TEST_FLAGS) -v -timeout 80m ./clustertest/
 
 .PHONY: fuzz
 fuzz: ## Fuzz the archive writer and merger, event decoding, ignore rules, revisions and Helm indexes (FUZZTIME executions each; default 500000x).
