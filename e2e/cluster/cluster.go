@@ -78,7 +78,7 @@ func (o Options) Available() error {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "root (the node makes a network namespace and runs containers)")
 	}
-	for _, bin := range []string{"ip", "iptables", "containerd", "ctr", "runc", "mount"} {
+	for _, bin := range []string{"ip", "nsenter", "iptables", "containerd", "ctr", "runc", "mount", "sysctl"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			missing = append(missing, bin+" (Debian: containerd runc iptables iproute2)")
 		}
@@ -295,7 +295,7 @@ func (c *Cluster) wait(ctx context.Context, name string, timeout time.Duration, 
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("%s exited: %s", name, tail(p.Output(), 2000))
+			return fmt.Errorf("%w: %s", p.ExitError(), tail(p.Output(), 2000))
 		case <-ctx.Done():
 			return fmt.Errorf("%s not ready after %s: %w", name, timeout, last)
 		case <-time.After(200 * time.Millisecond):

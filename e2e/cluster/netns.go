@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -17,7 +16,8 @@ import (
 // machine's own namespace on a /30 of their own, and nothing else. It has no
 // default route, so neither the node nor its pods can send a packet off this
 // machine: an image pull, a DNS query or a source URL that is not served here
-// fails at once with "network is unreachable".
+// fails at once ("network is unreachable", or refused on the namespace's own
+// loopback).
 type netns struct {
 	name     string
 	hostIf   string // the veth end in the machine's namespace
@@ -65,20 +65,11 @@ func (n *netns) create() error {
 			return err
 		}
 	}
-	// ip netns exec bind-mounts /etc/netns/<name>/* over /etc: the node
-	// (containerd, kubelet) gets a resolver with no server at all.
-	etc := "/etc/netns/" + n.name
-	if err := os.MkdirAll(etc, 0o755); err != nil {
-		return fmt.Errorf("netns etc: %w", err)
-	}
-	if err := os.WriteFile(etc+"/resolv.conf", []byte("# the test node resolves no name outside the cluster\n"), 0o644); err != nil {
-		return fmt.Errorf("netns resolv.conf: %w", err)
-	}
 	return nil
 }
 
 func (n *netns) sysctl(key, value string) error {
-	out, err := exec.Command("ip", "netns", "exec", n.name, "sysctl", "-qw", key+"="+value).CombinedOutput()
+	out, err := n.command("sysctl", "-qw", key+"="+value).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("sysctl %s in %s: %w: %s", key, n.name, err, strings.TrimSpace(string(out)))
 	}
@@ -90,12 +81,14 @@ func (n *netns) sysctl(key, value string) error {
 func (n *netns) destroy() {
 	_ = exec.Command("ip", "link", "del", n.hostIf).Run()
 	_ = exec.Command("ip", "netns", "del", n.name).Run()
-	_ = os.RemoveAll("/etc/netns/" + n.name)
 }
 
 // command returns a command that runs name with args in the namespace.
+// It enters the network namespace alone (nsenter), not a mount namespace
+// too as `ip netns exec` does: that one remounts /sys, which hides the
+// cgroup filesystems from the kubelet.
 func (n *netns) command(name string, args ...string) *exec.Cmd {
-	return exec.Command("ip", append([]string{"netns", "exec", n.name, name}, args...)...)
+	return exec.Command("nsenter", append([]string{"--net=/run/netns/" + n.name, "--", name}, args...)...)
 }
 
 // DialContext dials addr from inside the namespace: the connection's
@@ -109,21 +102,34 @@ func (n *netns) DialContext(ctx context.Context, network, addr string) (net.Conn
 	}
 	done := make(chan result, 1)
 	go func() {
-		// The thread is never unlocked: it dies with the goroutine rather
-		// than go back to the scheduler in the wrong namespace.
 		runtime.LockOSThread()
+		// The thread goes back to the scheduler only once it is back in
+		// its own namespace; if it cannot get back it stays locked and
+		// dies with the goroutine. (A thread that dies sends its death
+		// signal to the children it started, so restoring beats dying.)
+		self, err := unix.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			done <- result{err: fmt.Errorf("open own netns: %w", err)}
+			return
+		}
+		defer unix.Close(self)
 		fd, err := unix.Open("/run/netns/"+n.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
+			runtime.UnlockOSThread()
 			done <- result{err: fmt.Errorf("open netns %s: %w", n.name, err)}
 			return
 		}
 		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			done <- result{err: fmt.Errorf("enter netns %s: %w", n.name, err)}
 			return
 		}
 		var d net.Dialer
 		c, err := d.DialContext(ctx, network, addr)
+		if unix.Setns(self, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
 		done <- result{c, err}
 	}()
 	select {
