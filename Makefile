@@ -11,7 +11,7 @@
 SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
-SERVICES    := watcher fetcher packager artifact-server receiver dispatcher
+SERVICES    := watcher fetcher packager artifact-server receiver dispatcher setup
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
