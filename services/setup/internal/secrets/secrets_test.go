@@ -48,13 +48,13 @@ func TestMain(m *testing.M) {
 	}())
 }
 
+// namespaces counts the namespaces the tests made.
+var namespaces atomic.Int32
+
 // cluster returns a client and a fresh namespace in it.
 func cluster(t *testing.T) (kubernetes.Interface, string) {
 	t.Helper()
-	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(ns) > 63 {
-		ns = ns[:63]
-	}
+	ns := fmt.Sprintf("test-%d", namespaces.Add(1))
 	if apiServer == nil {
 		return fake.NewClientset(), ns
 	}
