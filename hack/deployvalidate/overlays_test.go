@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -392,4 +393,24 @@ func ids(m *Manifests) []string {
 		}
 	}
 	return out
+}
+
+// TestImagesMatchTheMakefile checks that the images the manifests run are
+// the ones `make images` builds, where the Makefile says which
+// (IMAGE_REGISTRY ?= ..., IMAGE_TAG ?= ...).
+func TestImagesMatchTheMakefile(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"IMAGE_REGISTRY": ImageRegistry, "IMAGE_TAG": ImageTag} {
+		m := regexp.MustCompile(`(?m)^` + name + `\s*\??=\s*(\S+)\s*$`).FindSubmatch(b)
+		if m == nil {
+			t.Logf("the Makefile sets no %s", name)
+			continue
+		}
+		if string(m[1]) != want {
+			t.Errorf("Makefile: %s = %s, the manifests run %s", name, m[1], want)
+		}
+	}
 }
