@@ -7,7 +7,8 @@
 #     --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
 #
-# SERVICE is one of watcher, fetcher, packager, artifact-server, receiver, dispatcher. VERSION,
+# SERVICE is one of watcher, fetcher, packager, artifact-server, receiver,
+# dispatcher and setup (the install-time Job of deploy/base). VERSION,
 # REVISION and BUILD_DATE (optional; .git is not sent to the build) are
 # stamped into the binary, which reports them on -version, in its start-up
 # log line and as headwater_build_info, and label the image. The binary is
@@ -34,14 +35,15 @@ COPY services/packager/go.mod services/packager/go.sum services/packager/
 COPY services/artifact-server/go.mod services/artifact-server/go.sum services/artifact-server/
 COPY services/receiver/go.mod services/receiver/go.sum services/receiver/
 COPY services/dispatcher/go.mod services/dispatcher/go.sum services/dispatcher/
+COPY services/setup/go.mod services/setup/go.sum services/setup/
 COPY e2e/go.mod e2e/go.sum e2e/
 RUN --mount=type=cache,target=/go/pkg/mod \
     go mod download
 
 COPY . .
 RUN case "${SERVICE}" in \
-      watcher|fetcher|packager|artifact-server|receiver|dispatcher) ;; \
-      *) echo "build arg SERVICE must be watcher, fetcher, packager, artifact-server, receiver or dispatcher (got '${SERVICE}')" >&2; exit 1 ;; \
+      watcher|fetcher|packager|artifact-server|receiver|dispatcher|setup) ;; \
+      *) echo "build arg SERVICE must be watcher, fetcher, packager, artifact-server, receiver, dispatcher or setup (got '${SERVICE}')" >&2; exit 1 ;; \
     esac
 # Declared here, not above: a new version or date rebuilds only this step.
 ARG VERSION

@@ -27,8 +27,8 @@ func HealthFlag(service string) string {
 // varRef matches a $(VAR) reference in an env value, a command or an arg.
 var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
-// CheckWorkload checks one pod template: every container's security,
-// resources, probes, environment and arguments. Containers named after a
+// CheckWorkload checks one pod template: every container's image,
+// security, resources, probes (but a Job's), environment and arguments. Containers named after a
 // Headwater service are checked against that service's flags; no other
 // container may set HEADWATER_* variables.
 func CheckWorkload(w Workload, flags map[string]FlagSet) []string {
@@ -38,7 +38,9 @@ func CheckWorkload(w Workload, flags map[string]FlagSet) []string {
 	}
 	pod := w.Template.Spec
 	if w.Selector == nil {
-		report("no selector")
+		if w.LongRunning() {
+			report("no selector")
+		}
 	} else if sel, err := metav1.LabelSelectorAsSelector(w.Selector); err != nil {
 		report("selector: %v", err)
 	} else if !sel.Matches(labels.Set(w.Template.Labels)) {
@@ -60,17 +62,29 @@ func CheckWorkload(w Workload, flags map[string]FlagSet) []string {
 	if len(pod.Containers) == 0 {
 		report("no containers")
 	}
+	if !w.LongRunning() {
+		if pod.RestartPolicy != corev1.RestartPolicyOnFailure && pod.RestartPolicy != corev1.RestartPolicyNever {
+			report("restartPolicy %q: a Job's pods must be OnFailure or Never", pod.RestartPolicy)
+		}
+	}
 	for _, c := range all {
-		for _, p := range checkContainer(pod, c, volumes, flags) {
+		for _, p := range checkContainer(pod, c, volumes, flags, w.LongRunning()) {
 			report("container %s: %s", c.Name, p)
 		}
 	}
 	return problems
 }
 
-func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]bool, flags map[string]FlagSet) []string {
+func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]bool, flags map[string]FlagSet, longRunning bool) []string {
 	var problems []string
 	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	if !slices.Contains(Images(), c.Image) {
+		report("image %q is none of the documented %v", c.Image, Images())
+	}
+	if c.ImagePullPolicy != corev1.PullIfNotPresent {
+		report("imagePullPolicy %q, want IfNotPresent (a tagged release; preloaded images are used)", c.ImagePullPolicy)
+	}
 
 	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		if q, ok := c.Resources.Limits[r]; !ok || q.IsZero() {
@@ -153,7 +167,10 @@ func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]b
 				report("is no Headwater service but sets %s", n)
 			}
 		}
-		return append(problems, checkProbes(c, "", nil)...)
+		if longRunning {
+			problems = append(problems, checkProbes(c, "", nil)...)
+		}
+		return problems
 	}
 	fs, ok := flags[service]
 	if !ok {
@@ -166,14 +183,22 @@ func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]b
 		report("overrides the image's entrypoint with %v", c.Command)
 	}
 	problems = append(problems, CheckEnv(service, fs, names)...)
-	problems = append(problems, CheckArgs(service, fs, c.Args)...)
-	problems = append(problems, checkProbes(c, service, fs)...)
+	args := c.Args
+	if slices.Contains(Commands, service) && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		// A command's first argument names what it does (setup ensure).
+		args = args[1:]
+	}
+	problems = append(problems, CheckArgs(service, fs, args)...)
+	if longRunning {
+		problems = append(problems, checkProbes(c, service, fs)...)
+	}
 	return problems
 }
 
-// checkProbes checks that the container has liveness and readiness probes
-// on one of its ports and, for a Headwater service, that they are on the
-// port its health flag listens on, at /healthz and /readyz.
+// checkProbes checks that the container has startup, liveness and
+// readiness probes on one of its ports and, for a Headwater service, that
+// they are on the port its health flag listens on, at /healthz (startup,
+// liveness) and /readyz, the startup probe allowing two minutes.
 func checkProbes(c corev1.Container, service string, fs FlagSet) []string {
 	var problems []string
 	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -193,7 +218,7 @@ func checkProbes(c corev1.Container, service string, fs FlagSet) []string {
 		kind  string
 		probe *corev1.Probe
 		path  string
-	}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
+	}{{"startup", c.StartupProbe, "/healthz"}, {"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
 		if p.probe == nil {
 			report("no %s probe", p.kind)
 			continue
@@ -217,6 +242,12 @@ func checkProbes(c corev1.Container, service string, fs FlagSet) []string {
 		}
 		if path, _, _ := strings.Cut(p.probe.HTTPGet.Path, "?"); path != p.path {
 			report("%s probe path %q, want %q", p.kind, p.probe.HTTPGet.Path, p.path)
+		}
+		// Two minutes to start, checked every two seconds: a service
+		// waiting for NATS or the storage is not restarted, and is Ready
+		// soon after they are.
+		if p.kind == "startup" && (p.probe.PeriodSeconds != 2 || p.probe.FailureThreshold != 60) {
+			report("startup probe every %ds, %d times; want every 2s, 60 times", p.probe.PeriodSeconds, p.probe.FailureThreshold)
 		}
 	}
 	return problems

@@ -132,8 +132,37 @@ func TestChecksCatchMistakes(t *testing.T) {
 			}
 		}, "target https is no port"},
 		{"missing claim", func(m *Manifests) {
-			m.PVCs = nil
+			d := deployment(m, "packager")
+			d.Spec.Template.Spec.Volumes = append(d.Spec.Template.Spec.Volumes, corev1.Volume{Name: "data",
+				VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "headwater-artifacts"}}})
 		}, "PersistentVolumeClaim headwater-artifacts does not exist"},
+		{"undocumented image", func(m *Manifests) {
+			containerOf(m, "fetcher").Image = "headwater/fetcher:dev"
+		}, `image "headwater/fetcher:dev" is none of the documented`},
+		{"image pulled every start", func(m *Manifests) {
+			containerOf(m, "watcher").ImagePullPolicy = corev1.PullAlways
+		}, `imagePullPolicy "Always", want IfNotPresent`},
+		{"no startup probe", func(m *Manifests) {
+			containerOf(m, "packager").StartupProbe = nil
+		}, "no startup probe"},
+		{"startup probe gives up early", func(m *Manifests) {
+			containerOf(m, "artifact-server").StartupProbe.FailureThreshold = 3
+		}, "startup probe every 2s, 3 times"},
+		{"no startup probe on MinIO", func(m *Manifests) {
+			for i := range m.StatefulSets {
+				if m.StatefulSets[i].Name == "minio" {
+					m.StatefulSets[i].Spec.Template.Spec.Containers[0].StartupProbe = nil
+				}
+			}
+		}, "StatefulSet/minio: container minio: no startup probe"},
+		{"setup Job runs as root", func(m *Manifests) {
+			zero := int64(0)
+			m.Jobs[0].Spec.Template.Spec.Containers[0].SecurityContext.RunAsUser = &zero
+		}, "Job/headwater-setup: container setup: runs as uid 0"},
+		{"setup Job sets a flag it lacks", func(m *Manifests) {
+			c := &m.Jobs[0].Spec.Template.Spec.Containers[0]
+			c.Env = append(c.Env, corev1.EnvVar{Name: "HEADWATER_S3_BUKET", Value: "x"})
+		}, "HEADWATER_S3_BUKET matches no flag"},
 		{"missing ServiceAccount", func(m *Manifests) {
 			deployment(m, "fetcher").Spec.Template.Spec.ServiceAccountName = "fetchers"
 		}, "uses ServiceAccount fetchers, which does not exist"},
@@ -170,7 +199,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 			for _, w := range m.Workloads() {
 				problems = append(problems, CheckWorkload(w, flags)...)
 			}
-			problems = append(problems, CheckReferences(m, namespace, natsSecrets)...)
+			problems = append(problems, CheckReferences(m, namespace, append([]string{s3Secret}, natsSecrets...))...)
 			problems = append(problems, CheckNetworkPolicies(m)...)
 			for _, p := range problems {
 				if strings.Contains(p, tt.want) {

@@ -170,21 +170,25 @@ func container(t *testing.T, m *Manifests, name string) (corev1.Container, corev
 	return corev1.Container{}, corev1.PodSpec{}
 }
 
-func TestDeployBase(t *testing.T) {
+// TestDeployDefault checks deploy/ (`kubectl apply -k deploy/`): the
+// CRDs, deploy/base and the in-cluster MinIO, every pod able to start with
+// nothing but what the setup Job makes.
+func TestDeployDefault(t *testing.T) {
 	m, _ := build(t, "deploy")
 	root := repoRoot(t)
 
 	want := map[string][]string{
-		"Namespace":             {namespace},
-		"ServiceAccount":        {"watcher", "fetcher", "packager", "artifact-server", "nats"},
-		"ClusterRole":           {"headwater-watcher", "headwater-fetcher"},
-		"ClusterRoleBinding":    {"headwater-watcher", "headwater-fetcher"},
-		"Role":                  {"headwater-watcher-leader-election"},
-		"RoleBinding":           {"headwater-watcher-leader-election"},
-		"Deployment":            Services,
-		"StatefulSet":           {"nats"},
-		"Service":               {"nats", "source-controller"},
-		"PersistentVolumeClaim": {"headwater-artifacts"},
+		"Namespace":           {namespace},
+		"ServiceAccount":      {"watcher", "fetcher", "packager", "artifact-server", "nats", "setup", "minio"},
+		"ClusterRole":         {"headwater-watcher", "headwater-fetcher"},
+		"ClusterRoleBinding":  {"headwater-watcher", "headwater-fetcher"},
+		"Role":                {"headwater-watcher-leader-election", "headwater-setup"},
+		"RoleBinding":         {"headwater-watcher-leader-election", "headwater-setup"},
+		"Deployment":          Services,
+		"StatefulSet":         {"nats", "minio"},
+		"Job":                 {"headwater-setup"},
+		"Service":             {"nats", "source-controller", "minio"},
+		"PodDisruptionBudget": {"watcher", "artifact-server"},
 	}
 	for kind, names := range want {
 		for _, n := range names {
@@ -200,6 +204,9 @@ func TestDeployBase(t *testing.T) {
 		t.Fatalf("no CRDs in deploy/crds: %v", err)
 	}
 	for _, f := range files {
+		if filepath.Base(f) == "kustomization.yaml" {
+			continue
+		}
 		var crd CRD
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -252,28 +259,17 @@ func TestDeployBase(t *testing.T) {
 		}
 	}
 
-	// Shared directory storage on a ReadWriteMany claim at /data.
-	for _, pvc := range m.PVCs {
-		if pvc.Name == "headwater-artifacts" && !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
-			t.Errorf("PVC headwater-artifacts: access modes %v, want ReadWriteMany", pvc.Spec.AccessModes)
-		}
-	}
-	for _, s := range storageServices {
-		c, pod := container(t, m, s)
-		if claim := mountedClaim(c, pod, "/data"); claim != "headwater-artifacts" {
-			t.Errorf("%s: /data is %q, want the PVC headwater-artifacts", s, claim)
-		}
-		if v, _ := FlagValue(c, "storage-backend"); v != "dir" {
-			t.Errorf("%s: -storage-backend=%q, want dir", s, v)
-		}
-		if v, ok := FlagValue(c, "storage-path"); ok && v != "/data" {
-			t.Errorf("%s: -storage-path=%q, want /data", s, v)
-		}
-	}
 	if _, ok := EnvVar(watcher, EnvName("storage-backend")); ok {
 		t.Errorf("watcher: sets storage flags it does not have")
 	}
-
+	if len(m.PVCs) != 0 {
+		t.Errorf("deploy/ has PVCs %v: the artifacts live in MinIO", m.Names("PersistentVolumeClaim"))
+	}
+	checkS3Storage(t, m)
+	checkMinIO(t, m)
+	checkSetup(t, m, true)
+	checkSelfSufficient(t, m)
+	checkWatcherPDB(t, m)
 	checkArtifactService(t, m)
 	checkNATS(t, m)
 }
@@ -649,6 +645,8 @@ func TestNATSTLSComponent(t *testing.T) {
 	}
 }
 
+// TestDeployS3Overlay checks overlays/s3: the CRDs and deploy/base on the
+// user's S3 (the Secret headwater-s3 theirs).
 func TestDeployS3Overlay(t *testing.T) {
 	m, _ := build(t, filepath.Join("deploy", "overlays", "s3"))
 	if len(m.PVCs) != 0 {
@@ -659,10 +657,25 @@ func TestDeployS3Overlay(t *testing.T) {
 			t.Errorf("the S3 overlay lost Deployment %s", s)
 		}
 	}
+	if len(m.CRDs) == 0 {
+		t.Errorf("the S3 overlay installs no CRDs")
+	}
+	checkS3Storage(t, m)
+	checkSetup(t, m, false)
+}
+
+// checkS3Storage checks that every storage service uses the s3 backend
+// with the settings of the Secret headwater-s3, creating the bucket, and
+// mounts no /data.
+func checkS3Storage(t *testing.T, m *Manifests) {
+	t.Helper()
 	for _, s := range storageServices {
 		c, pod := container(t, m, s)
 		if v, _ := FlagValue(c, "storage-backend"); v != "s3" {
 			t.Errorf("%s: -storage-backend=%q, want s3", s, v)
+		}
+		if v, _ := FlagValue(c, "storage-s3-create-bucket"); v != "true" {
+			t.Errorf("%s: -storage-s3-create-bucket=%q, want true (MinIO starts empty)", s, v)
 		}
 		if _, ok := EnvVar(c, EnvName("storage-path")); ok {
 			t.Errorf("%s: still sets %s", s, EnvName("storage-path"))
@@ -688,7 +701,7 @@ func TestDeployS3Overlay(t *testing.T) {
 				e.ValueFrom.SecretKeyRef.Name != s3Secret || e.ValueFrom.SecretKeyRef.Key != key {
 				t.Errorf("%s: %s does not come from Secret %s key %s", s, EnvName(flag), s3Secret, key)
 			}
-			if ok && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && key != "region" &&
+			if ok && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil &&
 				e.ValueFrom.SecretKeyRef.Optional != nil && *e.ValueFrom.SecretKeyRef.Optional {
 				t.Errorf("%s: %s is optional", s, EnvName(flag))
 			}
@@ -785,6 +798,35 @@ func TestKEDAExample(t *testing.T) {
 			t.Errorf("no ScaledObject for %s", target)
 		}
 	}
+
+	// Where NetworkPolicies are enforced, KEDA (namespace keda) must be
+	// let in to the NATS monitoring port, which base admits from
+	// Headwater's pods only.
+	np := &Manifests{}
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil || tm.Kind != "NetworkPolicy" {
+			continue
+		}
+		if err := np.Add([]byte(doc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	np.StatefulSets = m.StatefulSets
+	for _, p := range CheckNetworkPolicies(np) {
+		t.Error(p)
+	}
+	admitted := slices.ContainsFunc(np.NetworkPolicies, func(p networkingv1.NetworkPolicy) bool {
+		return p.Namespace == namespace && p.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] == "nats" &&
+			slices.ContainsFunc(p.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+				return slices.ContainsFunc(r.From, func(peer networkingv1.NetworkPolicyPeer) bool {
+					return peer.NamespaceSelector != nil && peer.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "keda"
+				}) && slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.String() == "monitor" })
+			})
+	})
+	if !admitted {
+		t.Errorf("examples/keda-scaledobjects.yaml: no NetworkPolicy admits the keda namespace to NATS's monitor port")
+	}
 }
 
 // mountsEmptyDir reports whether c mounts an emptyDir at path.
@@ -819,8 +861,9 @@ func mountedClaim(c corev1.Container, pod corev1.PodSpec, path string) string {
 
 func itoa(i int32) string { return strconv.Itoa(int(i)) }
 
-// TestDeployBaseAlone checks that deploy/base is deploy/ without the CRDs,
-// for clusters that have Flux's CRDs already.
+// TestDeployBaseAlone checks that deploy/base is deploy/ without the CRDs
+// and the MinIO component, for clusters that have Flux's CRDs already and
+// an S3 service.
 func TestDeployBaseAlone(t *testing.T) {
 	m, _ := build(t, filepath.Join("deploy", "base"))
 	full, err := Build(filepath.Join(repoRoot(t), "deploy"))
@@ -830,9 +873,21 @@ func TestDeployBaseAlone(t *testing.T) {
 	if len(m.CRDs) != 0 {
 		t.Errorf("deploy/base installs CRDs %v", m.Names("CustomResourceDefinition"))
 	}
-	if len(full.CRDs) == 0 || m.Count != full.Count-len(full.CRDs) {
-		t.Errorf("deploy/base renders %d resources, deploy/ %d of which %d CRDs", m.Count, full.Count, len(full.CRDs))
+	var extra []string
+	baseIDs := ids(m)
+	for _, id := range ids(full) {
+		if !slices.Contains(baseIDs, id) && !strings.HasPrefix(id, "CustomResourceDefinition/") {
+			extra = append(extra, id)
+		}
 	}
+	slices.Sort(extra)
+	if want := []string{"NetworkPolicy/minio", "Service/minio", "ServiceAccount/minio", "StatefulSet/minio"}; !slices.Equal(extra, want) ||
+		m.Count != full.Count-len(full.CRDs)-len(want) {
+		t.Errorf("deploy/ has %v more than deploy/base (%d resources, deploy/ %d of which %d CRDs), want the CRDs and %v",
+			extra, m.Count, full.Count, len(full.CRDs), want)
+	}
+	checkS3Storage(t, m)
+	checkSetup(t, m, false)
 }
 
 // checkNATSCluster checks a clustered NATS: nats-server, given its command
@@ -922,10 +977,12 @@ func TestDeployProductionOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Count != base.Count+2 {
-		t.Errorf("overlays/production renders %d resources, want deploy/base's %d and a PodDisruptionBudget and a NetworkPolicy",
-			m.Count, base.Count)
+	if m.Count != base.Count+len(m.CRDs)+2 || len(m.CRDs) == 0 {
+		t.Errorf("overlays/production renders %d resources, want the %d CRDs, deploy/base's %d and a PodDisruptionBudget and a NetworkPolicy",
+			m.Count, len(m.CRDs), base.Count)
 	}
+	checkS3Storage(t, m)
+	checkSetup(t, m, false)
 }
 
 // TestReceiversComponent checks components/receivers: the Receiver CRD,

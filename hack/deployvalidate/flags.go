@@ -150,11 +150,11 @@ func ServiceFlags(root, service string) (FlagSet, error) {
 	return out, nil
 }
 
-// AllServiceFlags returns ServiceFlags for every one of Services and
-// OptionalServices.
+// AllServiceFlags returns ServiceFlags for every one of Services,
+// OptionalServices and Commands.
 func AllServiceFlags(root string) (map[string]FlagSet, error) {
 	out := map[string]FlagSet{}
-	for _, s := range slices.Concat(Services, OptionalServices) {
+	for _, s := range slices.Concat(Services, OptionalServices, Commands) {
 		fs, err := ServiceFlags(root, s)
 		if err != nil {
 			return nil, err

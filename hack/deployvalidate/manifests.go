@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -77,6 +78,7 @@ type Manifests struct {
 	PVCs                []corev1.PersistentVolumeClaim
 	Deployments         []appsv1.Deployment
 	StatefulSets        []appsv1.StatefulSet
+	Jobs                []batchv1.Job
 	ClusterRoles        []rbacv1.ClusterRole
 	ClusterRoleBindings []rbacv1.ClusterRoleBinding
 	Roles               []rbacv1.Role
@@ -141,6 +143,8 @@ func (m *Manifests) Add(doc []byte) error {
 		err = decodeInto(doc, &m.Deployments)
 	case "apps/v1/StatefulSet":
 		err = decodeInto(doc, &m.StatefulSets)
+	case "batch/v1/Job":
+		err = decodeInto(doc, &m.Jobs)
 	case "rbac.authorization.k8s.io/v1/ClusterRole":
 		err = decodeInto(doc, &m.ClusterRoles)
 	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
@@ -194,19 +198,20 @@ func decodeInto[T any](doc []byte, list *[]T) error {
 
 // Workload is a pod template with the object that owns it.
 type Workload struct {
-	// Kind and Name identify the owner (Deployment or StatefulSet).
+	// Kind and Name identify the owner (Deployment, StatefulSet or Job).
 	Kind, Name string
 	// Namespace is the owner's namespace.
 	Namespace string
 	// Replicas is the owner's replica count (1 when unset).
 	Replicas int32
-	// Selector is the owner's label selector.
+	// Selector is the owner's label selector (nil for a Job, whose
+	// selector the API server makes).
 	Selector *metav1.LabelSelector
 	// Template is the pod template.
 	Template corev1.PodTemplateSpec
 }
 
-// Workloads returns every Deployment and StatefulSet.
+// Workloads returns every Deployment, StatefulSet and Job.
 func (m *Manifests) Workloads() []Workload {
 	var out []Workload
 	replicas := func(r *int32) int32 {
@@ -223,7 +228,20 @@ func (m *Manifests) Workloads() []Workload {
 		out = append(out, Workload{Kind: "StatefulSet", Name: s.Name, Namespace: s.Namespace,
 			Replicas: replicas(s.Spec.Replicas), Selector: s.Spec.Selector, Template: s.Spec.Template})
 	}
+	for _, j := range m.Jobs {
+		out = append(out, Workload{Kind: "Job", Name: j.Name, Namespace: j.Namespace,
+			Replicas: 1, Selector: j.Spec.Selector, Template: j.Spec.Template})
+	}
 	return out
+}
+
+// LongRunning reports whether the workload's pods serve until stopped
+// (and so need probes), unlike a Job's, which run to completion.
+func (w Workload) LongRunning() bool { return w.Kind != "Job" }
+
+// Job returns the Job named name.
+func (m *Manifests) Job(name string) (batchv1.Job, bool) {
+	return find(m.Jobs, func(j batchv1.Job) bool { return j.Name == name })
 }
 
 // Deployment returns the Deployment named name.
@@ -277,6 +295,8 @@ func (m *Manifests) Names(kind string) []string {
 		each(m.Deployments, func(o appsv1.Deployment) { add(o.ObjectMeta) })
 	case "StatefulSet":
 		each(m.StatefulSets, func(o appsv1.StatefulSet) { add(o.ObjectMeta) })
+	case "Job":
+		each(m.Jobs, func(o batchv1.Job) { add(o.ObjectMeta) })
 	case "ClusterRole":
 		each(m.ClusterRoles, func(o rbacv1.ClusterRole) { add(o.ObjectMeta) })
 	case "ClusterRoleBinding":
@@ -306,6 +326,7 @@ func (m *Manifests) namespaced() map[string]string {
 	each(m.PVCs, func(o corev1.PersistentVolumeClaim) { add("PersistentVolumeClaim", o.ObjectMeta) })
 	each(m.Deployments, func(o appsv1.Deployment) { add("Deployment", o.ObjectMeta) })
 	each(m.StatefulSets, func(o appsv1.StatefulSet) { add("StatefulSet", o.ObjectMeta) })
+	each(m.Jobs, func(o batchv1.Job) { add("Job", o.ObjectMeta) })
 	each(m.Roles, func(o rbacv1.Role) { add("Role", o.ObjectMeta) })
 	each(m.RoleBindings, func(o rbacv1.RoleBinding) { add("RoleBinding", o.ObjectMeta) })
 	each(m.PDBs, func(o policyv1.PodDisruptionBudget) { add("PodDisruptionBudget", o.ObjectMeta) })

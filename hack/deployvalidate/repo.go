@@ -17,14 +17,36 @@ var Services = []string{"watcher", "fetcher", "packager", "artifact-server"}
 // compose profile "receivers") and the dispatcher (components/dispatcher).
 var OptionalServices = []string{"receiver", "dispatcher"}
 
-// IsService reports whether name is one of Services or OptionalServices.
+// Commands are built like Services (services/<name>, one image each) but
+// run to completion: the setup Job of deploy/base.
+var Commands = []string{"setup"}
+
+// IsService reports whether name is one of Services, OptionalServices or
+// Commands: a Headwater binary whose flags the checks know.
 func IsService(name string) bool {
-	for _, s := range slices.Concat(Services, OptionalServices) {
-		if s == name {
-			return true
-		}
+	return slices.Contains(slices.Concat(Services, OptionalServices, Commands), name)
+}
+
+// The images deploy/ runs: Headwater's, one registry and one tag (what
+// `make images` builds, IMAGE_REGISTRY and IMAGE_TAG in the Makefile),
+// and the two third-party servers.
+const (
+	ImageRegistry = "ghcr.io/headwater-gitops"
+	ImageTag      = "v0.1.0"
+	NATSImage     = "nats:2.15.2"
+	MinIOImage    = "quay.io/minio/minio:RELEASE.2026-02-12T20-18-48Z"
+)
+
+// Image is the image of a Headwater service or command.
+func Image(service string) string { return ImageRegistry + "/" + service + ":" + ImageTag }
+
+// Images is every image a manifest may name.
+func Images() []string {
+	out := []string{NATSImage, MinIOImage}
+	for _, s := range slices.Concat(Services, OptionalServices, Commands) {
+		out = append(out, Image(s))
 	}
-	return false
+	return out
 }
 
 // RepoRoot returns the repository root: the nearest directory at or above

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/natskeys"
 )
 
 // User is a NATS user that authenticates with an NKey and may publish and
@@ -92,18 +93,7 @@ func user(identity, pub string) User {
 
 // NewUserKey makes a fresh NKey for a NATS user: its public key (what the
 // server knows) and its seed (what the client signs with).
-func NewUserKey() (public, seed string, err error) {
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		return "", "", err
-	}
-	s, err := kp.Seed()
-	if err != nil {
-		return "", "", err
-	}
-	public, err = kp.PublicKey()
-	return public, string(s), err
-}
+func NewUserKey() (public, seed string, err error) { return natskeys.NewUser() }
 
 // nkeyUsers converts users to the server's form. A user with no subject
 // to publish on may publish nothing at all.

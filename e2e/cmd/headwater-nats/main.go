@@ -4,8 +4,9 @@
 //
 //	headwater-nats config             the authorization block (make manifests
 //	                                  writes it to deploy/base/nats/auth.conf)
-//	headwater-nats keys [-namespace N] Kubernetes Secrets with fresh NKeys:
-//	                                  kubectl apply -f - before the first deploy
+//	headwater-nats keys [-namespace N] Kubernetes Secrets with fresh NKeys
+//	                                  (what `setup print` prints; in a cluster
+//	                                  the setup Job of deploy/base makes them)
 //	headwater-nats keys -dir DIR      the same keys as files, for docker compose
 //	headwater-nats serve -keys DIR -store DIR [-addr A] [-monitor-addr A]
 //	                                  a NATS JetStream server in its own
@@ -33,6 +34,7 @@ import (
 	"syscall"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/natskeys"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
@@ -72,10 +74,8 @@ func run(args []string, out io.Writer) error {
 }
 
 // EnvVar is the variable the server's configuration reads identity's
-// public key from.
-func EnvVar(identity string) string {
-	return strings.ToUpper(strings.ReplaceAll(identity, "-", "_")) + "_NKEY"
-}
+// public key from (see natskeys.EnvVar).
+func EnvVar(identity string) string { return natskeys.EnvVar(identity) }
 
 // writeConfig writes the authorization block: one user per identity,
 // with the permissions of events.Permissions.
@@ -108,20 +108,14 @@ func list(subjects []string) string {
 }
 
 // keys are a fresh NKey per identity.
-type keys struct {
-	public, seed map[string]string
-}
+type keys struct{ *natskeys.Keys }
 
 func newKeys() (*keys, error) {
-	k := &keys{public: map[string]string{}, seed: map[string]string{}}
-	for _, id := range events.Identities() {
-		pub, seed, err := natsserver.NewUserKey()
-		if err != nil {
-			return nil, err
-		}
-		k.public[id], k.seed[id] = pub, seed
+	k, err := natskeys.Generate()
+	if err != nil {
+		return nil, err
 	}
-	return k, nil
+	return &keys{k}, nil
 }
 
 // writeSecrets prints the Secrets: headwater-nats-users (the public keys,
@@ -129,13 +123,13 @@ func newKeys() (*keys, error) {
 // each service mounts as -nats-nkey).
 func (k *keys) writeSecrets(out io.Writer, namespace string) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Secret\nmetadata:\n  name: headwater-nats-users\n  namespace: %s\ntype: Opaque\nstringData:\n", namespace)
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\ntype: Opaque\nstringData:\n", natskeys.UsersSecret, namespace)
 	for _, id := range events.Identities() {
-		fmt.Fprintf(&b, "  %s: %s\n", EnvVar(id), k.public[id])
+		fmt.Fprintf(&b, "  %s: %s\n", EnvVar(id), k.Public[id])
 	}
 	for _, id := range events.Identities() {
-		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: headwater-nats-%s\n  namespace: %s\ntype: Opaque\nstringData:\n  nkey: %s\n",
-			id, namespace, k.seed[id])
+		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\ntype: Opaque\nstringData:\n  %s: %s\n",
+			natskeys.SeedSecret(id), namespace, natskeys.SeedKey, k.Seed[id])
 	}
 	_, err := io.WriteString(out, b.String())
 	return err
@@ -154,8 +148,8 @@ func (k *keys) writeDir(dir string) error {
 	}
 	var env strings.Builder
 	for _, id := range events.Identities() {
-		fmt.Fprintf(&env, "%s=%s\n", EnvVar(id), k.public[id])
-		if err := writeFile(filepath.Join(dir, id+".nk"), k.seed[id]); err != nil {
+		fmt.Fprintf(&env, "%s=%s\n", EnvVar(id), k.Public[id])
+		if err := writeFile(filepath.Join(dir, id+".nk"), k.Seed[id]); err != nil {
 			return err
 		}
 	}
