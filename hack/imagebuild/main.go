@@ -9,7 +9,8 @@
 //	  -third-party pause=registry.k8s.io/pause:3.10@bin/{os}_{arch}/pause ... \
 //	  -layout bin/images/oci [-archive FILE] [-push host:port/path [-insecure]]
 //
-// It is run by `make images` and `make image-archive`.
+// It is run by `make images` and `make image-archive`. With -base-dir it
+// only writes the images' base files, which the Dockerfile copies in.
 package main
 
 import (
@@ -42,6 +43,7 @@ type options struct {
 	push       string
 	insecure   bool
 	sizes      bool
+	baseDir    string
 }
 
 // listFlag is a repeatable string flag.
@@ -64,6 +66,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.push, "push", "", "Push every image to this registry prefix (host[:port][/path]), as <prefix>/<name>:<tag>.")
 	fs.BoolVar(&o.insecure, "insecure", false, "Allow plain HTTP when pushing (a local registry).")
 	fs.BoolVar(&o.sizes, "sizes", true, "Print a Markdown table of the images' sizes.")
+	fs.StringVar(&o.baseDir, "base-dir", "", "Only write the images' base files (CA roots, passwd, group, /data, /tmp) into this directory, for the Dockerfile.")
 }
 
 func main() {
@@ -80,6 +83,9 @@ func main() {
 }
 
 func run(ctx context.Context, o options) error {
+	if o.baseDir != "" {
+		return ociimage.WriteBaseDir(o.baseDir)
+	}
 	if o.layout == "" && o.archive == "" && o.push == "" {
 		return errors.New("nothing to write: give -layout, -archive or -push")
 	}

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/pem"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"golang.org/x/crypto/x509roots/fallback/bundle"
 )
@@ -59,4 +62,42 @@ func BaseFiles() ([]File, error) {
 		{Path: "home/nonroot", Mode: 0o700, UID: NonRoot, GID: NonRoot, Dir: true},
 		{Path: "tmp", Mode: 0o1777, UID: NonRoot, GID: NonRoot, Dir: true},
 	}, nil
+}
+
+// WriteBaseDir writes BaseFiles under dir, modes included and ownership
+// left to the caller, for the Dockerfile, which copies the same base into
+// its image (chowning /data and /tmp) rather than starting from distroless.
+func WriteBaseDir(dir string) error {
+	files, err := BaseFiles()
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		p := filepath.Join(dir, filepath.FromSlash(f.Path))
+		if f.Dir {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				return fmt.Errorf("write base: %w", err)
+			}
+		} else {
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return fmt.Errorf("write base: %w", err)
+			}
+			if err := os.WriteFile(p, f.Data, 0o644); err != nil {
+				return fmt.Errorf("write base: %w", err)
+			}
+		}
+		// Chmod, not the umask-bound create modes: /tmp is sticky and 1777.
+		if err := os.Chmod(p, fs.FileMode(f.Mode&0o777)|modeBits(f.Mode)); err != nil {
+			return fmt.Errorf("write base: %w", err)
+		}
+	}
+	return nil
+}
+
+// modeBits turns the tar sticky bit into its fs.FileMode.
+func modeBits(mode int64) fs.FileMode {
+	if mode&0o1000 != 0 {
+		return fs.ModeSticky
+	}
+	return 0
 }
