@@ -88,7 +88,8 @@ THIRD_PARTY       ?= 1
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGES_DIR        := $(BIN_DIR)/images
 IMAGE_ARCHIVE     := $(IMAGES_DIR)/headwater-images.tar
-IMAGE_LDFLAGS     := $(call buildinfo_ldflags,$(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ))
+IMAGE_BUILD_DATE  := $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || date -u -r $(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+IMAGE_LDFLAGS     := $(call buildinfo_ldflags,$(IMAGE_BUILD_DATE))
 # The third-party images the manifests name, built here from Go modules:
 # <kind>=<reference>@<binary> (hack/imagebuild -third-party).
 THIRD_PARTY_IMAGES := \
