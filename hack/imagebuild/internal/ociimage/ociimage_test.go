@@ -3,21 +3,28 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // created is the SOURCE_DATE_EPOCH of the tests.
@@ -365,5 +372,37 @@ func TestPushRef(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("PushRef(%s) = %q, %v; want %q", ref, got, err, want)
 		}
+	}
+}
+
+// TestPush: an image pushed over plain HTTP to a registry reads back with
+// the digest it was built with.
+func TestPush(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	spec, err := ThirdPartySpec("pause", "registry.k8s.io/pause:3.10", pause, created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := build(t, spec, created, platforms(t, "linux/amd64", "linux/arm64"))
+	var out bytes.Buffer
+	if err := Push(context.Background(), host+"/hw", []*Built{built}, true, &out); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(host+"/hw/pause:3.10", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := remote.Index(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := idx.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := digest(t, built); got != want {
+		t.Fatalf("pushed %s, read back %s", want, got)
 	}
 }
