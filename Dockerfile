@@ -85,7 +85,7 @@ COPY --from=build /out/base/etc /etc
 # user, so a fresh named volume mounted there (docker compose) is writable.
 COPY --from=build --chown=65532:65532 /out/base/data /data
 COPY --from=build --chown=65532:65532 /out/base/tmp /tmp
-COPY --from=build --chown=65532:65532 /out/base/home /home
+COPY --from=build --chown=65532:65532 /out/base/home/nonroot /home/nonroot
 COPY --from=build /out/headwater /headwater
 ENV PATH=/usr/local/bin:/usr/bin:/bin \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
