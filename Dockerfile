@@ -12,9 +12,16 @@
 # REVISION and BUILD_DATE (optional; .git is not sent to the build) are
 # stamped into the binary, which reports them on -version, in its start-up
 # log line and as headwater_build_info, and label the image. The binary is
-# static (CGO_ENABLED=0) and runs as the distroless "nonroot" user (65532) on
-# an image without a shell or package manager. No service shells out: the
-# fetcher clones with go-git, so the image needs no git binary.
+# static (CGO_ENABLED=0) and runs as the "nonroot" user (65532) on an image
+# without a shell or package manager. No service shells out: the fetcher
+# clones with go-git, so the image needs no git binary.
+#
+# `make images` builds the same images without Docker (hack/imagebuild,
+# reproducibly, for several platforms at once); this file stays for Docker
+# users and holds the same things: the binary at /headwater, the base files
+# hack/imagebuild writes (CA roots from the pinned golang.org/x/crypto/
+# x509roots/fallback module, /etc/passwd and /etc/group naming nonroot,
+# /data and /tmp owned by it), the same environment and labels.
 
 ARG GO_VERSION=1.26
 
@@ -37,8 +44,10 @@ COPY services/receiver/go.mod services/receiver/go.sum services/receiver/
 COPY services/dispatcher/go.mod services/dispatcher/go.sum services/dispatcher/
 COPY services/setup/go.mod services/setup/go.sum services/setup/
 COPY e2e/go.mod e2e/go.sum e2e/
+COPY hack/imagebuild/go.mod hack/imagebuild/go.sum hack/imagebuild/
 RUN --mount=type=cache,target=/go/pkg/mod \
-    go mod download
+    go mod download && \
+    cd hack/imagebuild && GOWORK=off go mod download
 
 COPY . .
 RUN case "${SERVICE}" in \
@@ -55,10 +64,13 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     bi=github.com/headwater-gitops/headwater/pkg/buildinfo && \
     CGO_ENABLED=0 GOOS="${TARGETOS}" GOARCH="${TARGETARCH}" \
       go build -trimpath -buildvcs=false -o /out/headwater \
-        -ldflags="-s -w -X $bi.Version=${VERSION} -X $bi.Revision=${REVISION} -X $bi.BuildDate=${BUILD_DATE}" . && \
-    mkdir -p /out/data
+        -ldflags="-s -w -X $bi.Version=${VERSION} -X $bi.Revision=${REVISION} -X $bi.BuildDate=${BUILD_DATE}" .
+# The base files of `make images`: CA roots, passwd, group, /data, /tmp.
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    cd hack/imagebuild && GOWORK=off go run . -base-dir /out/base
 
-FROM gcr.io/distroless/static:nonroot
+FROM scratch
 ARG SERVICE
 ARG VERSION
 ARG REVISION
@@ -66,12 +78,19 @@ ARG BUILD_DATE
 LABEL org.opencontainers.image.title="headwater-${SERVICE}" \
       org.opencontainers.image.description="Headwater ${SERVICE}: a horizontally scalable Flux source-controller" \
       org.opencontainers.image.source="https://github.com/headwater-gitops/headwater" \
+      org.opencontainers.image.url="https://github.com/headwater-gitops/headwater" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${BUILD_DATE}"
-COPY --from=build /out/headwater /headwater
+COPY --from=build /out/base/etc /etc
 # /data is where the dir storage backend lives. Created owned by the runtime
 # user, so a fresh named volume mounted there (docker compose) is writable.
-COPY --from=build --chown=65532:65532 /out/data /data
+COPY --from=build --chown=65532:65532 /out/base/data /data
+COPY --from=build --chown=65532:65532 /out/base/tmp /tmp
+COPY --from=build --chown=65532:65532 /out/base/home/nonroot /home/nonroot
+COPY --from=build /out/headwater /headwater
+ENV PATH=/usr/local/bin:/usr/bin:/bin \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+WORKDIR /
 USER 65532:65532
 ENTRYPOINT ["/headwater"]

@@ -4,7 +4,7 @@
 #   make test   every test (unit, integration and end-to-end)
 #
 # Real components (kube-apiserver, etcd, kubectl, MinIO, the distribution
-# registry, controller-gen) are
+# registry, controller-gen, nats-server and CoreDNS for the images) are
 # built once from the Go module proxy by hack/build-tools.sh and cached by
 # version under TOOLS_DIR, outside the clone, so fresh clones reuse them.
 
@@ -13,6 +13,8 @@ SHELL := /usr/bin/env bash -o pipefail
 
 SERVICES    := watcher fetcher packager artifact-server receiver dispatcher setup
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
+# Modules outside go.work, built and tested with GOWORK=off.
+HACK_MODULES := hack/deployvalidate hack/imagebuild
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
 CRD_DIR     := deploy/crds
@@ -25,12 +27,16 @@ MINIO_VERSION          := v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION := v0.23.0
 REGISTRY_VERSION       := v3.1.2
 FLUX_SOURCE_CONTROLLER_VERSION := v1.9.1
+NATS_SERVER_VERSION    := v2.15.2
+COREDNS_VERSION        := v1.12.4
 
 # The directory envtest reads kube-apiserver, etcd and kubectl from.
 KUBEBUILDER_ASSETS := $(BIN_DIR)/k8s
 CONTROLLER_GEN     := $(TOOLS_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 MINIO              := $(TOOLS_DIR)/minio-$(MINIO_VERSION)/minio
-REGISTRY           := $(TOOLS_DIR)/registry-$(REGISTRY_VERSION)/registry
+REGISTRY_BIN       := $(TOOLS_DIR)/registry-$(REGISTRY_VERSION)/registry
+NATS_SERVER        := $(TOOLS_DIR)/nats-server-$(NATS_SERVER_VERSION)/nats-server
+COREDNS            := $(TOOLS_DIR)/coredns-$(COREDNS_VERSION)/coredns
 FLUX_SOURCE_CONTROLLER := $(TOOLS_DIR)/flux-source-controller-$(FLUX_SOURCE_CONTROLLER_VERSION)/source-controller
 
 # kubelet, kube-proxy, kube-scheduler and kube-controller-manager for the
@@ -42,7 +48,7 @@ export KUBEBUILDER_ASSETS
 export HEADWATER_KUBE_NODE_DIR := $(KUBE_NODE_DIR)
 export HEADWATER_IMAGES := $(IMAGE_ARCHIVE)
 export HEADWATER_MINIO_BIN := $(MINIO)
-export HEADWATER_REGISTRY_BIN := $(REGISTRY)
+export HEADWATER_REGISTRY_BIN := $(REGISTRY_BIN)
 export HEADWATER_BIN_DIR   := $(BIN_DIR)
 
 GO_TEST_FLAGS ?= -count=1
@@ -70,7 +76,34 @@ BUILDINFO  := github.com/headwater-gitops/headwater/pkg/buildinfo
 # STRIP drops the symbol and debug tables, as the images do; `make build
 # STRIP=` keeps them, for perf(1) (pprof needs neither).
 STRIP      ?= -s -w
-LDFLAGS    := -X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Revision=$(REVISION) -X $(BUILDINFO).BuildDate=$(BUILD_DATE)
+buildinfo_ldflags = -X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Revision=$(REVISION) -X $(BUILDINFO).BuildDate=$(1)
+LDFLAGS    := $(call buildinfo_ldflags,$(BUILD_DATE))
+
+# Images (`make images`, `make image-archive`; deploy/README.md), assembled
+# by hack/imagebuild from the binaries cross-compiled into bin/<os>_<arch>/,
+# without Docker. The same commit gives the same digests: SOURCE_DATE_EPOCH
+# (the commit time) sets every file time, the created time and label, and
+# the build date stamped into the binaries. REGISTRY=host:port/path pushes
+# them there as well (REGISTRY_INSECURE=1 for plain HTTP).
+IMAGE_REGISTRY    ?= ghcr.io/headwater-gitops
+IMAGE_TAG         ?= v0.1.0
+IMAGES_SERVICES   ?= $(SERVICES) $(if $(wildcard services/setup),setup)
+PLATFORMS         ?=
+REGISTRY          ?=
+REGISTRY_INSECURE ?=
+THIRD_PARTY       ?= 1
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+IMAGES_DIR        := $(BIN_DIR)/images
+IMAGE_ARCHIVE     := $(IMAGES_DIR)/headwater-images.tar
+IMAGE_BUILD_DATE  := $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || date -u -r $(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+IMAGE_LDFLAGS     := $(call buildinfo_ldflags,$(IMAGE_BUILD_DATE))
+# The third-party images the manifests name, built here from Go modules:
+# <kind>=<reference>@<binary> (hack/imagebuild -third-party).
+THIRD_PARTY_IMAGES := \
+	nats=docker.io/library/nats:$(NATS_SERVER_VERSION:v%=%)@$(NATS_SERVER) \
+	minio=quay.io/minio/minio:RELEASE.2026-02-12T20-18-48Z@$(MINIO) \
+	pause=registry.k8s.io/pause:3.10@$(BIN_DIR)/{os}_{arch}/pause \
+	coredns=registry.k8s.io/coredns/coredns:$(COREDNS_VERSION)@$(COREDNS)
 
 ##@ General
 
@@ -100,6 +133,37 @@ build: ## Build the services as their images do (static, stripped, stamped with 
 	@cd e2e && go build -trimpath -o $(BIN_DIR)/headwater-local ./cmd/headwater-local
 	@cd e2e && CGO_ENABLED=0 go build -trimpath -ldflags '$(STRIP)' -o $(BIN_DIR)/headwater-nats ./cmd/headwater-nats
 
+.PHONY: images
+images: ## Build every service's image for PLATFORMS (linux/amd64,linux/arm64) into the OCI layout bin/images/oci, as IMAGE_REGISTRY/<service>:IMAGE_TAG; REGISTRY=host:port/path pushes them too.
+	@$(call build_images,$(or $(PLATFORMS),linux/amd64$(comma)linux/arm64),-layout $(IMAGES_DIR)/oci $(if $(REGISTRY),-push $(REGISTRY)) $(if $(REGISTRY_INSECURE),-insecure),)
+
+.PHONY: image-archive
+image-archive: $(if $(THIRD_PARTY),minio nats-server coredns) ## Write bin/images/headwater-images.tar for `ctr images import`: the services and (THIRD_PARTY=1) NATS, MinIO, pause and CoreDNS, for PLATFORMS (linux/amd64).
+	@$(call build_images,$(or $(PLATFORMS),linux/amd64),-archive $(IMAGE_ARCHIVE),$(THIRD_PARTY))
+
+comma := ,
+# build_images <platforms> <imagebuild output flags> <third party?>:
+# cross-compiles the services (and the pause program) for each platform
+# into bin/<os>_<arch>/ with the flags of `make build` and the build date of
+# SOURCE_DATE_EPOCH, then assembles the images.
+define build_images
+	set -e; mkdir -p $(IMAGES_DIR); \
+	echo "==> images $(IMAGE_TAG), version $(VERSION), revision $(REVISION), SOURCE_DATE_EPOCH $(SOURCE_DATE_EPOCH), platforms $(1)"; \
+	for p in $(subst $(comma), ,$(1)); do \
+		os=$${p%%/*}; arch=$${p#*/}; arch=$${arch%%/*}; \
+		for s in $(IMAGES_SERVICES); do \
+			echo "==> building $$s for $$os/$$arch"; \
+			(cd services/$$s && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags '$(STRIP) $(IMAGE_LDFLAGS)' -o $(BIN_DIR)/$${os}_$$arch/$$s .); \
+		done; \
+		$(if $(3),(cd hack/imagebuild && GOWORK=off CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags '-s -w' -o $(BIN_DIR)/$${os}_$$arch/pause ./pause);) \
+	done; \
+	(cd hack/imagebuild && GOWORK=off go build -trimpath -o $(BIN_DIR)/imagebuild .); \
+	$(BIN_DIR)/imagebuild -platforms $(1) -source-date-epoch $(SOURCE_DATE_EPOCH) \
+		-version '$(VERSION)' -revision '$(REVISION)' -registry $(IMAGE_REGISTRY) -tag $(IMAGE_TAG) \
+		$(foreach s,$(IMAGES_SERVICES),-service $(s)=$(BIN_DIR)/{os}_{arch}/$(s)) \
+		$(if $(3),$(foreach i,$(THIRD_PARTY_IMAGES),-third-party '$(i)')) $(2)
+endef
+
 .PHONY: tools
 tools: kube-tools minio registry controller-gen ## Build and cache every real component used by tests.
 
@@ -126,6 +190,14 @@ minio: ## The MinIO server for S3 tests (cached).
 .PHONY: registry
 registry: ## The CNCF distribution registry for OCI tests (cached).
 	@hack/build-tools.sh $(TOOLS_DIR) registry
+
+.PHONY: nats-server
+nats-server: ## The NATS server of the nats image (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) nats-server
+
+.PHONY: coredns
+coredns: ## CoreDNS with a cluster DNS's plugins, for the coredns image (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) coredns
 
 .PHONY: controller-gen
 controller-gen:
@@ -179,8 +251,10 @@ test: kube-tools minio registry build ## Run every test: unit, integration and e
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(GO_TEST_FLAGS) ./...) || exit 1; \
 	done
-	@echo "==> go test hack/deployvalidate"
-	@cd hack/deployvalidate && GOWORK=off go test $(GO_TEST_FLAGS) ./...
+	@for m in $(HACK_MODULES); do \
+		echo "==> go test $$m"; \
+		(cd $$m && GOWORK=off go test $(GO_TEST_FLAGS) ./...) || exit 1; \
+	done
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
 	@$(MAKE) --no-print-directory test-cluster CLUSTER_TESTS=short
 
@@ -231,7 +305,7 @@ flux: ## Flux's source-controller, built from its module for the side-by-side be
 .PHONY: lint
 lint: ## go vet every module.
 	@for m in $(MODULES); do echo "==> go vet $$m"; (cd $$m && go vet ./...) || exit 1; done
-	@cd hack/deployvalidate && GOWORK=off go vet ./...
+	@for m in $(HACK_MODULES); do echo "==> go vet $$m"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done
 
 .PHONY: verify
 verify: manifests ## Check generated files, go.mod tidiness and one dependency resolution.

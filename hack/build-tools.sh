@@ -4,7 +4,12 @@
 # server and the CNCF distribution registry -- from the Go module proxy, and
 # caches them by version.
 #
-# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|registry|controller-gen|flux ...]
+# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|registry|controller-gen|flux|nats-server|coredns ...]
+#
+# nats-server and coredns are the binaries of the third-party images
+# hack/imagebuild assembles (`make image-archive`); CoreDNS comes from the
+# scratch module hack/tools/coredns, which links only the plugins a cluster
+# DNS needs.
 #
 # flux is Flux's source-controller, the peer `make bench` measures Headwater
 # against side by side. It is built from its module as published, never
@@ -30,6 +35,8 @@ MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION=v0.23.0
 REGISTRY_VERSION=v3.1.2
 FLUX_SOURCE_CONTROLLER_VERSION=v1.9.1
+NATS_SERVER_VERSION=v2.15.2
+COREDNS_VERSION=v1.12.4
 
 export GOWORK=off CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
@@ -90,6 +97,15 @@ controller_gen() {
 	GOBIN=$1 go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION"
 }
 
+nats_server() {
+	GOBIN=$1 go install -trimpath -ldflags "-s -w" "github.com/nats-io/nats-server/v2@$NATS_SERVER_VERSION"
+}
+
+coredns() {
+	cd tools/coredns
+	go build -trimpath -ldflags "-s -w" -o "$1/coredns" .
+}
+
 flux() {
 	local out=$1 src
 	local mod=github.com/fluxcd/source-controller
@@ -113,6 +129,8 @@ for c in "${components[@]}"; do
 	minio) build_once "$tools_dir/minio-$MINIO_VERSION" "minio $MINIO_VERSION" minio ;;
 	registry) build_once "$tools_dir/registry-$REGISTRY_VERSION" "registry $REGISTRY_VERSION" registry ;;
 	flux) build_once "$tools_dir/flux-source-controller-$FLUX_SOURCE_CONTROLLER_VERSION" "Flux source-controller $FLUX_SOURCE_CONTROLLER_VERSION" flux ;;
+	nats-server) build_once "$tools_dir/nats-server-$NATS_SERVER_VERSION" "nats-server $NATS_SERVER_VERSION" nats_server ;;
+	coredns) build_once "$tools_dir/coredns-$COREDNS_VERSION" "CoreDNS $COREDNS_VERSION" coredns ;;
 	controller-gen) build_once "$tools_dir/controller-gen-$CONTROLLER_GEN_VERSION" "controller-gen $CONTROLLER_GEN_VERSION" controller_gen ;;
 	*) echo "unknown component: $c" >&2; exit 2 ;;
 	esac

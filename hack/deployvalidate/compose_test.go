@@ -200,7 +200,8 @@ func checkKubeconfig(t *testing.T, s types.ServiceConfig, source string) {
 // TestDockerfile checks the Dockerfile against the workspace: every module
 // of go.work is copied before `go mod download` (the workspace does not load
 // otherwise), the build arg picks the service, the build information is
-// stamped, and the image is static and non-root.
+// stamped, and the image is static, non-root and built on the base files
+// `make images` uses.
 func TestDockerfile(t *testing.T) {
 	root := repoRoot(t)
 	df, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
@@ -240,7 +241,12 @@ func TestDockerfile(t *testing.T) {
 		// The build information -version and headwater_build_info report.
 		"ARG VERSION",
 		"github.com/headwater-gitops/headwater/pkg/buildinfo",
-		"FROM gcr.io/distroless/static:nonroot",
+		// The base `make images` builds (hack/imagebuild): CA roots,
+		// passwd and group naming nonroot, /data and /tmp.
+		"FROM scratch",
+		"GOWORK=off go run . -base-dir /out/base",
+		"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+		"org.opencontainers.image.revision",
 		"USER 65532:65532",
 		`ENTRYPOINT ["/headwater"]`,
 	} {

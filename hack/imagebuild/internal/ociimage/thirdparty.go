@@ -1,0 +1,69 @@
+package ociimage
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// thirdParty describes an image the Kubernetes manifests name that is not
+// Headwater's own, rebuilt here from its Go module so nothing is pulled.
+type thirdParty struct {
+	path, user, title, description, source, licenses string
+}
+
+// thirdParties are the kinds ThirdPartySpec knows. Each puts its binary
+// where the upstream image does and runs as the upstream image does.
+var thirdParties = map[string]thirdParty{
+	// The official nats image is the server on scratch, run as root (the
+	// manifests pick the uid); they pass --config.
+	"nats": {path: "/nats-server", title: "nats", description: "NATS server, built from github.com/nats-io/nats-server/v2",
+		source: "https://github.com/nats-io/nats-server", licenses: "Apache-2.0"},
+	"minio": {path: "/usr/bin/minio", title: "minio", description: "MinIO object storage, built from github.com/minio/minio",
+		source: "https://github.com/minio/minio", licenses: "AGPL-3.0-or-later"},
+	// The pod sandbox: registry.k8s.io/pause runs as 65535.
+	"pause": {path: "/pause", user: "65535:65535", title: "pause", description: "Pod sandbox: waits for a signal and reaps zombies (hack/imagebuild/pause)",
+		source: Source},
+	"coredns": {path: "/coredns", user: "65532:65532", title: "coredns", description: "CoreDNS with the plugins a cluster DNS needs (hack/tools/coredns)",
+		source: "https://github.com/coredns/coredns", licenses: "Apache-2.0"},
+}
+
+// ThirdPartyKinds lists the kinds ThirdPartySpec accepts, sorted.
+func ThirdPartyKinds() []string {
+	kinds := make([]string, 0, len(thirdParties))
+	for k := range thirdParties {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	return kinds
+}
+
+// ThirdPartySpec is the image of kind (see ThirdPartyKinds) named ref,
+// wrapping binary. Its version label is ref's tag.
+func ThirdPartySpec(kind, ref, binary string, created time.Time) (Spec, error) {
+	tp, ok := thirdParties[kind]
+	if !ok {
+		return Spec{}, fmt.Errorf("third-party image kind %q: want one of %s", kind, strings.Join(ThirdPartyKinds(), ", "))
+	}
+	labels := map[string]string{
+		"org.opencontainers.image.title":       tp.title,
+		"org.opencontainers.image.description": tp.description,
+		"org.opencontainers.image.source":      tp.source,
+		"org.opencontainers.image.version":     refTag(ref),
+		"org.opencontainers.image.created":     created.UTC().Format(time.RFC3339),
+	}
+	if tp.licenses != "" {
+		labels["org.opencontainers.image.licenses"] = tp.licenses
+	}
+	return Spec{Ref: ref, Binary: binary, Path: tp.path, User: tp.user, Labels: labels}, nil
+}
+
+// refTag is the tag of a reference, "" without one.
+func refTag(ref string) string {
+	i := strings.LastIndex(ref, ":")
+	if i < 0 || strings.Contains(ref[i:], "/") {
+		return ""
+	}
+	return ref[i+1:]
+}
