@@ -89,7 +89,10 @@ func run(ctx context.Context, o options) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy, "storage": storage.ReadyCheck(store, 5*time.Second)}, log); err != nil {
+	var ready telemetry.Checks
+	ready.Set("nats", conn.Healthy)
+	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
 		_ = ln.Close()
 		return err
 	}

@@ -129,7 +129,9 @@ func run(ctx context.Context, o options) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up subscription controller: %w", err)
 	}
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
+	var ready telemetry.Checks
+	ready.Set("nats", conn.Healthy)
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
 		return err
 	}
 	log.Info("dispatching", "concurrency", o.concurrency, "reportInterval", o.reportInterval.String())

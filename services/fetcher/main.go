@@ -208,7 +208,10 @@ func run(ctx context.Context, o options) error {
 		Metrics:     telemetry.NewJobMetrics(reg, service),
 		Log:         log,
 	}
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy, "storage": storage.ReadyCheck(store, 5*time.Second)}, log); err != nil {
+	var ready telemetry.Checks
+	ready.Set("nats", conn.Healthy)
+	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
 		return err
 	}
 	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind, helmfetch.Kind, helmchartfetch.Kind},

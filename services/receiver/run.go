@@ -105,7 +105,9 @@ func run(ctx context.Context, o options) error {
 		ReadTimeout:       readTimeout,
 		IdleTimeout:       2 * time.Minute,
 	}
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
+	var ready telemetry.Checks
+	ready.Set("nats", conn.Healthy)
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
 		_ = ln.Close()
 		return err
 	}
