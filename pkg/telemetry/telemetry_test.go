@@ -135,7 +135,7 @@ func TestChecksSetAfterServe(t *testing.T) {
 func TestChecksInform(t *testing.T) {
 	var ready Checks
 	ready.Inform("nats", Pending("not connected yet"))
-	ready.Set("storage", func() error { return nil })
+	ready.Set("storage", nil)
 	if err := ready.Err(); err != nil {
 		t.Fatalf("Err() = %v, want nil: an informing check does not decide", err)
 	}
