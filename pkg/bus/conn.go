@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 )
 
 // Options configure the connection to NATS.
@@ -34,6 +36,9 @@ type Options struct {
 	// StreamReplicas is how many copies of each stream the service creates
 	// (events.Streams): 1 on a single server, 3 on a clustered NATS.
 	StreamReplicas int
+	// ConnectTimeout bounds how long Connect keeps trying to reach NATS
+	// the first time; 0 tries until the service is stopped.
+	ConnectTimeout time.Duration
 }
 
 // BindFlags registers the options on fs (environment: HEADWATER_NATS_URL,
@@ -47,6 +52,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KeyFile, "nats-key", "", "Private key of the client certificate for TLS to NATS.")
 	fs.IntVar(&o.StreamReplicas, "nats-stream-replicas", 1,
 		"Copies of each JetStream stream: 1 on a single NATS server, 3 on a 3-node cluster (at most 5). Every service must be given the same value.")
+	fs.DurationVar(&o.ConnectTimeout, "nats-connect-timeout", 0,
+		"How long to keep trying to reach NATS at start-up before giving up; 0 tries until the service is stopped. The health endpoints answer meanwhile, /readyz saying why it waits.")
 }
 
 // natsOptions returns the authentication and TLS options of o.
@@ -84,19 +91,50 @@ type Conn struct {
 	streamReplicas int
 }
 
+// ConnectOption changes how Connect connects.
+type ConnectOption func(*connectConfig)
+
+// connectConfig is what the ConnectOptions set.
+type connectConfig struct {
+	status *Status
+}
+
+// ReportTo makes Connect report each attempt of its first connection to s,
+// the service's readiness check.
+func ReportTo(s *Status) ConnectOption {
+	return func(c *connectConfig) { c.status = s }
+}
+
+// maxConnectWait caps the wait between two attempts of the first
+// connection: a NATS server that comes up late is found within it.
+const maxConnectWait = 5 * time.Second
+
 // Connect dials NATS and keeps reconnecting for as long as the connection is
 // in use; identity names the service in the server's monitoring and is the
 // bus identity it acts as (events.Identities): its replies come on its own
 // inbox (events.InboxPrefix), and it updates only the stream it owns.
-func Connect(ctx context.Context, o Options, identity string, log logr.Logger) (*Conn, error) {
+//
+// The server may still be starting (a pod restart, a compose up, a NATS
+// pod scheduled last), so the first connection is tried again, with a
+// backoff of 1s doubling up to 5s, each failure logged, until ctx ends or
+// Options.ConnectTimeout passes. With ReportTo, each attempt's outcome is
+// what the service's readiness check says.
+func Connect(ctx context.Context, o Options, identity string, log logr.Logger, opts ...ConnectOption) (*Conn, error) {
+	var cfg connectConfig
+	for _, opt := range opts {
+		opt(&cfg)
+	}
 	if o.StreamReplicas < 0 || o.StreamReplicas > maxStreamReplicas {
 		return nil, fmt.Errorf("nats: -nats-stream-replicas %d: want 1 to %d", o.StreamReplicas, maxStreamReplicas)
+	}
+	if o.ConnectTimeout < 0 {
+		return nil, fmt.Errorf("nats: -nats-connect-timeout %s: must not be negative", o.ConnectTimeout)
 	}
 	auth, err := o.natsOptions()
 	if err != nil {
 		return nil, err
 	}
-	opts := []nats.Option{
+	natsOpts := []nats.Option{
 		nats.Name("headwater-" + identity),
 		nats.CustomInboxPrefix(events.InboxPrefix(identity)),
 		nats.MaxReconnects(-1),
@@ -108,22 +146,32 @@ func Connect(ctx context.Context, o Options, identity string, log logr.Logger) (
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrlRedacted()) }),
 	}
-	opts = append(opts, auth...)
+	natsOpts = append(natsOpts, auth...)
+	url := RedactURLs(o.URL)
+	var giveUp <-chan time.Time
+	if o.ConnectTimeout > 0 {
+		t := time.NewTimer(o.ConnectTimeout)
+		defer t.Stop()
+		giveUp = t.C
+	}
 	var nc *nats.Conn
-	// The server may still be starting (a pod restart, a compose up): retry
-	// the first connection until ctx ends.
-	for {
-		nc, err = nats.Connect(o.URL, opts...)
+	for attempt := uint64(1); ; attempt++ {
+		nc, err = nats.Connect(o.URL, natsOpts...)
 		if err == nil {
 			break
 		}
-		log.Info("waiting for nats", "error", err.Error())
+		err = &connectError{url: url, err: err}
+		cfg.status.set(err)
+		wait := min(Backoff(attempt), maxConnectWait)
+		log.Info("waiting for nats", "url", url, "attempt", attempt, "retryIn", wait.String(), "error", err.Error())
 		select {
 		case <-ctx.Done():
 			// Wraps ctx's error too: a service stopped while waiting
 			// has not failed.
 			return nil, fmt.Errorf("connect to nats: %w (%w)", ctx.Err(), err)
-		case <-time.After(time.Second):
+		case <-giveUp:
+			return nil, fmt.Errorf("nats: gave up after -nats-connect-timeout %s: %w", o.ConnectTimeout, err)
+		case <-time.After(wait):
 		}
 	}
 	js, err := jetstream.New(nc)
@@ -131,7 +179,34 @@ func Connect(ctx context.Context, o Options, identity string, log logr.Logger) (
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	log.Info("connected to nats", "url", nc.ConnectedUrlRedacted())
+	cfg.status.set(errJoining)
 	return &Conn{NC: nc, JS: js, identity: identity, streamReplicas: o.StreamReplicas}, nil
+}
+
+// connectError is a failed attempt to connect to NATS: its message names
+// the URLs without credentials, and carries no URL the error itself quotes
+// with them.
+type connectError struct {
+	url string
+	err error
+}
+
+func (e *connectError) Error() string {
+	return "connecting to " + e.url + ": " + failure.Redact(e.err.Error())
+}
+
+func (e *connectError) Unwrap() error { return e.err }
+
+// RedactURLs returns a comma-separated list of NATS URLs (-nats-url)
+// without user-info, query strings and fragments: fit for a log or an
+// error.
+func RedactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		parts[i] = failure.RedactURL(strings.TrimSpace(u))
+	}
+	return strings.Join(parts, ",")
 }
 
 // Close drains the connection so published messages are flushed.

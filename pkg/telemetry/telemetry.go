@@ -9,10 +9,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -86,29 +89,150 @@ func RegisterBuildInfo(reg prometheus.Registerer, service string) {
 // Check is a health or readiness probe: nil means healthy.
 type Check func() error
 
-// Serve serves /metrics from reg, /healthz (the process is alive) and
-// /readyz (every check passes) on addr until ctx ends. It returns once the
-// listener is bound, so a bad address is reported at start-up.
-func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready map[string]Check, log logr.Logger) error {
-	if addr == "" {
+// Pending returns a Check that fails with reason: the readiness check of a
+// part the service has not started yet ("not connected yet"), until the
+// service sets the part's own check.
+func Pending(reason string) Check {
+	err := errors.New(reason)
+	return func() error { return err }
+}
+
+// Checks are the named readiness checks /readyz runs. A service serves
+// them (Serve) before it starts its parts, and sets each part's check as
+// the part comes up, so the probe answers from the first second and says
+// what the service waits for. Safe for concurrent use; the zero value
+// holds no check, which is ready.
+type Checks struct {
+	mu     sync.RWMutex
+	checks map[string]namedCheck
+}
+
+// namedCheck is one check of Checks.
+type namedCheck struct {
+	check Check
+	// informs marks a check that is reported but does not decide
+	// readiness (Checks.Inform).
+	informs bool
+}
+
+// Set makes check the readiness check called name, in place of the one
+// set before under that name. A nil check passes: a part that is up and
+// has nothing to probe.
+func (c *Checks) Set(name string, check Check) { c.set(name, namedCheck{check: check}) }
+
+// Inform makes check the check called name, as Set does, but one that is
+// only reported, by /readyz?verbose: the state of something the service
+// keeps working without (the artifact-server's bus connection).
+func (c *Checks) Inform(name string, check Check) {
+	c.set(name, namedCheck{check: check, informs: true})
+}
+
+func (c *Checks) set(name string, nc namedCheck) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.checks == nil {
+		c.checks = map[string]namedCheck{}
+	}
+	c.checks[name] = nc
+}
+
+// checkResult is the outcome of one check.
+type checkResult struct {
+	name    string
+	informs bool
+	err     error
+}
+
+// run runs every check, in name order, outside the lock: a slow check
+// (a storage ping) does not hold up Set.
+func (c *Checks) run() []checkResult {
+	c.mu.RLock()
+	results := make([]checkResult, 0, len(c.checks))
+	checks := make([]Check, 0, len(c.checks))
+	for _, name := range slices.Sorted(maps.Keys(c.checks)) {
+		results = append(results, checkResult{name: name, informs: c.checks[name].informs})
+		checks = append(checks, c.checks[name].check)
+	}
+	c.mu.RUnlock()
+	for i, check := range checks {
+		if check != nil {
+			results[i].err = check()
+		}
+	}
+	return results
+}
+
+// Err runs the checks and returns why the service is not ready, each
+// failing check's error prefixed with its name ("nats: not connected
+// yet"), or nil when it is. Checks set with Inform are run too, and never
+// fail it.
+func (c *Checks) Err() error {
+	if c == nil {
 		return nil
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		var errs []error
-		for name, check := range ready {
-			if err := check(); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			}
+	var errs []error
+	for _, r := range c.run() {
+		if r.err != nil && !r.informs {
+			errs = append(errs, fmt.Errorf("%s: %w", r.name, r.err))
 		}
-		if err := errors.Join(errs...); err != nil {
+	}
+	return errors.Join(errs...)
+}
+
+// serveReadyz answers /readyz: 200 "ok" when every check passes, 503 with
+// the failures otherwise; with ?verbose, one line per check as the
+// Kubernetes API server writes them ("[+]storage ok", "[-]nats failed:
+// ...").
+func (c *Checks) serveReadyz(w http.ResponseWriter, r *http.Request) {
+	if _, verbose := r.URL.Query()["verbose"]; !verbose || c == nil {
+		if err := c.Err(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok"))
-	})
+		return
+	}
+	var b strings.Builder
+	ready := true
+	for _, res := range c.run() {
+		switch {
+		case res.err == nil:
+			fmt.Fprintf(&b, "[+]%s ok\n", res.name)
+		case res.informs:
+			fmt.Fprintf(&b, "[-]%s failed (does not affect readiness): %v\n", res.name, res.err)
+		default:
+			ready = false
+			fmt.Fprintf(&b, "[-]%s failed: %v\n", res.name, res.err)
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if !ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		b.WriteString("readyz check failed\n")
+	} else {
+		b.WriteString("readyz check passed\n")
+	}
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// Serve serves /metrics from reg (none when reg is nil), /healthz (the
+// process is alive: it never depends on NATS or storage, so their outage
+// restarts no pod) and /readyz (every check of ready passes; see Checks)
+// on addr until ctx ends. A service calls it as soon as its flags are
+// valid, before it connects to anything, and sets its checks as its parts
+// come up. It returns once the listener is bound, so a bad address is
+// reported at start-up; an empty addr serves nothing.
+func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready *Checks, log logr.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	if reg != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("GET /readyz", ready.serveReadyz)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("telemetry listen %s: %w", addr, err)
@@ -124,7 +248,7 @@ func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready map[
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	})
-	log.Info("serving telemetry", "addr", ln.Addr().String())
+	log.Info("serving telemetry", "addr", ln.Addr().String(), "metrics", reg != nil)
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -167,7 +168,7 @@ func TestRun(t *testing.T) {
 	}
 
 	// Not ready while the storage is gone, ready again once it is back;
-	// not ready while NATS is down.
+	// still ready while NATS is down: the artifacts are on disk.
 	readyz := func(wantCode int, wantBody string) {
 		t.Helper()
 		for {
@@ -191,7 +192,19 @@ func TestRun(t *testing.T) {
 	readyz(http.StatusOK, "ok")
 	ns.Shutdown()
 	ns.WaitForShutdown()
-	readyz(http.StatusServiceUnavailable, "nats: not connected")
+	for {
+		code, body, err := get("http://" + telemetryAddr + "/readyz?verbose")
+		if err == nil && code == http.StatusOK && bytes.Contains(body, []byte("[-]nats failed (does not affect readiness): not connected")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz?verbose with NATS down: %d %q %v, want 200 reporting nats", code, body, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body, err := get("http://" + addr + "/" + key); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
+		t.Fatalf("GET artifact with NATS down: %d %q %v", code, body, err)
+	}
 
 	cancel()
 	select {
@@ -204,5 +217,105 @@ func TestRun(t *testing.T) {
 	}
 	if _, _, err := get("http://" + addr + "/" + key); err == nil {
 		t.Error("artifact server still answers after shutdown")
+	}
+}
+
+// TestRunServesWithoutNATS starts the service while nothing listens at its
+// NATS URL: it is alive and ready (its storage is), serves an artifact,
+// and reports the bus as down without failing readiness, until a NATS
+// server starts there.
+func TestRunServesWithoutNATS(t *testing.T) {
+	natsAddr := freeAddr(t)
+	_, natsPort, err := net.SplitHostPort(natsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(natsPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "data")
+	var o options
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	o.bindFlags(fs)
+	addr, telemetryAddr := freeAddr(t), freeAddr(t)
+	if err := fs.Parse([]string{"-nats-url", "nats://" + natsAddr, "-storage-path", dir, "-storage-addr", addr,
+		"-telemetry-addr", telemetryAddr, "-log-level", "error"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- run(ctx, o) }()
+
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			select {
+			case err := <-runErr:
+				t.Fatalf("run ended early: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not true within 30s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	eventually("alive", func() bool {
+		code, _, err := get("http://" + telemetryAddr + "/healthz")
+		return err == nil && code == http.StatusOK
+	})
+	eventually("ready, reporting nats", func() bool {
+		code, body, err := get("http://" + telemetryAddr + "/readyz?verbose")
+		return err == nil && code == http.StatusOK &&
+			bytes.Contains(body, []byte("[-]nats failed (does not affect readiness): connecting to nats://"+natsAddr+": ")) &&
+			bytes.Contains(body, []byte("[+]storage ok"))
+	})
+	if code, body, err := get("http://" + telemetryAddr + "/readyz"); err != nil || code != http.StatusOK {
+		t.Errorf("/readyz with NATS down: %d %q %v, want 200", code, body, err)
+	}
+	busReady := func(v string) func() bool {
+		return func() bool {
+			_, body, err := get("http://" + telemetryAddr + "/metrics")
+			return err == nil && bytes.Contains(body, []byte(`headwater_bus_ready{service="artifact-server"} `+v))
+		}
+	}
+	eventually("headwater_bus_ready 0", busReady("0"))
+
+	store, err := storage.NewDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	key := storage.ArtifactKey("GitRepository", "default", "podinfo", "abc.tar.gz")
+	content := []byte("artifact bytes")
+	if _, err := store.Put(ctx, key, bytes.NewReader(content)); err != nil {
+		t.Fatal(err)
+	}
+	if code, body, err := get("http://" + addr + "/" + key); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
+		t.Fatalf("GET artifact with NATS down: %d %q %v", code, body, err)
+	}
+
+	ns, err := natsserver.Start(natsserver.Options{Port: port, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	eventually("headwater_bus_ready 1", busReady("1"))
+	eventually("nats reported up", func() bool {
+		_, body, err := get("http://" + telemetryAddr + "/readyz?verbose")
+		return err == nil && bytes.Contains(body, []byte("[+]nats ok"))
+	})
+
+	cancel()
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not stop")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
@@ -28,26 +29,34 @@ const shutdownTimeout = 20 * time.Second
 // run serves artifacts and announces results until ctx ends, then stops the
 // announcer and lets downloads in progress finish. It logs with ctx's
 // logger.
+//
+// Serving artifacts needs the storage alone: the endpoints and the
+// artifact listener start before the service connects to NATS, and
+// readiness follows the storage only, so a NATS outage leaves the artifact
+// Service its endpoints. The bus, which only the announcements need, is
+// reported by /readyz?verbose, headwater_bus_ready and the log.
 func run(ctx context.Context, o options) error {
 	log := logr.FromContextOrDiscard(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
+	onBus := bus.NewStatus()
+	onBus.Register(reg, service)
+	var ready telemetry.Checks
+	ready.Set("storage", telemetry.Pending("not opened yet"))
+	ready.Inform("nats", onBus.Check)
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+		return err
+	}
+
 	store, err := o.storage.OpenContext(ctx)
 	if err != nil {
 		return err
 	}
 	defer storage.Close(store)
-	conn, err := bus.Connect(ctx, o.bus, service, log)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	join := conn.Joiner(events.PublishStream, events.ArtifactServerConsumer, events.ConsumerOptions{})
-	cons, err := join(ctx)
-	if err != nil {
-		return err
-	}
+	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
 
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
 	sinks, err := sink.New(o.sinks, sink.Options{}, reg, log.WithName("sink"))
 	if err != nil {
 		return err
@@ -59,24 +68,6 @@ func run(ctx context.Context, o options) error {
 	if advertised == "" {
 		advertised = httpserver.AdvertisedAddr(o.addr)
 	}
-	ann := &announce.Announcer{
-		Publisher:  conn.NewPublisher(service),
-		Service:    service,
-		Advertised: advertised,
-	}
-	if len(o.sinks) > 0 {
-		ann.Sink = sinks
-	}
-	worker := &bus.Worker{
-		Service:     service,
-		Consumer:    cons,
-		Rejoin:      join,
-		Concurrency: o.concurrency,
-		Handler:     ann.Handle,
-		Metrics:     telemetry.NewJobMetrics(reg, service),
-		Log:         log.WithName("announce"),
-	}
-
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
@@ -86,14 +77,6 @@ func run(ctx context.Context, o options) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy, "storage": storage.ReadyCheck(store, 5*time.Second)}, log); err != nil {
-		_ = ln.Close()
-		return err
-	}
-
 	serveErr := make(chan error, 1)
 	go func() {
 		serveErr <- command.Serve(ctx, srv, ln, shutdownTimeout)
@@ -107,9 +90,42 @@ func run(ctx context.Context, o options) error {
 	log.Info("serving artifacts", "addr", ln.Addr().String(), "advertised", advertised,
 		"sinks", len(o.sinks), "concurrency", o.concurrency)
 
-	workErr := worker.Run(ctx)
+	ann := &announce.Announcer{Service: service, Advertised: advertised}
+	if len(o.sinks) > 0 {
+		ann.Sink = sinks
+	}
+	workErr := announceResults(ctx, o, ann, onBus, reg, log)
 	cancel()
 	log.Info("shutting down")
 	<-sinksDone
 	return errors.Join(workErr, <-serveErr)
+}
+
+// announceResults connects to NATS, retrying until it can (or
+// -nats-connect-timeout passes), and announces the results of jobs with
+// ann until ctx ends. It reports its way onto the bus to onBus.
+func announceResults(ctx context.Context, o options, ann *announce.Announcer, onBus *bus.Status, reg *prometheus.Registry, log logr.Logger) error {
+	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	join := conn.Joiner(events.PublishStream, events.ArtifactServerConsumer, events.ConsumerOptions{})
+	cons, err := join(ctx)
+	if err != nil {
+		return err
+	}
+	ann.Publisher = conn.NewPublisher(service)
+	worker := &bus.Worker{
+		Service:     service,
+		Consumer:    cons,
+		Rejoin:      join,
+		Concurrency: o.concurrency,
+		Handler:     ann.Handle,
+		Metrics:     telemetry.NewJobMetrics(reg, service),
+		Log:         log.WithName("announce"),
+	}
+	onBus.Up(conn)
+	log.Info("announcing results", "concurrency", o.concurrency)
+	return worker.Run(ctx)
 }

@@ -71,6 +71,22 @@ func run(ctx context.Context, o options) error {
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(log)
+
+	// The endpoints answer before the service reaches Kubernetes and NATS:
+	// alive at once, ready once it is on the bus (see package telemetry).
+	// They stop when run returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
+	onBus := bus.NewStatus()
+	onBus.Register(reg, service)
+	var ready telemetry.Checks
+	ready.Set("nats", onBus.Check)
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+		return err
+	}
+
 	cfg, err := o.kube.Load()
 	if err != nil {
 		return err
@@ -89,7 +105,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("manager: %w", err)
 	}
 
-	conn, err := bus.Connect(ctx, o.bus, service, log)
+	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err
 	}
@@ -97,8 +113,7 @@ func run(ctx context.Context, o options) error {
 	if err := conn.EnsureStreams(ctx); err != nil {
 		return err
 	}
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
+	onBus.Up(conn)
 	metrics, err := dispatch.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -128,9 +143,6 @@ func run(ctx context.Context, o options) error {
 	r := &controller.Reconciler{Client: mgr.GetClient(), Secrets: mgr.GetAPIReader(), Dispatcher: d}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up subscription controller: %w", err)
-	}
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
-		return err
 	}
 	log.Info("dispatching", "concurrency", o.concurrency, "reportInterval", o.reportInterval.String())
 	return mgr.Start(ctx)

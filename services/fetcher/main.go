@@ -118,6 +118,22 @@ func run(ctx context.Context, o options) error {
 	log := logr.FromContextOrDiscard(ctx)
 	ctrllog.SetLogger(log)
 
+	// The endpoints answer before the service reaches storage and NATS:
+	// alive at once, ready once both are up (see package telemetry). They
+	// stop when run returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
+	onBus := bus.NewStatus()
+	onBus.Register(reg, service)
+	var ready telemetry.Checks
+	ready.Set("storage", telemetry.Pending("not opened yet"))
+	ready.Set("nats", onBus.Check)
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+		return err
+	}
+
 	// Every temporary file of the process, its libraries' and the git
 	// processes' it starts included, goes to its run directory, which the
 	// next fetcher to start removes if this process is killed.
@@ -142,6 +158,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer storage.Close(store)
+	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
 	secretReader, err := o.secrets.NewReader()
 	if err != nil {
 		log.Info("no kubernetes cluster: sources that name a secret will fail, and jobs are not checked against their objects",
@@ -149,7 +166,7 @@ func run(ctx context.Context, o options) error {
 	}
 	checker, _ := o.secrets.NewProvenance() // nil without a cluster, as logged above
 
-	conn, err := bus.Connect(ctx, o.bus, service, log)
+	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err
 	}
@@ -172,8 +189,6 @@ func run(ctx context.Context, o options) error {
 		leases = &fetch.Leases{KV: kv, Holder: fmt.Sprintf("%s/%d", host, os.Getpid())}
 	}
 
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
 	helmSource := helmfetch.NewSource(secretReader, o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
 	if helmSource.Recent, err = helmfetch.NewRecent("", helmfetch.DefaultRecentTTL, helmfetch.DefaultRecentEntries); err != nil {
 		return err
@@ -208,9 +223,7 @@ func run(ctx context.Context, o options) error {
 		Metrics:     telemetry.NewJobMetrics(reg, service),
 		Log:         log,
 	}
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy, "storage": storage.ReadyCheck(store, 5*time.Second)}, log); err != nil {
-		return err
-	}
+	onBus.Up(conn)
 	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind, helmfetch.Kind, helmchartfetch.Kind},
 		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache)
 	return worker.Run(ctx)

@@ -68,12 +68,30 @@ func run(ctx context.Context, o options) error {
 		return errors.New("--max-attempts must be at least 1")
 	}
 	log := logr.FromContextOrDiscard(ctx)
+
+	// The endpoints answer before the service reaches storage and NATS:
+	// alive at once, ready once both are up (see package telemetry). They
+	// stop when run returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
+	onBus := bus.NewStatus()
+	onBus.Register(reg, service)
+	var ready telemetry.Checks
+	ready.Set("storage", telemetry.Pending("not opened yet"))
+	ready.Set("nats", onBus.Check)
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+		return err
+	}
+
 	store, err := o.storage.OpenContext(ctx)
 	if err != nil {
 		return err
 	}
 	defer storage.Close(store)
-	conn, err := bus.Connect(ctx, o.bus, service, log)
+	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
+	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err
 	}
@@ -87,11 +105,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("package stream: %w", err)
 	}
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy, "storage": storage.ReadyCheck(store, 5*time.Second)}, log); err != nil {
-		return err
-	}
+	onBus.Up(conn)
 
 	janitor := &housekeeping.Janitor{
 		Store:      store,

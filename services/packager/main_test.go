@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -161,6 +162,72 @@ func TestRun(t *testing.T) {
 			}
 		}
 		return true
+	})
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return after cancel")
+	}
+}
+
+// TestRunWaitsForNATS starts the service before NATS: it is alive at
+// once, not ready while nothing listens at its NATS URL, saying so, and
+// ready once a server starts there.
+func TestRunWaitsForNATS(t *testing.T) {
+	natsAddr := freeAddr(t)
+	_, natsPort, err := net.SplitHostPort(natsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(natsPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	var o options
+	o.bindFlags(fs)
+	if err := fs.Parse([]string{"-nats-url=nats://" + natsAddr, "-storage-path=" + t.TempDir(), "-telemetry-addr=" + addr}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(logr.NewContext(ctx, testr.New(t)), o) }()
+
+	probe := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	eventually(t, "alive", func() bool { code, _ := probe("/healthz"); return code == http.StatusOK })
+	eventually(t, "not ready, waiting for nats", func() bool {
+		code, body := probe("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "nats: connecting to nats://"+natsAddr+": ")
+	})
+	if code, body := probe("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz while nats is down = %d %q, want 200", code, body)
+	}
+
+	ns, err := natsserver.Start(natsserver.Options{Port: port, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	eventually(t, "ready once nats is up", func() bool { code, _ := probe("/readyz"); return code == http.StatusOK })
+	eventually(t, "headwater_bus_ready 1", func() bool {
+		_, body := probe("/metrics")
+		return strings.Contains(body, `headwater_bus_ready{service="packager"} 1`)
 	})
 
 	cancel()

@@ -39,6 +39,23 @@ const (
 func run(ctx context.Context, o options) error {
 	log := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(log)
+
+	// The endpoints answer before the service reaches Kubernetes and NATS:
+	// alive at once, ready once its Receivers are cached and it is on the
+	// bus (see package telemetry). They stop when run returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := telemetry.NewRegistry()
+	telemetry.RegisterBuildInfo(reg, service)
+	onBus := bus.NewStatus()
+	onBus.Register(reg, service)
+	var ready telemetry.Checks
+	ready.Set("receivers", telemetry.Pending("cache not synced yet"))
+	ready.Set("nats", onBus.Check)
+	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+		return err
+	}
+
 	cfg, err := kubeconfig.Load(o.kubeconfig)
 	if err != nil {
 		return err
@@ -64,7 +81,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 
-	conn, err := bus.Connect(ctx, o.bus, service, log)
+	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err
 	}
@@ -72,18 +89,16 @@ func run(ctx context.Context, o options) error {
 	if err := conn.EnsureStreams(ctx); err != nil {
 		return err
 	}
+	onBus.Up(conn)
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	cacheErr := make(chan error, 1)
 	go func() { cacheErr <- receivers.Start(ctx) }()
 	if !receivers.WaitForCacheSync(ctx) {
 		cancel()
 		return errors.Join(errors.New("receiver cache did not sync"), <-cacheErr)
 	}
+	ready.Set("receivers", nil)
 
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
 	h := &hook.Handler{
 		Receivers: hook.CachedReceivers{Reader: receivers},
 		Tokens:    hook.SecretTokens{Reader: live},
@@ -104,10 +119,6 @@ func run(ctx context.Context, o options) error {
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		IdleTimeout:       2 * time.Minute,
-	}
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, map[string]telemetry.Check{"nats": conn.Healthy}, log); err != nil {
-		_ = ln.Close()
-		return err
 	}
 	log.Info("serving webhooks", "addr", ln.Addr().String())
 	context.AfterFunc(ctx, func() { log.Info("shutting down") })

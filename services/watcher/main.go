@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
-	"net/http"
 	"os"
 	"time"
 
@@ -23,7 +22,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -70,7 +68,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.bus.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9100")
 	o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
-	fs.StringVar(&o.healthAddr, "health-addr", ":9110", "Address serving /healthz and /readyz.")
+	fs.StringVar(&o.healthAddr, "health-addr", ":9110", "Address serving /healthz and /readyz; empty or 0 serves none. Both answer from start-up, before NATS is reached.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader among replicas; only the leader reconciles.")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
 		"Namespace of the leader election lease; default: $POD_NAMESPACE, then \"default\".")
@@ -111,6 +109,27 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+
+	// The endpoints answer before the watcher reaches Kubernetes and NATS:
+	// alive at once, ready once it is on the bus (see package telemetry).
+	// The telemetry address serves controller-runtime's registry, which
+	// the manager's own servers would serve only from mgr.Start, after
+	// NATS; -health-addr serves the probes alone. They stop when run
+	// returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	telemetry.RegisterBuildInfo(crmetrics.Registry, service)
+	onBus := bus.NewStatus()
+	onBus.Register(crmetrics.Registry, service)
+	var ready telemetry.Checks
+	ready.Set("nats", onBus.Check)
+	if err := telemetry.Serve(ctx, listenAddr(o.telemetry.Addr), crmetrics.Registry, &ready, log); err != nil {
+		return err
+	}
+	if err := telemetry.Serve(ctx, listenAddr(o.healthAddr), nil, &ready, log.WithName("health")); err != nil {
+		return err
+	}
+
 	cfg, err := o.kube.Load()
 	if err != nil {
 		return err
@@ -138,13 +157,14 @@ func run(ctx context.Context, o options) error {
 		ns = "default"
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:  scheme,
-		Logger:  log,
-		Metrics: metricsserver.Options{BindAddress: o.telemetry.Addr},
+		Scheme: scheme,
+		Logger: log,
+		// Metrics and probes are served above, before NATS.
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
 		// The watcher never reads managedFields: keeping them out of the
 		// informer cache saves memory per object at thousands of sources.
 		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
-		HealthProbeBindAddress:        o.healthAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "headwater-watcher",
 		LeaderElectionNamespace:       ns,
@@ -154,7 +174,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("manager: %w", err)
 	}
 
-	conn, err := bus.Connect(ctx, o.bus, service, log)
+	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err
 	}
@@ -162,16 +182,9 @@ func run(ctx context.Context, o options) error {
 	if err := conn.EnsureStreams(ctx); err != nil {
 		return err
 	}
+	onBus.Up(conn)
 	jobs := conn.NewPublisher(service)
 
-	// The manager serves controller-runtime's registry on -telemetry-addr.
-	telemetry.RegisterBuildInfo(crmetrics.Registry, service)
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("nats", func(*http.Request) error { return conn.Healthy() }); err != nil {
-		return err
-	}
 	// Every Event recorded is also posted to Flux's notification-controller
 	// when -events-addr is set, as Flux's source-controller does.
 	notifier, err := notify.New(notify.Options{Addr: o.eventsAddr, Scheme: scheme, Registerer: crmetrics.Registry,
@@ -245,4 +258,13 @@ func run(ctx context.Context, o options) error {
 	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
 		"notifications", notifier != nil, "receivers", o.receivers)
 	return mgr.Start(ctx)
+}
+
+// listenAddr is addr for telemetry.Serve: "0", which turns a
+// controller-runtime server off, is no address either.
+func listenAddr(addr string) string {
+	if addr == "0" {
+		return ""
+	}
+	return addr
 }
