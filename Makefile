@@ -87,14 +87,13 @@ LDFLAGS    := $(call buildinfo_ldflags,$(BUILD_DATE))
 # them there as well (REGISTRY_INSECURE=1 for plain HTTP).
 IMAGE_REGISTRY    ?= ghcr.io/headwater-gitops
 IMAGE_TAG         ?= v0.1.0
-IMAGES_SERVICES   ?= $(SERVICES) $(if $(wildcard services/setup),setup)
+IMAGES_SERVICES   ?= $(SERVICES)
 PLATFORMS         ?=
 REGISTRY          ?=
 REGISTRY_INSECURE ?=
 THIRD_PARTY       ?= 1
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGES_DIR        := $(BIN_DIR)/images
-IMAGE_ARCHIVE     := $(IMAGES_DIR)/headwater-images.tar
 IMAGE_BUILD_DATE  := $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || date -u -r $(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 IMAGE_LDFLAGS     := $(call buildinfo_ldflags,$(IMAGE_BUILD_DATE))
 # The third-party images the manifests name, built here from Go modules:

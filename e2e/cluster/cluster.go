@@ -327,6 +327,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--bind-address", "0.0.0.0", "--secure-port", "6443", "--advertise-address", c.NodeIP,
 		"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"),
 		"--client-ca-file", p("ca.crt"),
+		"--kubelet-preferred-address-types", "InternalIP",
 		"--kubelet-client-certificate", p("apiserver-kubelet-client.crt"), "--kubelet-client-key", p("apiserver-kubelet-client.key"),
 		"--service-account-issuer", "https://kubernetes.default.svc."+clusterDomain,
 		"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
@@ -608,6 +609,7 @@ func (c *Cluster) cleanup() {
 	killShims(c.socket)
 	unmountUnder(c.dir)
 	unmountUnder(c.run)
+	removePodNetns()
 	c.ns.destroy()
 	_ = os.RemoveAll(c.run)
 	_ = os.RemoveAll(c.dir)
@@ -634,6 +636,25 @@ func killShims(socket string) {
 			if p, err := os.FindProcess(pid); err == nil {
 				_ = p.Kill()
 			}
+		}
+	}
+}
+
+// removePodNetns removes the pod network namespaces the CNI plugins made
+// (cni-<id>) that no process is in any more: what a node that was killed
+// leaves.
+func removePodNetns() {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || !strings.HasPrefix(fields[0], "cni-") {
+			continue
+		}
+		if pids, err := exec.Command("ip", "netns", "pids", fields[0]).Output(); err == nil && len(strings.TrimSpace(string(pids))) == 0 {
+			_ = exec.Command("ip", "netns", "del", fields[0]).Run()
 		}
 	}
 }

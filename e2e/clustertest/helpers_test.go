@@ -133,7 +133,49 @@ func uninstall(t *testing.T, dir string) {
 // (or, for a Job's pod, Succeeded).
 func waitPodsReady(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	eventually(t, timeout, "every pod Ready", func(ctx context.Context) error { return podsReady(ctx) })
+	if err := poll(context.Background(), timeout, podsReady); err != nil {
+		t.Fatalf("every pod Ready: %v\n%s", err, diagnose())
+	}
+}
+
+// diagnose is what an operator would look at when pods are not Ready:
+// each such pod's container states, the tail of its logs (of the previous
+// container when it restarted) and the namespace's Warning Events.
+func diagnose() string {
+	ctx := context.Background()
+	var b strings.Builder
+	list, err := env.c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if podReady(p) || p.Status.Phase == corev1.PodSucceeded {
+			continue
+		}
+		fmt.Fprintf(&b, "--- pod %s: %s%s\n", p.Name, p.Status.Phase, waiting(p))
+		for _, cs := range p.Status.ContainerStatuses {
+			if term := cs.LastTerminationState.Terminated; term != nil {
+				fmt.Fprintf(&b, "    %s last exited %d (%s): %s\n", cs.Name, term.ExitCode, term.Reason, term.Message)
+			}
+			tailLines := int64(15)
+			logs, err := env.c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: cs.Name, TailLines: &tailLines, Previous: cs.RestartCount > 0}).DoRaw(ctx)
+			if err != nil {
+				fmt.Fprintf(&b, "    logs: %v\n", err)
+				continue
+			}
+			for _, l := range strings.Split(strings.TrimSpace(string(logs)), "\n") {
+				fmt.Fprintf(&b, "    | %s\n", l)
+			}
+		}
+	}
+	evs, err := env.c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "type=Warning"})
+	if err == nil {
+		for _, e := range evs.Items {
+			fmt.Fprintf(&b, "--- Warning %s %s/%s (x%d): %s\n", e.Reason, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Count, e.Message)
+		}
+	}
+	return b.String()
 }
 
 func podsReady(ctx context.Context) error {
