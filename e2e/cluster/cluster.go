@@ -512,8 +512,8 @@ func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Co
 }
 
 // LimitVolume makes the volume of every claim named claim provisioned from
-// now on a tmpfs of size ("24Mi"), so a test can fill it; "" lifts the
-// limit.
+// now on a tmpfs of size (as mount(8) takes it: "24m"), so a test can
+// fill it; "" lifts the limit.
 func (c *Cluster) LimitVolume(claim, size string) {
 	c.prov.setLimit(claim, size)
 }

@@ -47,6 +47,13 @@ func (n *netns) create() error {
 		{"-n", n.name, "addr", "add", fmt.Sprintf("%s/%d", n.nodeIP, n.prefixLn), "dev", "eth0"},
 		{"-n", n.name, "link", "set", "eth0", "up"},
 		{"-n", n.name, "link", "set", "lo", "up"},
+		// Service addresses need a route for a connection from the node
+		// itself (the tests' DialContext) to reach kube-proxy's DNAT;
+		// what no rule rewrites falls into a dummy device and goes
+		// nowhere.
+		{"-n", n.name, "link", "add", "svc0", "type", "dummy"},
+		{"-n", n.name, "link", "set", "svc0", "up"},
+		{"-n", n.name, "route", "add", serviceCIDR, "dev", "svc0"},
 	}
 	for _, s := range steps {
 		if err := ip(s...); err != nil {

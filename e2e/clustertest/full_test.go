@@ -242,11 +242,20 @@ func cpuSeconds(t *testing.T, component string, port int) map[string]float64 {
 	return m
 }
 
+// fetcherJobs is headwater_jobs_total of every fetcher pod.
+func fetcherJobs(t *testing.T) map[string]float64 {
+	m := map[string]float64{}
+	for _, p := range pods(t, "fetcher") {
+		m[p.Name] = metric(t, fmt.Sprintf("http://%s:9101/metrics", p.Status.PodIP), "headwater_jobs_total", `service="fetcher"`)
+	}
+	return m
+}
+
 // testThroughput measures how long n new sources, each of its own
-// repository, take to become Ready with 1 and with 3 fetcher replicas,
-// and each replica's CPU.
+// repository of 300 small files, take to become Ready with 1 and with 3
+// fetcher replicas, and each replica's CPU and jobs.
 func testThroughput(t *testing.T, cl ctrlclient.Client) {
-	const n = 30
+	const n = 40
 	var table []string
 	for _, replicas := range []int{1, 3} {
 		kubectl(t, "-n", ns, "scale", "deployment/fetcher", fmt.Sprintf("--replicas=%d", replicas))
@@ -262,10 +271,15 @@ func testThroughput(t *testing.T, cl ctrlclient.Client) {
 		heads := map[string]string{}
 		for i := range n {
 			name := fmt.Sprintf("load-%d-%d", replicas, i)
-			_, h := newRepo(t, name, map[string]string{"app.yaml": strings.Repeat(name+"\n", 2000)})
+			files := map[string]string{}
+			for f := range 300 {
+				files[fmt.Sprintf("manifests/%03d.yaml", f)] = randomText(2048)
+			}
+			_, h := newRepo(t, name, files)
 			heads[name] = h
 		}
 		cpu0 := cpuSeconds(t, "fetcher", 9101)
+		jobs0 := fetcherJobs(t)
 		start := time.Now()
 		for name := range heads {
 			gitRepository(t, cl, "default", name, name, time.Hour)
@@ -275,14 +289,17 @@ func testThroughput(t *testing.T, cl ctrlclient.Client) {
 		}
 		took := time.Since(start)
 		cpu1 := cpuSeconds(t, "fetcher", 9101)
-		var per []string
+		jobs1 := fetcherJobs(t)
+		var per, perJobs []string
 		for pod, v := range cpu1 {
 			per = append(per, fmt.Sprintf("%.2f", v-cpu0[pod]))
+			perJobs = append(perJobs, fmt.Sprintf("%.0f", jobs1[pod]-jobs0[pod]))
 		}
 		sort.Strings(per)
-		table = append(table, fmt.Sprintf("| %d | %d | %.1f s | %.1f sources/s | %s |", replicas, n, took.Seconds(), n/took.Seconds(), strings.Join(per, ", ")))
+		sort.Strings(perJobs)
+		table = append(table, fmt.Sprintf("| %d | %d | %.1f s | %.1f sources/s | %s | %s |", replicas, n, took.Seconds(), n/took.Seconds(), strings.Join(per, ", "), strings.Join(perJobs, ", ")))
 	}
-	t.Logf("throughput on this node (2 cores shared by the whole cluster):\n| fetcher replicas | new sources | all Ready in | rate | CPU-s per fetcher |\n|---|---|---|---|---|\n%s", strings.Join(table, "\n"))
+	t.Logf("throughput on this node (2 cores shared by the whole cluster):\n| fetcher replicas | new sources | all Ready in | rate | CPU-s per fetcher | jobs per fetcher |\n|---|---|---|---|---|---|\n%s", strings.Join(table, "\n"))
 }
 
 // testFaults keeps sources moving (a new commit on every repository

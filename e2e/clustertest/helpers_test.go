@@ -85,19 +85,29 @@ func client(t *testing.T) ctrlclient.Client {
 	return cl
 }
 
-// install applies the kustomization at dir (relative to deploy/) as a
+// install applies the kustomization at dir (relative to deploy/, or
+// absolute) as a
 // user would and waits until every pod of the namespace is Ready (the
 // setup Job's pod: Succeeded). It returns how long that took, and
 // uninstalls when the test ends.
 func install(t *testing.T, dir string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	kubectl(t, "apply", "-k", filepath.Join(env.deploy, dir))
+	kubectl(t, "apply", "-k", deployPath(dir))
 	t.Cleanup(func() { uninstall(t, dir) })
 	waitPodsReady(t, 8*time.Minute)
 	took := time.Since(start)
 	t.Logf("%s: every pod Ready %s after kubectl apply -k", dir, took.Round(100*time.Millisecond))
 	return took
+}
+
+// deployPath is dir inside deploy/, or dir itself when absolute (a
+// kustomization of a test's own).
+func deployPath(dir string) string {
+	if filepath.IsAbs(dir) {
+		return dir
+	}
+	return filepath.Join(env.deploy, dir)
 }
 
 // uninstall deletes every source first (the watcher must still be there
@@ -108,7 +118,7 @@ func uninstall(t *testing.T, dir string) {
 	for _, kind := range []string{"gitrepositories", "buckets", "helmcharts", "helmrepositories", "ocirepositories"} {
 		_, _ = env.c.Kubectl(ctx, "delete", kind, "--all", "--all-namespaces", "--wait=true", "--timeout=3m").Run()
 	}
-	if out, err := env.c.Kubectl(ctx, "delete", "-k", filepath.Join(env.deploy, dir), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
+	if out, err := env.c.Kubectl(ctx, "delete", "-k", deployPath(dir), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
 		t.Errorf("uninstall %s: %v\n%s", dir, err, out)
 	}
 	err := poll(ctx, 5*time.Minute, func(ctx context.Context) error {

@@ -41,13 +41,6 @@ func TestDefaultInstall(t *testing.T) {
 	if len(fetchers) != replicas {
 		t.Fatalf("%d fetcher pods, want %d", len(fetchers), replicas)
 	}
-	jobs := func() map[string]float64 {
-		m := map[string]float64{}
-		for _, p := range fetchers {
-			m[p.Name] = metric(t, fmt.Sprintf("http://%s:9101/metrics", p.Status.PodIP), "headwater_jobs_total", `service="fetcher"`)
-		}
-		return m
-	}
 	// Sources in waves, each of its own repository (identical fetches
 	// combine), until every replica has taken a job.
 	for wave := 0; ; wave++ {
@@ -63,7 +56,7 @@ func TestDefaultInstall(t *testing.T) {
 		for _, n := range names {
 			readyAt(t, cl, "default", n, heads[n], 3*time.Minute)
 		}
-		m := jobs()
+		m := fetcherJobs(t)
 		idle := 0
 		for _, v := range m {
 			if v == 0 {

@@ -134,7 +134,7 @@ components: [%q, %q]
 // restarts.
 func TestStorageFull(t *testing.T) {
 	requireFull(t)
-	env.c.LimitVolume("headwater-artifacts", "24Mi")
+	env.c.LimitVolume("headwater-artifacts", "24m")
 	defer env.c.LimitVolume("headwater-artifacts", "")
 	cl := client(t)
 	install(t, "overlays/single-node")
