@@ -49,11 +49,9 @@ func (n *netns) create() error {
 		{"-n", n.name, "link", "set", "lo", "up"},
 		// Service addresses need a route for a connection from the node
 		// itself (the tests' DialContext) to reach kube-proxy's DNAT;
-		// what no rule rewrites falls into a dummy device and goes
-		// nowhere.
-		{"-n", n.name, "link", "add", "svc0", "type", "dummy"},
-		{"-n", n.name, "link", "set", "svc0", "up"},
-		{"-n", n.name, "route", "add", serviceCIDR, "dev", "svc0"},
+		// what no rule rewrites loops back and is dropped inside the
+		// namespace, never sent out of it.
+		{"-n", n.name, "route", "add", serviceCIDR, "dev", "lo", "src", n.nodeIP},
 	}
 	for _, s := range steps {
 		if err := ip(s...); err != nil {

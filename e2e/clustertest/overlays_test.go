@@ -33,7 +33,7 @@ func TestOverlays(t *testing.T) {
 	}{
 		{"overlays/single-node", nil},
 		{"overlays/rwx", nil},
-		{"overlays/s3", s3Secret},
+		{"overlays/s3", nil}, // its Secret comes late: see missingS3Secret
 		{"overlays/production", func(t *testing.T) { s3Secret(t); natsTLSSecrets(t) }},
 		{"", componentsInstall},
 	} {
@@ -51,7 +51,11 @@ func TestOverlays(t *testing.T) {
 				dir = componentsDir
 			}
 			cl := client(t)
-			install(t, dir)
+			if dir == "overlays/s3" {
+				missingS3Secret(t)
+			} else {
+				install(t, dir)
+			}
 			repo := "overlay-" + strings.NewReplacer("/", "-", ".", "-").Replace(filepath.Base(dir))
 			_, head := newRepo(t, repo, map[string]string{"app.yaml": repo + "\n"})
 			gitRepository(t, cl, "default", repo, repo, time.Minute)
@@ -59,6 +63,20 @@ func TestOverlays(t *testing.T) {
 			download(t, gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
 		})
 	}
+}
+
+// missingS3Secret installs overlays/s3 before its Secret exists, as a user
+// who skipped that step would: the storage services wait in
+// CreateContainerConfigError, saying which Secret, and start by themselves
+// once it is made.
+func missingS3Secret(t *testing.T) {
+	kubectl(t, "apply", "-k", deployPath("overlays/s3"))
+	t.Cleanup(func() { uninstall(t, "overlays/s3") })
+	p := waitPodWaiting(t, "fetcher", "CreateContainerConfigError")
+	ev := waitEvent(t, p.Name, "Failed", `secret "headwater-s3" not found`)
+	t.Logf("kubectl get pods: %s CreateContainerConfigError; Event Failed: %s", p.Name, ev.Message)
+	s3Secret(t)
+	waitPodsReady(t, 8*time.Minute)
 }
 
 // s3Secret starts a MinIO on the node's link, the "any S3" of
