@@ -302,7 +302,9 @@ flux: ## Flux's source-controller, built from its module for the side-by-side be
 ##@ Quality
 
 .PHONY: lint
-lint: ## go vet every module.
+lint: ## gofmt -l (nothing may be listed) and go vet every module.
+	@echo "==> gofmt -l"; out=$$(gofmt -l $(MODULES) $(HACK_MODULES) hack/tools); \
+		if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do echo "==> go vet $$m"; (cd $$m && go vet ./...) || exit 1; done
 	@for m in $(HACK_MODULES); do echo "==> go vet $$m"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done
 

@@ -40,8 +40,8 @@ func Buckets(replicas int) []jetstream.KeyValueConfig {
 		// flight, whose fetchers then fetch on their own): in memory it
 		// costs NATS no disk write, where every distinct content key
 		// writes an entry twice.
-		Storage: jetstream.MemoryStorage,
-		Replicas:     max(replicas, 1),
+		Storage:  jetstream.MemoryStorage,
+		Replicas: max(replicas, 1),
 	}}
 }
 

@@ -39,16 +39,11 @@ func run(ctx context.Context, o options) error {
 	log := logr.FromContextOrDiscard(ctx)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
-	onBus := bus.NewStatus()
-	onBus.Register(reg, service)
-	var ready telemetry.Checks
-	ready.Set("storage", telemetry.Pending("not opened yet"))
-	ready.Inform("nats", onBus.Check)
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+	ep, err := bus.ServeEndpoints(ctx, o.telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{"storage": "not opened yet"}, BusInformsOnly: true})
+	if err != nil {
 		return err
 	}
+	reg, ready, onBus := ep.Registry, ep.Ready, ep.Bus
 
 	store, err := o.storage.OpenContext(ctx)
 	if err != nil {

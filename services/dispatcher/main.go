@@ -77,15 +77,11 @@ func run(ctx context.Context, o options) error {
 	// They stop when run returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
-	onBus := bus.NewStatus()
-	onBus.Register(reg, service)
-	var ready telemetry.Checks
-	ready.Set("nats", onBus.Check)
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+	ep, err := bus.ServeEndpoints(ctx, o.telemetry.Addr, service, log, bus.EndpointOptions{})
+	if err != nil {
 		return err
 	}
+	reg, onBus := ep.Registry, ep.Bus
 
 	cfg, err := o.kube.Load()
 	if err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
-	"github.com/headwater-gitops/headwater/pkg/telemetry"
 
 	"github.com/headwater-gitops/headwater/services/receiver/internal/hook"
 )
@@ -45,16 +44,11 @@ func run(ctx context.Context, o options) error {
 	// bus (see package telemetry). They stop when run returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	reg := telemetry.NewRegistry()
-	telemetry.RegisterBuildInfo(reg, service)
-	onBus := bus.NewStatus()
-	onBus.Register(reg, service)
-	var ready telemetry.Checks
-	ready.Set("receivers", telemetry.Pending("cache not synced yet"))
-	ready.Set("nats", onBus.Check)
-	if err := telemetry.Serve(ctx, o.telemetry.Addr, reg, &ready, log); err != nil {
+	ep, err := bus.ServeEndpoints(ctx, o.telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{"receivers": "cache not synced yet"}})
+	if err != nil {
 		return err
 	}
+	reg, ready, onBus := ep.Registry, ep.Ready, ep.Bus
 
 	cfg, err := kubeconfig.Load(o.kubeconfig)
 	if err != nil {
