@@ -98,6 +98,13 @@ func install(t *testing.T, dir string) time.Duration {
 	waitPodsReady(t, 8*time.Minute)
 	took := time.Since(start)
 	t.Logf("%s: every pod Ready %s after kubectl apply -k", dir, took.Round(100*time.Millisecond))
+	// Pods that start before NATS or the object store wait for them, not
+	// crash: an install restarts nothing.
+	for name, n := range restartCounts(t) {
+		if n > 0 {
+			t.Errorf("pod %s restarted %d times during the install\n%s", name, n, diagnose())
+		}
+	}
 	return took
 }
 

@@ -2,10 +2,13 @@ package clustertest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	hwevents "github.com/headwater-gitops/headwater/pkg/events"
 )
 
 // TestDefaultInstall is the short form `make test` runs: the default
@@ -65,6 +68,7 @@ func TestDefaultInstall(t *testing.T) {
 		}
 		t.Logf("after %d sources: jobs per fetcher %v", 6*(wave+1), m)
 		if idle == 0 {
+			t.Logf("NATS's view of the fetch queue: %s", fetchConsumer(t))
 			break
 		}
 		if wave == 9 {
@@ -81,4 +85,50 @@ func TestDefaultInstall(t *testing.T) {
 	t.Run("Throughput", func(t *testing.T) { testThroughput(t, cl) })
 	t.Run("Faults", func(t *testing.T) { testFaults(t, cl) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, cl, gr) })
+}
+
+// fetchConsumer is what NATS's monitoring endpoint (/jsz) says of the
+// fetchers' shared consumer: deliveries, acknowledgements and the pull
+// requests waiting, one or more per fetcher replica.
+func fetchConsumer(t *testing.T) string {
+	t.Helper()
+	nats := pods(t, "nats")[0]
+	resp, err := env.c.HTTPClient().Get(fmt.Sprintf("http://%s:8222/jsz?accounts=true&streams=true&consumers=true", nats.Status.PodIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var jsz struct {
+		Accounts []struct {
+			Streams []struct {
+				Name      string `json:"name"`
+				Consumers []struct {
+					Name      string `json:"name"`
+					Delivered struct {
+						Consumer uint64 `json:"consumer_seq"`
+					} `json:"delivered"`
+					AckFloor struct {
+						Consumer uint64 `json:"consumer_seq"`
+					} `json:"ack_floor"`
+					NumWaiting int `json:"num_waiting"`
+					NumPending int `json:"num_pending"`
+				} `json:"consumer_detail"`
+			} `json:"stream_detail"`
+		} `json:"account_details"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&jsz); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range jsz.Accounts {
+		for _, st := range a.Streams {
+			for _, c := range st.Consumers {
+				if st.Name == hwevents.FetchStream && c.Name == hwevents.FetcherConsumer {
+					return fmt.Sprintf("consumer %s/%s delivered %d, acknowledged %d, pending %d, pull requests waiting %d",
+						st.Name, c.Name, c.Delivered.Consumer, c.AckFloor.Consumer, c.NumPending, c.NumWaiting)
+				}
+			}
+		}
+	}
+	t.Fatalf("NATS reports no consumer %s on %s", hwevents.FetcherConsumer, hwevents.FetchStream)
+	return ""
 }

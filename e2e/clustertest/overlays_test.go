@@ -135,11 +135,16 @@ var componentsDir string
 
 func componentsInstall(t *testing.T) {
 	dir := t.TempDir()
+	// kustomize takes only relative paths to other kustomizations.
+	deploy, err := filepath.Rel(dir, env.deploy)
+	if err != nil {
+		t.Fatal(err)
+	}
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [%q]
 components: [%q, %q]
-`, env.deploy, filepath.Join(env.deploy, "components", "dispatcher"), filepath.Join(env.deploy, "components", "receivers"))
+`, deploy, filepath.Join(deploy, "components", "dispatcher"), filepath.Join(deploy, "components", "receivers"))
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -148,7 +148,9 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("work directory: %w", err)
 	}
 
-	store, err := o.storage.OpenContext(ctx)
+	store, err := o.storage.OpenWait(ctx, log, func(err error) {
+		ready.Set("storage", func() error { return fmt.Errorf("waiting for the object store: %w", err) })
+	})
 	if err != nil {
 		return err
 	}

@@ -80,7 +80,9 @@ func run(ctx context.Context, o options) error {
 	}
 	reg, ready, onBus := ep.Registry, ep.Ready, ep.Bus
 
-	store, err := o.storage.OpenContext(ctx)
+	store, err := o.storage.OpenWait(ctx, log, func(err error) {
+		ready.Set("storage", func() error { return fmt.Errorf("waiting for the object store: %w", err) })
+	})
 	if err != nil {
 		return err
 	}

@@ -599,13 +599,17 @@ func (h *Handler) stage(ctx context.Context, key string, content *source.Content
 			// The spec's timeout ran out while staging.
 			return 0, stageFailure(failure.Transient, "archive", ctx.Err())
 		}
-		return 0, fmt.Errorf("stage %s: %w", key, err)
+		// A storage that cannot take the content (full, refusing) is
+		// Flux's StorageOperationFailed, shown on the source at once and
+		// retried: the operator sees it where Flux users look.
+		return 0, stageFailure(failure.Transient, "archive", err)
 	}
 	return info.Size, nil
 }
 
 // stageFile stores the file that is the artifact itself at key, as it is.
-// A file that cannot be read is a *failure.Error; a storage failure is not.
+// A file that cannot be read and a storage that cannot take it are each a
+// *failure.Error (StorageOperationFailed).
 func (h *Handler) stageFile(ctx context.Context, key, file string) (int64, error) {
 	f, err := os.Open(file)
 	if err != nil {
@@ -615,7 +619,7 @@ func (h *Handler) stageFile(ctx context.Context, key, file string) (int64, error
 	defer f.Close()
 	info, err := h.Storage.Put(ctx, key, f)
 	if err != nil {
-		return 0, fmt.Errorf("stage %s: %w", key, err)
+		return 0, stageFailure(failure.Transient, "copy", err)
 	}
 	return info.Size, nil
 }
