@@ -9,19 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
-	"net/http/httptest"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -377,10 +375,53 @@ func TestPushRef(t *testing.T) {
 
 // TestPush: an image pushed over plain HTTP to a registry reads back with
 // the digest it was built with.
+// distribution starts the CNCF distribution registry the Makefile builds
+// (HEADWATER_REGISTRY_BIN) on a free port and returns its host:port.
+func distribution(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("HEADWATER_REGISTRY_BIN")
+	if bin == "" {
+		t.Fatal("HEADWATER_REGISTRY_BIN is not set: run `make test` (it builds the distribution registry)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := ln.Addr().String()
+	ln.Close()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yml")
+	conf := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %q\nhttp:\n  addr: %q\n", filepath.Join(dir, "data"), host)
+	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "serve", cfg)
+	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_SDK_DISABLED=true")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp, err := http.Get("http://" + host + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return host
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("registry not serving on %s: %v\n%s", host, err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPush pushes a two-platform image to a real registry (the CNCF
+// distribution registry) and reads the same index back.
 func TestPush(t *testing.T) {
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer srv.Close()
-	host := strings.TrimPrefix(srv.URL, "http://")
+	host := distribution(t)
 	spec, err := ThirdPartySpec("pause", "registry.k8s.io/pause:3.10", pause, created)
 	if err != nil {
 		t.Fatal(err)
