@@ -42,6 +42,14 @@ for m in "${modules[@]}"; do
 	fi
 done
 
+# The hack/ modules that build on their own (GOWORK=off) stay tidy too.
+for m in hack/deployvalidate hack/imagebuild; do
+	if ! (cd "$m" && GOWORK=off go mod tidy -diff >/dev/null 2>&1); then
+		say "$m: go.mod/go.sum are not tidy: run 'cd $m && GOWORK=off go mod tidy'"
+		fail=1
+	fi
+done
+
 # One resolution for the whole workspace: each module, built on its own,
 # must pick the same versions of the dependencies the services share.
 shared="k8s.io/api k8s.io/apimachinery k8s.io/client-go sigs.k8s.io/controller-runtime github.com/fluxcd/source-controller/api github.com/nats-io/nats.go github.com/cloudevents/sdk-go/v2 helm.sh/helm/v3"
