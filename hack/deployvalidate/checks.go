@@ -52,6 +52,13 @@ func CheckWorkload(w Workload, flags map[string]FlagSet) []string {
 	volumes := map[string]bool{}
 	for _, v := range pod.Volumes {
 		volumes[v.Name] = true
+		// A Secret readable by its group only is readable by a non-root
+		// container only through fsGroup (the kubelet gives the files
+		// that group).
+		if v.Secret != nil && v.Secret.DefaultMode != nil && *v.Secret.DefaultMode&0o004 == 0 && !readableByOwner(pod) &&
+			(pod.SecurityContext == nil || pod.SecurityContext.FSGroup == nil) {
+			report("Secret volume %s is mode %#o and the pod sets no fsGroup: a non-root container cannot read it", v.Name, *v.Secret.DefaultMode)
+		}
 	}
 	if w.Kind == "StatefulSet" {
 		// volumeClaimTemplates are volumes too; their names are not in
@@ -73,6 +80,12 @@ func CheckWorkload(w Workload, flags map[string]FlagSet) []string {
 		}
 	}
 	return problems
+}
+
+// readableByOwner tells whether the pod runs as root, which reads any
+// mounted file.
+func readableByOwner(pod corev1.PodSpec) bool {
+	return pod.SecurityContext != nil && pod.SecurityContext.RunAsUser != nil && *pod.SecurityContext.RunAsUser == 0
 }
 
 func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]bool, flags map[string]FlagSet, longRunning bool) []string {
