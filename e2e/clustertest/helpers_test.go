@@ -102,7 +102,9 @@ func install(t *testing.T, dir string) time.Duration {
 	// crash: an install restarts nothing.
 	for name, n := range restartCounts(t) {
 		if n > 0 {
-			t.Errorf("pod %s restarted %d times during the install\n%s", name, n, diagnose())
+			tailLines := int64(5)
+			logs, _ := env.c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Previous: true, TailLines: &tailLines}).DoRaw(context.Background())
+			t.Errorf("pod %s restarted %d times during the install; its previous container's last lines:\n%s", name, n, logs)
 		}
 	}
 	return took

@@ -89,6 +89,9 @@ type Conn struct {
 	identity string
 	// streamReplicas is Options.StreamReplicas.
 	streamReplicas int
+	// log and status are Connect's, for the waits of EnsureStreams.
+	log    logr.Logger
+	status *Status
 }
 
 // ConnectOption changes how Connect connects.
@@ -181,7 +184,7 @@ func Connect(ctx context.Context, o Options, identity string, log logr.Logger, o
 	}
 	log.Info("connected to nats", "url", nc.ConnectedUrlRedacted())
 	cfg.status.set(errJoining)
-	return &Conn{NC: nc, JS: js, identity: identity, streamReplicas: o.StreamReplicas}, nil
+	return &Conn{NC: nc, JS: js, identity: identity, streamReplicas: o.StreamReplicas, log: log, status: cfg.status}, nil
 }
 
 // connectError is a failed attempt to connect to NATS: its message names
@@ -234,7 +237,16 @@ const maxStreamReplicas = 5
 // only a stream's consumer may change its configuration (its replicas
 // included: raising -nats-stream-replicas on a cluster scales the streams
 // up as their owners restart).
+//
+// A JetStream that is not serving yet (a cluster still electing its meta
+// leader, a server that has not enabled JetStream yet) is waited for, with
+// each attempt logged and reported to the service's readiness; a refusal
+// (a permission, a bad configuration) fails at once.
 func (c *Conn) EnsureStreams(ctx context.Context) error {
+	return c.untilJetStream(ctx, c.ensureStreams)
+}
+
+func (c *Conn) ensureStreams(ctx context.Context) error {
 	for _, cfg := range events.Streams(c.streamReplicas) {
 		var err error
 		if events.StreamOwner(cfg.Name) == c.identity {
@@ -301,5 +313,49 @@ func (c *Conn) JoinStream(ctx context.Context, stream, consumer string, o events
 	if err := c.EnsureStreams(ctx); err != nil {
 		return nil, err
 	}
-	return c.EnsureConsumer(ctx, stream, events.Consumer(stream, consumer, o))
+	var cons jetstream.Consumer
+	err := c.untilJetStream(ctx, func(ctx context.Context) (err error) {
+		cons, err = c.EnsureConsumer(ctx, stream, events.Consumer(stream, consumer, o))
+		return err
+	})
+	return cons, err
 }
+
+// untilJetStream runs fn until it succeeds, fails for another reason than
+// a JetStream that does not serve yet, or ctx ends, waiting between
+// attempts as Connect does.
+func (c *Conn) untilJetStream(ctx context.Context, fn func(context.Context) error) error {
+	for attempt := uint64(1); ; attempt++ {
+		err := fn(ctx)
+		if err == nil || ctx.Err() != nil || !jetStreamUnavailable(err) {
+			return err
+		}
+		c.status.set(fmt.Errorf("waiting for jetstream: %w", err))
+		wait := min(Backoff(attempt), maxConnectWait)
+		c.log.Info("waiting for jetstream", "attempt", attempt, "retryIn", wait.String(), "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (%w)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// jetStreamUnavailable tells whether err says JetStream does not serve yet
+// (or for a moment): no responder, a timeout, a 503, or a cluster with no
+// peers to place a stream on while it forms.
+func jetStreamUnavailable(err error) bool {
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503 || apiErr.ErrorCode == jsErrCodeClusterNoPeers
+	}
+	return false
+}
+
+// jsErrCodeClusterNoPeers is JetStream's "no suitable peers for
+// placement", which a cluster answers until enough servers have joined.
+const jsErrCodeClusterNoPeers jetstream.ErrorCode = 10005
