@@ -641,8 +641,9 @@ func killShims(socket string) {
 }
 
 // removePodNetns removes the pod network namespaces the CNI plugins made
-// (cni-<id>) that no process is in any more: what a node that was killed
-// leaves.
+// (cni-<id>, which only this node's containerd makes here) and kills what
+// still runs in them: the containers of a node that was killed outlive
+// their shims.
 func removePodNetns() {
 	out, err := exec.Command("ip", "netns", "list").Output()
 	if err != nil {
@@ -653,9 +654,17 @@ func removePodNetns() {
 		if len(fields) == 0 || !strings.HasPrefix(fields[0], "cni-") {
 			continue
 		}
-		if pids, err := exec.Command("ip", "netns", "pids", fields[0]).Output(); err == nil && len(strings.TrimSpace(string(pids))) == 0 {
-			_ = exec.Command("ip", "netns", "del", fields[0]).Run()
+		if pids, err := exec.Command("ip", "netns", "pids", fields[0]).Output(); err == nil {
+			for _, pid := range strings.Fields(string(pids)) {
+				var n int
+				if _, err := fmt.Sscan(pid, &n); err == nil {
+					if p, err := os.FindProcess(n); err == nil {
+						_ = p.Kill()
+					}
+				}
+			}
 		}
+		_ = exec.Command("ip", "netns", "del", fields[0]).Run()
 	}
 }
 
