@@ -67,6 +67,28 @@ func get(url string) (int, []byte, error) {
 // TestRun starts the whole service against a real NATS server and storage
 // directory: it becomes ready, serves an artifact, announces a result with
 // the artifact's URL, and stops cleanly when its context ends.
+// storeAndGet writes an artifact into the directory storage at dir and
+// downloads it from the artifact-server at addr, failing t (with what in
+// the message) unless the same bytes come back. It returns the artifact's
+// key and content.
+func storeAndGet(ctx context.Context, t *testing.T, dir, addr, what string) (key string, content []byte) {
+	t.Helper()
+	store, err := storage.NewDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	key = storage.ArtifactKey("GitRepository", "default", "podinfo", "abc.tar.gz")
+	content = []byte("artifact bytes")
+	if _, err := store.Put(ctx, key, bytes.NewReader(content)); err != nil {
+		t.Fatal(err)
+	}
+	if code, body, err := get("http://" + addr + "/" + key); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
+		t.Fatalf("%s: %d %q %v", what, code, body, err)
+	}
+	return key, content
+}
+
 func TestRun(t *testing.T) {
 	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
 	if err != nil {
@@ -104,19 +126,7 @@ func TestRun(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	store, err := storage.NewDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	key := storage.ArtifactKey("GitRepository", "default", "podinfo", "abc.tar.gz")
-	content := []byte("artifact bytes")
-	if _, err := store.Put(ctx, key, bytes.NewReader(content)); err != nil {
-		t.Fatal(err)
-	}
-	if code, body, err := get("http://" + addr + "/" + key); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
-		t.Fatalf("GET artifact: %d %q %v", code, body, err)
-	}
+	key, content := storeAndGet(ctx, t, dir, addr, "GET artifact")
 
 	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "test", logr.Discard())
 	if err != nil {
@@ -284,19 +294,7 @@ func TestRunServesWithoutNATS(t *testing.T) {
 	}
 	eventually("headwater_bus_ready 0", busReady("0"))
 
-	store, err := storage.NewDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	key := storage.ArtifactKey("GitRepository", "default", "podinfo", "abc.tar.gz")
-	content := []byte("artifact bytes")
-	if _, err := store.Put(ctx, key, bytes.NewReader(content)); err != nil {
-		t.Fatal(err)
-	}
-	if code, body, err := get("http://" + addr + "/" + key); err != nil || code != http.StatusOK || !bytes.Equal(body, content) {
-		t.Fatalf("GET artifact with NATS down: %d %q %v", code, body, err)
-	}
+	storeAndGet(ctx, t, dir, addr, "GET artifact with NATS down")
 
 	ns, err := natsserver.Start(natsserver.Options{Port: port, StoreDir: t.TempDir()})
 	if err != nil {
