@@ -75,7 +75,7 @@ func TestOCIRepositoryWalkthrough(t *testing.T) {
 	checkOCIContent(t, obj2, v2)
 
 	t.Run("nothing new downloads nothing", func(t *testing.T) {
-		before := reg.Requests()
+		before := reg.Settle(t)
 		token := requestOCIReconcile(t, name)
 		var obj3 *sourcev1.OCIRepository
 		eventually(t, "lastHandledReconcileAt "+token, func() error {
@@ -89,7 +89,7 @@ func TestOCIRepositoryWalkthrough(t *testing.T) {
 		if a, prev := obj3.Status.Artifact, obj2.Status.Artifact; a.Digest != prev.Digest || !a.LastUpdateTime.Equal(&prev.LastUpdateTime) {
 			t.Errorf("artifact changed on a reconcile with nothing new: %+v, was %+v", a, prev)
 		}
-		for _, r := range reg.Requests()[len(before):] {
+		for _, r := range reg.Settle(t)[len(before):] {
 			if r.Method == http.MethodGet && (strings.Contains(r.Path, "/blobs/") || strings.Contains(r.Path, "/manifests/")) {
 				t.Errorf("a reconcile with nothing new downloaded %s", r.Path)
 			}

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,6 +78,7 @@ type Server struct {
 	cfgDir   string
 	proc     *process.Process
 	requests *recorder
+	settles  atomic.Int64
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -167,17 +169,22 @@ func (s *Server) DockerConfigJSON(username, password string) []byte {
 // RemoteOptions are go-containerregistry options that reach the server
 // with its own credentials and trust its certificate.
 func (s *Server) RemoteOptions() []remote.Option {
+	opts := []remote.Option{remote.WithTransport(s.transport())}
+	if s.Options.Username != "" {
+		opts = append(opts, remote.WithAuth(&authn.Basic{Username: s.Options.Username, Password: s.Options.Password}))
+	}
+	return opts
+}
+
+// transport reaches the server and trusts its certificate.
+func (s *Server) transport() *http.Transport {
 	t := remote.DefaultTransport.(*http.Transport).Clone()
 	if s.ca != nil {
 		pool := x509.NewCertPool()
 		pool.AddCert(s.ca.Cert)
 		t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	opts := []remote.Option{remote.WithTransport(t)}
-	if s.Options.Username != "" {
-		opts = append(opts, remote.WithAuth(&authn.Basic{Username: s.Options.Username, Password: s.Options.Password}))
-	}
-	return opts
+	return t
 }
 
 // Requests returns the requests served so far, oldest first.
@@ -193,6 +200,30 @@ func (s *Server) CountRequests(method, part string) int {
 		}
 	}
 	return n
+}
+
+// Settle returns the requests served so far once every request answered
+// before the call is in the log, which the registry writes after each
+// response: it sends a marker request of its own and waits for it. A test
+// that checks what a client did NOT ask takes its window between two
+// Settle calls. The markers (GET /v2/?settle=N) are in the list.
+func (s *Server) Settle(tb testing.TB) []Request {
+	tb.Helper()
+	marker := fmt.Sprintf("/v2/?settle=%d", s.settles.Add(1))
+	c := &http.Client{Transport: s.transport(), Timeout: 10 * time.Second}
+	scheme := "http"
+	if s.ca != nil {
+		scheme = "https"
+	}
+	resp, err := c.Get(scheme + "://" + s.Host + marker)
+	if err != nil {
+		tb.Fatalf("registry: settle: %v", err)
+	}
+	_ = resp.Body.Close()
+	if s.WaitRequests(http.MethodGet, marker, 1, 10*time.Second) == 0 {
+		tb.Fatalf("registry: settle: %s not logged within 10s", marker)
+	}
+	return s.Requests()
 }
 
 // WaitRequests waits up to timeout until CountRequests(method, part) is at

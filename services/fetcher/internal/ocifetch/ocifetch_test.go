@@ -137,24 +137,34 @@ func TestFetch(t *testing.T) {
 func TestResolveDownloadsNothing(t *testing.T) {
 	reg := registry.New(t, registry.Options{})
 	d := reg.Push(t, "app", "v1", registry.FluxArtifact(t, map[string]string{"a": "b"}, "", ""))
-	before := len(reg.Requests())
+	before := len(reg.Settle(t))
 	res, err := (&Source{}).Resolve(context.Background(), request(sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Reference: &sourcev1.OCIRepositoryRef{Tag: "v1"}}))
 	must(t, err)
 	if res.Revision() != "v1@"+d.String() {
 		t.Fatalf("revision %s", res.Revision())
 	}
-	for _, r := range reg.Requests()[before:] {
-		if r.Method == http.MethodGet && r.Path != "/v2/" {
+	after := reg.Settle(t)
+	heads := 0
+	for _, r := range after[before : len(after)-1] {
+		switch {
+		case r.Method == http.MethodHead && strings.Contains(r.Path, "/manifests/v1"):
+			heads++
+		case r.Method == http.MethodGet && r.Path != "/v2/":
 			t.Errorf("resolving made a download: %+v", r)
 		}
 	}
+	if heads != 1 {
+		t.Errorf("resolving made %d HEAD requests for the tag, want 1: %v", heads, after[before:])
+	}
 	// A digest in the spec resolves without asking the registry at all.
-	before = len(reg.Requests())
+	before = len(after)
 	res, err = (&Source{}).Resolve(context.Background(), request(sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Reference: &sourcev1.OCIRepositoryRef{Digest: d.String()}}))
 	must(t, err)
-	if n := len(reg.Requests()) - before; n != 0 || res.Revision() != d.String() {
-		t.Errorf("digest resolved to %s with %d requests", res.Revision(), n)
+	after = reg.Settle(t)
+	if n := len(after) - 1 - before; n != 0 || res.Revision() != d.String() {
+		t.Errorf("digest resolved to %s with %d requests: %v", res.Revision(), n, after[before:])
 	}
+	before = len(after)
 	// Proving access to it asks for the manifest with HEAD.
 	must(t, res.(source.Shareable).ProveAccess(context.Background()))
 	if reg.WaitRequests(http.MethodHead, "/manifests/"+d.String(), 1, 5*time.Second) != 1 {
