@@ -74,6 +74,16 @@ type FetchRequested struct {
 	// Force asks for a fresh fetch and artifact even when the revision is
 	// unchanged, because a content-affecting part of the spec changed.
 	Force bool `json:"force,omitempty"`
+	// Quiet says the source is steady: Ready, its generation observed, no
+	// reconcile request pending, its artifact's URL current. Its outcome
+	// matters only if something changed, so a fetch that finds the
+	// upstream revision unchanged and the stored artifact intact publishes
+	// nothing: one bus message per steady reconcile, the job. The watcher
+	// leaves it unset at least once every announce interval per source
+	// (the artifact.unchanged cadence, docs/events.md). Added in v1 as an
+	// optional field: a fetcher that ignores it publishes FetchUnchanged,
+	// as before.
+	Quiet bool `json:"quiet,omitempty"`
 	// Fresh asks for the upstream as it is now: no reference listing made
 	// before the job was requested may answer it (a webhook said the
 	// upstream changed).

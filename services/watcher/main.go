@@ -62,6 +62,8 @@ type options struct {
 	receivers             bool
 	hookMinInterval       time.Duration
 	sourceMetricsInterval time.Duration
+	announceInterval      time.Duration
+	alignRemotes          bool
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -74,7 +76,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Namespace of the leader election lease; default: $POD_NAMESPACE, then \"default\".")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
 	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
-	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux).")
+	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux), when -align-remotes is false.")
 	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
 		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
@@ -86,6 +88,12 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 			"Needs the Receiver CRD (deploy/components/receivers); leave off where Flux's notification-controller serves them.")
 	fs.DurationVar(&o.hookMinInterval, "hook-min-interval", controller.DefaultHookInterval,
 		"Least time between two webhook-triggered fetches of one source; hooks within it are coalesced into one fetch at its end.")
+	fs.DurationVar(&o.announceInterval, "unchanged-announce-interval", controller.DefaultAnnounceInterval,
+		"Longest time between two reconciles of a steady source that are reported on the bus when nothing changed "+
+			"(an artifact.unchanged event, Flux's no-change trace Event); the others cost the fetch job alone. 0 reports every one.")
+	fs.BoolVar(&o.alignRemotes, "align-remotes", true,
+		"Check the sources that share a remote (URL and credentials) at the same moments of their interval, so that one listing answers them all; "+
+			"false spreads each source by -interval-jitter-percentage instead, as Flux.")
 	fs.DurationVar(&o.sourceMetricsInterval, "source-metrics-interval", 30*time.Second,
 		"How often the leader exports every source's Ready condition (headwater_source_condition), from its cache.")
 }
@@ -203,11 +211,12 @@ func run(ctx context.Context, o options) error {
 		log.WithName("source-conditions"))); err != nil {
 		return err
 	}
+	steady := controller.NewSteady(o.announceInterval)
 	triggers := map[string]*controller.Triggers{}
 	for _, kind := range source.Kinds() {
 		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics}
+			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes}
 		if o.receivers {
 			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
 			triggers[kind.Name] = r.Triggers
@@ -240,6 +249,7 @@ func run(ctx context.Context, o options) error {
 		Concurrency: o.eventConcurrency,
 		Metrics:     jobMetrics,
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
+		Steady:      steady,
 		Log:         log.WithName("results"),
 	}); err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -36,6 +37,8 @@ type Server struct {
 	url string
 
 	listings, fetches atomic.Int64
+	// byRepo counts the listings of each repository, by name.
+	byRepo sync.Map // string -> *atomic.Int64
 }
 
 // Counts reports how many reference listings (GET .../info/refs, what
@@ -45,6 +48,15 @@ type Server struct {
 // it started.
 func (s *Server) Counts() (listings, fetches int64) {
 	return s.listings.Load(), s.fetches.Load()
+}
+
+// ListingsOf reports how many reference listings of the repository name
+// the server has answered since it started.
+func (s *Server) ListingsOf(name string) int64 {
+	if n, ok := s.byRepo.Load(name); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // lsRefs is how a protocol v2 request listing references starts.
@@ -57,6 +69,9 @@ func (s *Server) count(r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/info/refs"):
 		s.listings.Add(1)
+		name := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/"), "/info/refs"), ".git")
+		n, _ := s.byRepo.LoadOrStore(name, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
 	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack"):
 		body := bufio.NewReader(r.Body)
 		head, _ := body.Peek(4 + len(lsRefs)) // a pkt-line's length, then the command

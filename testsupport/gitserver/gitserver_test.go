@@ -121,6 +121,9 @@ func TestCloneOverHTTP(t *testing.T) {
 	if l, f := srv.Counts(); l != 2 || f < 1 {
 		t.Errorf("after ls-remote and clone: %d listings, %d fetches, want 2 and at least 1", l, f)
 	}
+	if n, other := srv.ListingsOf("podinfo"), srv.ListingsOf("other"); n != 2 || other != 0 {
+		t.Errorf("listings of podinfo %d, of other %d; want 2 and 0", n, other)
+	}
 	if got := mustGit(t, dest, "rev-parse", "HEAD"); got != c2 {
 		t.Errorf("cloned HEAD %s, want %s", got, c2)
 	}

@@ -1,6 +1,7 @@
 // Package fetch is the fetcher's job handler: it takes a FetchRequested off
 // the bus, asks the Source of the job's kind for the upstream revision,
-// answers FetchUnchanged when the stored artifact already holds it, and
+// answers FetchUnchanged when the stored artifact already holds it (or
+// nothing, for a steady source's quiet job), and
 // otherwise downloads the content, stages it as a tar in the shared storage
 // and hands it to the packager with a Fetched job. Failures become
 // FetchFailed outcomes with Flux's reasons and messages.
@@ -187,6 +188,12 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		notice, err := h.verify(work, prev)
 		if err != nil {
 			return "", err
+		}
+		if notice == nil && req.Quiet {
+			// A steady source: its outcome would change nothing in
+			// status, so the job is its only message.
+			log.V(1).Info("revision unchanged; steady source, nothing published", "revision", revision)
+			return ResultQuiet, nil
 		}
 		if notice == nil {
 			out := &events.Outcome{Job: req.Job, Revision: revision, Artifact: prev}

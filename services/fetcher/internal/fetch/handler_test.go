@@ -357,6 +357,55 @@ func TestFetchThenUnchanged(t *testing.T) {
 	}
 }
 
+// A steady source's quiet job publishes nothing when nothing changed, and
+// everything a job without the flag would when something did.
+func TestQuietJob(t *testing.T) {
+	e := newEnv(t, 5)
+	rev := "master@sha1:" + e.commit
+	e.request(t, "job-1", nil)
+	e.fetched(t)
+	clones := e.uploads.Load()
+
+	quiet := func(prev *meta.Artifact) func(*events.FetchRequested) {
+		return func(r *events.FetchRequested) { r.Previous = prev; r.Quiet = true }
+	}
+	prev := e.artifact(t, "artifact bytes", "artifact bytes")
+	e.request(t, "quiet-unchanged", quiet(prev))
+	e.waitEmpty(t)
+	info, err := e.results.Info(e.ctx)
+	must(t, err)
+	if info.NumPending != 0 || info.NumAckPending != 0 {
+		t.Errorf("a quiet unchanged job published results: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+	}
+	if n := histogramCount(t, e.reg, "headwater_fetch_duration_seconds", ResultQuiet); n != 1 {
+		t.Errorf("headwater_fetch_duration_seconds{result=%q} count = %d, want 1", ResultQuiet, n)
+	}
+
+	// A new upstream revision, and a corrupt stored artifact, are news.
+	old := *prev
+	old.Revision = "master@sha1:0000000000000000000000000000000000000000"
+	e.request(t, "quiet-new-revision", quiet(&old))
+	if f := e.fetched(t); f.Revision != rev {
+		t.Errorf("quiet job with a new revision: fetched %q, want %q", f.Revision, rev)
+	}
+	corrupt := e.artifact(t, "tampered bytes", "artifact bytes")
+	e.request(t, "quiet-corrupt", quiet(corrupt))
+	if f := e.fetched(t); len(f.Notices) != 1 || f.Notices[0].Reason != ArtifactVerificationFailedReason {
+		t.Errorf("quiet job with a corrupt artifact: notices %+v, want %s", f.Notices, ArtifactVerificationFailedReason)
+	}
+
+	// The same job without the flag announces the unchanged revision.
+	intact := e.artifact(t, "artifact bytes", "artifact bytes")
+	job := e.request(t, "announced", func(r *events.FetchRequested) { r.Previous = intact })
+	if out := e.outcome(t, events.TypeFetchUnchanged); out.Job.ID != job.ID || out.Revision != rev {
+		t.Errorf("unchanged outcome = %+v, want job %s revision %s", out, job.ID, rev)
+	}
+	e.waitEmpty(t)
+	if got := e.uploads.Load() - clones; got != 2 {
+		t.Errorf("clones after the first fetch: %d, want 2 (the new revision and the corrupt artifact)", got)
+	}
+}
+
 func TestRebuildsBrokenArtifact(t *testing.T) {
 	cases := []struct {
 		name    string

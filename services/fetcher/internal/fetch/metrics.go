@@ -11,6 +11,9 @@ const (
 	ResultFetched   = "fetched"
 	ResultUnchanged = "unchanged"
 	ResultFailed    = "failed"
+	// ResultQuiet: unchanged, for a steady source's quiet job
+	// (events.FetchRequested.Quiet): nothing was published.
+	ResultQuiet = "quiet"
 	// ResultReused: the content cache held the content; nothing was
 	// downloaded.
 	ResultReused = "reused"
@@ -35,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: telemetry.Namespace, Name: "fetch_duration_seconds",
-			Help:    "Time to fetch one source, from resolving its revision to staging its content, by kind and result (fetched, reused, unchanged, failed).",
+			Help:    "Time to fetch one source, from resolving its revision to staging its content, by kind and result (fetched, reused, joined, unchanged, quiet, failed).",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"kind", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{

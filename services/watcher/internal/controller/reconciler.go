@@ -67,6 +67,13 @@ type Reconciler struct {
 	Triggers *Triggers
 	// Metrics, when set, records reconcile durations.
 	Metrics *Metrics
+	// Steady, when set, makes the jobs of steady sources quiet (see
+	// Steady); nil makes none quiet.
+	Steady *Steady
+	// AlignRemotes schedules the sources that share a remote at the same
+	// moments (untilSlot), so that one listing answers them all; false
+	// applies Flux's interval jitter instead.
+	AlignRemotes bool
 }
 
 // SetupWithManager registers the reconciler. It reacts to spec changes
@@ -127,6 +134,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	fetch.Force = force
 	fetch.Fresh = r.Triggers.Fresh(req.NamespacedName)
+	// Read before the progress mark below: a steady object's status is
+	// what its last outcome left.
+	fetch.Quiet = !force && !fetch.Fresh && r.Steady.Quiet(r.Kind, obj, r.now())
 	fetch.Job = r.job(obj, fetch)
 	job := fetch.Job
 
@@ -158,8 +168,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if fetch.Fresh {
 		r.Triggers.Published(req.NamespacedName)
 	}
-	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force, "fresh", fetch.Fresh)
-	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(obj.GetRequeueAfter())}, nil
+	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force, "fresh", fetch.Fresh, "quiet", fetch.Quiet)
+	return ctrl.Result{RequeueAfter: r.requeueAfter(obj)}, nil
+}
+
+// requeueAfter is when obj is due again: at the next slot of its remote
+// (untilSlot) when AlignRemotes is set and the kind names remotes, after
+// its jittered interval otherwise.
+func (r *Reconciler) requeueAfter(obj source.Object) time.Duration {
+	interval := obj.GetRequeueAfter()
+	if r.AlignRemotes && r.Kind.Remote != nil {
+		if remote := r.Kind.Remote(obj); remote != "" {
+			return untilSlot(r.now(), interval, remote)
+		}
+	}
+	return jitter.JitteredIntervalDuration(interval)
 }
 
 // waiting records that no job can be made yet, as a failed job's outcome
@@ -254,6 +277,7 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 	if err := patchFinalizers(ctx, r.Client, obj, controllerutil.RemoveFinalizer); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
+	r.Steady.Forget(obj.GetUID())
 	log.FromContext(ctx).Info("artifacts scheduled for deletion; finalizer removed")
 	return nil
 }
@@ -285,6 +309,11 @@ func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events
 		// A webhook's job is one of its own, even within the second of
 		// an interval's.
 		h.Write([]byte("fresh\n"))
+	}
+	if fetch.Quiet {
+		// A quiet job announces nothing: a job that would is not its
+		// duplicate.
+		h.Write([]byte("quiet\n"))
 	}
 	if fetch.Previous != nil {
 		fmt.Fprintf(h, "previous=%s\n", fetch.Previous.Digest)

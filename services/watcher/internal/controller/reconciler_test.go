@@ -42,6 +42,7 @@ func TestJobID(t *testing.T) {
 		"forced":                    {Includes: include("sha256:1"), Force: true},
 		"stored artifact changed":   {Includes: include("sha256:1"), Previous: &meta.Artifact{Digest: "sha256:p"}},
 		"webhook's fresh job":       {Includes: include("sha256:1"), Fresh: true},
+		"quiet job":                 {Includes: include("sha256:1"), Quiet: true},
 	} {
 		if got := r.job(obj, fetch); got.ID == base.ID {
 			t.Errorf("%s: same ID %s, so the new job would be dropped as a duplicate", name, got.ID)

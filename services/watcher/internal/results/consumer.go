@@ -68,6 +68,9 @@ type Consumer struct {
 	// Forged counts the outcomes refused because the watcher did not issue
 	// their job (headwater_forged_outcomes_total); may be nil.
 	Forged prometheus.Counter
+	// Steady, when set, learns the artifact-server's advertised address
+	// from the artifacts announced (see controller.Steady).
+	Steady *controller.Steady
 	// Log is the consumer's logger.
 	Log logr.Logger
 }
@@ -121,6 +124,9 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		// The object's artifacts are gone; its status has nothing to say.
 		c.garbageCollected(o)
 		return nil
+	}
+	if t := msg.Event.Type(); t == events.TypeArtifactStored || t == events.TypeArtifactUnchanged {
+		c.Steady.Learn(o.Artifact)
 	}
 	obj := kind.New()
 	key := types.NamespacedName{Namespace: o.Job.Object.Namespace, Name: o.Job.Object.Name}

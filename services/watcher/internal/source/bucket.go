@@ -15,7 +15,12 @@ import (
 // Bucket adapts sourcev1.Bucket.
 func Bucket() Kind {
 	return Kind{
-		Name:      sourcev1.BucketKind,
+		Name: sourcev1.BucketKind,
+		Remote: func(o Object) string {
+			s := o.(*sourcev1.Bucket).Spec
+			return RemoteKey(o, s.Provider+"|"+s.Endpoint+"|"+s.BucketName+"|"+s.Region+"|"+s.Prefix,
+				localRef(s.SecretRef), localRef(s.CertSecretRef), localRef(s.ProxySecretRef), s.ServiceAccountName)
+		},
 		New:       func() Object { return &sourcev1.Bucket{} },
 		Suspended: func(o Object) bool { return o.(*sourcev1.Bucket).Spec.Suspend },
 		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {

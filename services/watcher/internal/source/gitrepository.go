@@ -29,7 +29,11 @@ const includeIndex = ".spec.include.repository.name"
 // GitRepository adapts sourcev1.GitRepository.
 func GitRepository() Kind {
 	return Kind{
-		Name:      sourcev1.GitRepositoryKind,
+		Name: sourcev1.GitRepositoryKind,
+		Remote: func(o Object) string {
+			s := o.(*sourcev1.GitRepository).Spec
+			return RemoteKey(o, s.URL, localRef(s.SecretRef), localRef(s.ProxySecretRef), s.Provider, s.ServiceAccountName)
+		},
 		New:       func() Object { return &sourcev1.GitRepository{} },
 		Suspended: func(o Object) bool { return o.(*sourcev1.GitRepository).Spec.Suspend },
 		Request:   gitRequest,

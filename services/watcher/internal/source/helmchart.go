@@ -40,7 +40,13 @@ const (
 // Bucket): a new artifact of the source reconciles it at once.
 func HelmChart() Kind {
 	return Kind{
-		Name:      sourcev1.HelmChartKind,
+		Name: sourcev1.HelmChartKind,
+		Remote: func(o Object) string {
+			// The charts of one source share its artifact (a
+			// HelmRepository's index): its namespace is part of it.
+			ref := o.(*sourcev1.HelmChart).Spec.SourceRef
+			return o.GetNamespace() + "/" + ref.Kind + "/" + ref.Name
+		},
 		New:       func() Object { return &sourcev1.HelmChart{} },
 		Suspended: func(o Object) bool { return o.(*sourcev1.HelmChart).Spec.Suspend },
 		Request:   chartRequest,

@@ -14,7 +14,11 @@ import (
 // status (its HelmCharts pull from the registry themselves).
 func HelmRepository() Kind {
 	return Kind{
-		Name:      sourcev1.HelmRepositoryKind,
+		Name: sourcev1.HelmRepositoryKind,
+		Remote: func(o Object) string {
+			s := o.(*sourcev1.HelmRepository).Spec
+			return RemoteKey(o, s.URL, localRef(s.SecretRef), localRef(s.CertSecretRef), s.Provider)
+		},
 		New:       func() Object { return &sourcev1.HelmRepository{} },
 		Suspended: func(o Object) bool { return o.(*sourcev1.HelmRepository).Spec.Suspend },
 		Static: func(o Object) bool {

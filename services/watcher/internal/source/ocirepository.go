@@ -16,7 +16,12 @@ import (
 // OCIRepository adapts sourcev1.OCIRepository.
 func OCIRepository() Kind {
 	return Kind{
-		Name:      sourcev1.OCIRepositoryKind,
+		Name: sourcev1.OCIRepositoryKind,
+		Remote: func(o Object) string {
+			s := o.(*sourcev1.OCIRepository).Spec
+			return RemoteKey(o, s.URL, localRef(s.SecretRef), localRef(s.CertSecretRef), localRef(s.ProxySecretRef),
+				s.Provider, s.ServiceAccountName)
+		},
 		New:       func() Object { return &sourcev1.OCIRepository{} },
 		Suspended: func(o Object) bool { return o.(*sourcev1.OCIRepository).Spec.Suspend },
 		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {

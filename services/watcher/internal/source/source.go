@@ -100,6 +100,12 @@ type Kind struct {
 	TracesVerification bool
 	// UpToDateReason is the reason Flux logs when nothing changed upstream.
 	UpToDateReason string
+	// Remote names what an object's check asks of its upstream: the URL
+	// and everything the fetcher authenticates and connects with. Objects
+	// with the same remote are answered by one listing (a Git remote's
+	// references, a Helm index), so the watcher checks them together.
+	// Nil, or an empty name, leaves the object on its own schedule.
+	Remote func(Object) string
 	// Status returns the object's common status fields.
 	Status func(Object) Status
 	// Conditions are the kind's own conditions besides Ready, Reconciling,
@@ -188,4 +194,27 @@ func refuseCredentials(field, raw string) error {
 	return failure.New(failure.Stalling, sourcev1.FetchFailedCondition, sourcev1.URLInvalidReason,
 		"%s carries credentials in its user-info, which Headwater never sends over its bus: "+
 			"remove them and put them in a Secret named by spec.secretRef", field)
+}
+
+// RemoteKey is a Kind's Remote for an object whose upstream is location,
+// reached with auth (Secret names, a provider, a service account): the
+// same location with the same credentials is one remote. Credentials are
+// namespaced, so the object's namespace is part of the key when any of
+// auth is set; a public location is one remote across namespaces.
+func RemoteKey(obj Object, location string, auth ...string) string {
+	key := location
+	for _, a := range auth {
+		if a != "" {
+			return obj.GetNamespace() + "\x00" + location + "\x00" + strings.Join(auth, "\x00")
+		}
+	}
+	return key
+}
+
+// localRef is the name a reference holds, empty for none.
+func localRef(r *meta.LocalObjectReference) string {
+	if r == nil {
+		return ""
+	}
+	return r.Name
 }

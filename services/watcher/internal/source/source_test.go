@@ -7,6 +7,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
@@ -113,5 +114,49 @@ func TestRecovered(t *testing.T) {
 				t.Errorf("Recovered = %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestRemote(t *testing.T) {
+	git := func(ns, url, secret string) Object {
+		o := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "x"}, Spec: sourcev1.GitRepositorySpec{URL: url}}
+		if secret != "" {
+			o.Spec.SecretRef = &meta.LocalObjectReference{Name: secret}
+		}
+		return o
+	}
+	k := GitRepository()
+	same := [][2]Object{
+		{git("a", "https://git.example/app", ""), git("b", "https://git.example/app", "")},
+		{git("a", "https://git.example/app", "creds"), git("a", "https://git.example/app", "creds")},
+	}
+	for _, p := range same {
+		if k.Remote(p[0]) != k.Remote(p[1]) {
+			t.Errorf("%s/%v and %s/%v: different remotes, want one", p[0].GetNamespace(), p[0], p[1].GetNamespace(), p[1])
+		}
+	}
+	differ := [][2]Object{
+		{git("a", "https://git.example/app", ""), git("a", "https://git.example/other", "")},
+		{git("a", "https://git.example/app", ""), git("a", "https://git.example/app", "creds")},
+		// A Secret of the same name in another namespace is another
+		// credential.
+		{git("a", "https://git.example/app", "creds"), git("b", "https://git.example/app", "creds")},
+	}
+	for _, p := range differ {
+		if k.Remote(p[0]) == k.Remote(p[1]) {
+			t.Errorf("%q: one remote for two sources that must not share a listing", k.Remote(p[0]))
+		}
+	}
+	chart := func(ns, repo string) Object {
+		return &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c"},
+			Spec: sourcev1.HelmChartSpec{SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: repo}}}
+	}
+	if hc := HelmChart(); hc.Remote(chart("a", "r")) != hc.Remote(chart("a", "r")) || hc.Remote(chart("a", "r")) == hc.Remote(chart("b", "r")) {
+		t.Error("HelmCharts: one remote per source object")
+	}
+	for _, kind := range Kinds() {
+		if kind.Remote == nil {
+			t.Errorf("%s names no remote", kind.Name)
+		}
 	}
 }

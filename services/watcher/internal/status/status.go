@@ -129,6 +129,24 @@ func MarkFailure(kind source.Kind, obj source.Object, f *failure.Error) {
 	}
 }
 
+// Steady reports whether obj is steady: it has an artifact, its current
+// generation is observed, no reconcile request is pending and it is Ready
+// (so no condition of it fails and none is in progress). Applying an
+// unchanged outcome to a steady object changes nothing in its status (but
+// for an artifact URL whose advertised address changed, which the caller
+// checks).
+func Steady(kind source.Kind, obj source.Object) bool {
+	if obj.GetArtifact() == nil || !conditions.IsReady(obj) {
+		return false
+	}
+	st := kind.Status(obj)
+	if *st.ObservedGeneration != obj.GetGeneration() {
+		return false
+	}
+	token, requested := meta.ReconcileAnnotationValue(obj.GetAnnotations())
+	return !requested || token == *st.LastHandledReconcileAt
+}
+
 // Summarize derives Ready from the other conditions, in Flux's order (see
 // the package documentation). It is the only writer of Ready.
 func Summarize(kind source.Kind, obj source.Object) {

@@ -1,0 +1,124 @@
+package controller
+
+import (
+	"hash/fnv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
+)
+
+// DefaultAnnounceInterval is how often, at least, a steady source's
+// reconcile is reported on the bus even when nothing changed (the
+// watcher's -unchanged-announce-interval).
+const DefaultAnnounceInterval = 10 * time.Minute
+
+// Steady decides which reconciles are quiet (events.FetchRequested.Quiet):
+// those of a steady source (status.Steady) whose artifact URL is the one
+// the artifact-server advertises now and which was announced less than
+// Announce ago. A quiet job's unchanged outcome is not published, so a
+// steady source costs one bus message per interval; every Announce it
+// takes the whole path, which announces artifact.unchanged to subscribers
+// and records Flux's no-change trace Event.
+//
+// The advertised address is learned from the artifacts the artifact-server
+// announces (Learn): until one is seen, after a start, no job is quiet;
+// after the address changes, the first artifact announced with the new
+// one makes every source whose URL has the old one take the whole path at
+// its next reconcile, which rewrites its URL.
+//
+// A nil *Steady makes no job quiet.
+type Steady struct {
+	// Announce is the longest time between two announced reconciles of a
+	// steady source; zero or less makes no job quiet.
+	Announce time.Duration
+
+	// base is the URL of an artifact minus its path: what the
+	// artifact-server advertises ("http://host:port/").
+	base atomic.Pointer[string]
+
+	mu sync.Mutex
+	// announced is when each source's last whole-path job was made.
+	announced map[types.UID]time.Time
+}
+
+// NewSteady returns a Steady announcing every announce.
+func NewSteady(announce time.Duration) *Steady {
+	return &Steady{Announce: announce, announced: map[types.UID]time.Time{}}
+}
+
+// Learn records the advertised address an announced artifact's URL
+// carries (http://<address>/<path>).
+func (s *Steady) Learn(a *meta.Artifact) {
+	if s == nil || a == nil || a.Path == "" {
+		return
+	}
+	base, ok := strings.CutSuffix(a.URL, a.Path)
+	if !ok || base == "" {
+		return
+	}
+	if cur := s.base.Load(); cur == nil || *cur != base {
+		s.base.Store(&base)
+	}
+}
+
+// current reports whether a's URL is the one the artifact-server would
+// announce now.
+func (s *Steady) current(a *meta.Artifact) bool {
+	base := s.base.Load()
+	return base != nil && a != nil && a.URL == *base+a.Path
+}
+
+// Quiet reports whether the job made now for obj may be quiet, and
+// records, when it may not, that this job is the source's announcement.
+func (s *Steady) Quiet(kind source.Kind, obj source.Object, now time.Time) bool {
+	if s == nil || s.Announce <= 0 {
+		return false
+	}
+	steady := status.Steady(kind, obj) && s.current(obj.GetArtifact())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last, ok := s.announced[obj.GetUID()]
+	if steady && ok && now.Sub(last) < s.Announce && !now.Before(last) {
+		return true
+	}
+	s.announced[obj.GetUID()] = now
+	return false
+}
+
+// Forget drops what is known of a deleted object.
+func (s *Steady) Forget(uid types.UID) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	delete(s.announced, uid)
+	s.mu.Unlock()
+}
+
+// untilSlot is how long from now until the next slot of remote for
+// interval: every source of one remote (one listing answers them all)
+// that shares an interval is due at the same moments, a phase of the
+// interval derived from the remote, so that their jobs reach the fetchers
+// together and share one listing. Different remotes fall at different
+// phases, which spreads the load over the interval as jitter would. The
+// result is in (0, interval].
+func untilSlot(now time.Time, interval time.Duration, remote string) time.Duration {
+	if interval <= 0 {
+		return interval
+	}
+	h := fnv.New64a()
+	h.Write([]byte(remote))
+	phase := int64(h.Sum64() % uint64(interval))
+	since := (now.UnixNano() - phase) % int64(interval)
+	if since < 0 {
+		since += int64(interval)
+	}
+	return time.Duration(int64(interval) - since)
+}
