@@ -60,6 +60,9 @@ var (
 	targetI  = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 1}}
 	targetI2 = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 0}}
 	targetJ  = Target{Memory: 1, MaxWall: 15 * time.Second, MaxCounters: map[string]int64{CounterLayerDownloads: ociArtifacts}}
+	// Issue 20: memory per 1,000 sources after the first 1,000 at most
+	// Flux's (Headwater's to 10,000, Flux's to 2,000).
+	targetES = Target{MemorySlope: 1}
 	// Issue 11: identical fetches combine across fetcher replicas too.
 	targetA2 = Target{MaxCounters: map[string]int64{CounterGitFetches: 10}}
 	// Issue 12: a webhook push becomes a new artifact in status quickly.
@@ -165,6 +168,17 @@ func BenchmarkSources(b *testing.B) {
 	for _, r := range rows[before:] {
 		growth(r.Headwater, byName["a0"])
 	}
+	// es: e's memory in stages, beside Flux's (which stops at 2,000).
+	compare(o, "es", []string{fmt.Sprintf("es. memory per 1,000 GitRepositories after the first 1,000 over %d repositories (PSS when %s are Ready; Flux's at %s)",
+		growthRepos, stagesString(growthStages), stagesString(growthStagesFlux))}, []Target{targetES},
+		func(sys System) ([]*Measurement, error) {
+			stages := growthStages
+			if sys == Flux {
+				stages = growthStagesFlux
+			}
+			m, err := MemoryGrowth(b.Context(), o, sys, growthRepos, stages)
+			return []*Measurement{m}, err
+		})
 	// a2: a with several fetcher replicas, which combine their identical
 	// fetches as one fetcher does (docs/design.md, "Combining fetches
 	// across replicas").
@@ -213,6 +227,18 @@ func BenchmarkSources(b *testing.B) {
 	if *steadyWindow > 0 {
 		fmt.Printf("\nNOT the default windows: the steady-state scenarios measured %s each (-steady-window)\n", *steadyWindow)
 	}
+}
+
+// stagesString is "1000, 2000 and 10000".
+func stagesString(stages []int) string {
+	s := make([]string, len(stages))
+	for i, n := range stages {
+		s[i] = fmt.Sprint(n)
+	}
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 // windowString is "3 min" for whole minutes, d's own form otherwise.

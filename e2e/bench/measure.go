@@ -120,6 +120,9 @@ type Measurement struct {
 	// name, "watcher", "source-controller", "bench.test"), when the Env
 	// kept an audit log (harness.Config.AuditLog); nil otherwise.
 	APIRequestsByAgent map[string]int64
+	// MemorySlope, in scenario es, is the memory of the system's
+	// processes at each stage of Ready sources.
+	MemorySlope MemorySlope
 }
 
 // ServiceCPU is the CPU time of the system's processes together.

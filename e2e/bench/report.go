@@ -33,6 +33,10 @@ type Target struct {
 	// CounterRatios bounds counters of the measurement as ratios of the
 	// baseline's same counter, by name (CounterAPIRequests: 0.25).
 	CounterRatios map[string]float64
+	// MemorySlope bounds Headwater's memory per 1,000 sources after the
+	// first stage (Measurement.MemorySlope, Slope) as a ratio of the
+	// baseline's.
+	MemorySlope float64
 	// MaxP99 bounds the 99th percentile of the latencies the scenario
 	// timed (Measurement.Latency); the table shows its p50 and p99.
 	MaxP99 time.Duration
@@ -160,6 +164,7 @@ func (t Target) String() string {
 	for _, name := range slices.Sorted(maps.Keys(t.CounterRatios)) {
 		ratio(name, t.CounterRatios[name])
 	}
+	ratio("memory per 1,000 sources", t.MemorySlope)
 	if t.MaxP99 > 0 {
 		parts = append(parts, fmt.Sprintf("p99 ≤ %s", t.MaxP99))
 	}
@@ -204,6 +209,15 @@ func (t Target) Met(h, base *Measurement) string {
 			hn, hok := h.Counters[name]
 			bn, bok := base.Counters[name]
 			check(fmt.Sprintf("%s (%d vs %d)", name, hn, bn), hok && bok && float64(hn) <= t.CounterRatios[name]*float64(bn))
+		}
+		if t.MemorySlope > 0 {
+			hs, hok := h.MemorySlope.Slope()
+			bs, bok := base.MemorySlope.Slope()
+			if hok && bok {
+				check(fmt.Sprintf("memory per 1,000 sources (%.1f vs %.1f MiB)", hs/mib, bs/mib), hs <= t.MemorySlope*bs)
+			} else {
+				check("memory per 1,000 sources (not measured)", false)
+			}
 		}
 	}
 	if t.MaxWall > 0 {
@@ -292,6 +306,9 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 		// The CPU time runs a little past the wall time (see settle).
 		fmt.Fprintf(w, "  - machine: %.1f CPU-s busy of %.1f available (%d CPUs x wall); the processes above %.1f, everything else %.1f\n",
 			m.MachineBusy.Seconds(), m.Wall.Seconds()*float64(m.CPUs), m.CPUs, ours.Seconds(), max(0, (m.MachineBusy-ours).Seconds()))
+	}
+	if len(m.MemorySlope) > 0 {
+		fmt.Fprintln(w, "  - memory by Ready sources: "+m.MemorySlope.String())
 	}
 	if s := m.MemorySampling; s != nil && s.Samples > 0 {
 		fmt.Fprintf(w, "  - memory: peak of the sampled sums PSS %.0f MiB, anon %.0f MiB; %d samples every %s, each (every process's smaps_rollup) %s on average, %s at most\n",
