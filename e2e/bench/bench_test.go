@@ -270,8 +270,9 @@ func growth(e, a *Measurement) {
 	if e == nil || a == nil {
 		return
 	}
-	e.Notes = append(e.Notes, fmt.Sprintf("from a (1000 over 10) to e (10,000 over 100): wall %s, CPU %s, peak RSS %s",
+	e.Notes = append(e.Notes, fmt.Sprintf("from a (1000 over 10) to e (10,000 over 100): wall %s, CPU %s, peak PSS %s, peak RSS %s",
 		ratioString(e.Wall, a.Wall), ratioString(e.ServiceCPU(), a.ServiceCPU()),
+		ratioString(time.Duration(e.PeakPSS), time.Duration(a.PeakPSS)),
 		ratioString(time.Duration(e.ServicePeakRSS()), time.Duration(a.ServicePeakRSS()))))
 }
 
@@ -325,6 +326,7 @@ func report(b *testing.B, m *Measurement) {
 	b.ReportMetric(float64(m.Wall.Nanoseconds()), "ns/op")
 	b.ReportMetric(m.ServiceCPU().Seconds(), "cpu-s")
 	b.ReportMetric(float64(m.ServicePeakRSS())/mib, "peak-rss-MiB")
+	b.ReportMetric(float64(m.PeakPSS)/mib, "peak-pss-MiB")
 }
 
 // options finds what the Env runs as the end-to-end tests do:
