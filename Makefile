@@ -292,7 +292,7 @@ test-unit: ## Run the tests that need no built tools (fast).
 
 .PHONY: bench
 bench: kube-tools registry minio build flux ## Run every scenario on Headwater and on Flux's source-controller side by side and print a table (BENCH_SCENARIOS='a|d' runs some).
-	cd e2e && go test -run '^$$' -bench '^BenchmarkSources$$' -benchtime 1x -timeout 150m ./bench/ \
+	cd e2e && go test -run '^$$' -bench '^BenchmarkSources$$' -benchtime 1x -timeout 200m ./bench/ \
 		-args -flux-bin $(FLUX_SOURCE_CONTROLLER) -scenarios '$(BENCH_SCENARIOS)'
 
 .PHONY: flux

@@ -27,6 +27,8 @@ var (
 	serviceArgs = flag.String("service-args", "",
 		"Service flags added for an experiment, space-separated <service>:<flag>, e.g. 'fetcher:-concurrency=8'.")
 	fetcherReplicas = flag.Int("fetcher-replicas", 2, "Fetcher replicas of scenario a2 (a with several fetchers).")
+	steadyWindow    = flag.Duration("steady-window", 0,
+		"Measure this long in the steady-state scenarios (d, d15, g's d) instead of their own window, for a short trial; the table then says so.")
 )
 
 // Sizes of the Git scenarios.
@@ -34,6 +36,11 @@ var (
 	loadA = GitLoad{Name: "a", Repos: 10, Sources: 1000, Request: true}
 	loadB = GitLoad{Name: "b", Repos: 1000, Sources: 1000}
 	loadE = GitLoad{Name: "e", Repos: 100, Sources: 10000}
+	// d is what Flux's idle cost was first measured with; d15 is long
+	// enough to hold every periodic task of both systems (provenance
+	// cache, janitors, verify interval, leases) at a realistic size.
+	loadD   = SteadyLoad{Name: "d", Sources: 200, Repos: 10, Interval: time.Minute, Window: 3 * time.Minute}
+	loadD15 = SteadyLoad{Name: "d15", Sources: 1000, Repos: 100, Interval: time.Minute, Window: 15 * time.Minute}
 )
 
 // The targets of issue 11 (and of the Helm and OCI issues for h, i, j):
@@ -44,11 +51,18 @@ var (
 	targetB    = Target{Wall: 0.5, CPU: 1, Memory: 1}
 	targetC    = Target{Wall: 0.25, Memory: 1, MinPackagingMBps: 250}
 	targetD    = Target{CPU: 0.5, Memory: 1, MaxCounters: map[string]int64{CounterGitFetches: 0, CounterSourceWrites: 0}}
-	targetG    = Target{Wall: 1.5, CPU: 1.5}
-	targetH    = Target{Wall: 1, Memory: 1, MaxRSS: map[string]uint64{"fetcher": 100 * mib, "packager": 100 * mib}}
-	targetI    = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 1}}
-	targetI2   = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 0}}
-	targetJ    = Target{Memory: 1, MaxWall: 15 * time.Second, MaxCounters: map[string]int64{CounterLayerDownloads: ociArtifacts}}
+	// Issue 20: the steady state at half of Flux's CPU and a quarter of
+	// its requests to the API server and to the git server.
+	targetD15 = Target{CPU: 0.5, Memory: 1,
+		CounterRatios: map[string]float64{CounterAPIRequests: 0.25, CounterGitRequests: 0.25}}
+	targetG  = Target{Wall: 1.5, CPU: 1.5}
+	targetH  = Target{Wall: 1, Memory: 1, MaxRSS: map[string]uint64{"fetcher": 100 * mib, "packager": 100 * mib}}
+	targetI  = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 1}}
+	targetI2 = Target{Memory: 1, MaxCounters: map[string]int64{CounterIndexDownloads: 0}}
+	targetJ  = Target{Memory: 1, MaxWall: 15 * time.Second, MaxCounters: map[string]int64{CounterLayerDownloads: ociArtifacts}}
+	// Issue 20: memory per 1,000 sources after the first 1,000 at most
+	// Flux's (Headwater's to 10,000, Flux's to 2,000).
+	targetES = Target{MemorySlope: 1}
 	// Issue 11: identical fetches combine across fetcher replicas too.
 	targetA2 = Target{MaxCounters: map[string]int64{CounterGitFetches: 10}}
 	// Issue 12: a webhook push becomes a new artifact in status quickly.
@@ -62,7 +76,7 @@ var (
 // comparison table. Run it with `make bench` (which builds the services,
 // Flux and the control-plane binaries first):
 //
-//	go test -run '^$' -bench . -benchtime 1x -timeout 120m ./bench/ -args -flux-bin PATH [-scenarios 'a|b']
+//	go test -run '^$' -bench . -benchtime 1x -timeout 200m ./bench/ -args -flux-bin PATH [-scenarios 'a|b'] [-steady-window 2m]
 func BenchmarkSources(b *testing.B) {
 	o, err := options()
 	if err != nil {
@@ -136,10 +150,17 @@ func BenchmarkSources(b *testing.B) {
 		m, err := LargeTree(b.Context(), o, sys)
 		return []*Measurement{m}, err
 	})
-	compare(o, "d", []string{"d. 200 sources at 1m, 3 min of steady state"}, []Target{targetD}, func(sys System) ([]*Measurement, error) {
-		m, err := SteadyState(b.Context(), o, sys)
-		return []*Measurement{m}, err
-	})
+	d, d15 := windowed(loadD), windowed(loadD15)
+	compare(o, "d", []string{fmt.Sprintf("d. %d sources at 1m, %s of steady state", d.Sources, windowString(d.Window))}, []Target{targetD},
+		func(sys System) ([]*Measurement, error) {
+			m, err := SteadyState(b.Context(), o, sys, d)
+			return []*Measurement{m}, err
+		})
+	compare(o, "d15", []string{fmt.Sprintf("d15. %d sources over %d repositories at 1m, %s of steady state", d15.Sources, d15.Repos, windowString(d15.Window))},
+		[]Target{targetD15}, func(sys System) ([]*Measurement, error) {
+			m, err := SteadyState(b.Context(), o, sys, d15)
+			return []*Measurement{m}, err
+		})
 	headwaterOnly := o
 	headwaterOnly.FluxBin = ""
 	before := len(rows)
@@ -147,6 +168,17 @@ func BenchmarkSources(b *testing.B) {
 	for _, r := range rows[before:] {
 		growth(r.Headwater, byName["a0"])
 	}
+	// es: e's memory in stages, beside Flux's (which stops at 2,000).
+	compare(o, "es", []string{fmt.Sprintf("es. memory per 1,000 GitRepositories after the first 1,000 over %d repositories (PSS when %s are Ready; Flux's at %s)",
+		growthRepos, stagesString(growthStages), stagesString(growthStagesFlux))}, []Target{targetES},
+		func(sys System) ([]*Measurement, error) {
+			stages := growthStages
+			if sys == Flux {
+				stages = growthStagesFlux
+			}
+			m, err := MemoryGrowth(b.Context(), o, sys, growthRepos, stages)
+			return []*Measurement{m}, err
+		})
 	// a2: a with several fetcher replicas, which combine their identical
 	// fetches as one fetcher does (docs/design.md, "Combining fetches
 	// across replicas").
@@ -192,6 +224,37 @@ func BenchmarkSources(b *testing.B) {
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)
 	}
+	if *steadyWindow > 0 {
+		fmt.Printf("\nNOT the default windows: the steady-state scenarios measured %s each (-steady-window)\n", *steadyWindow)
+	}
+}
+
+// stagesString is "1000, 2000 and 10000".
+func stagesString(stages []int) string {
+	s := make([]string, len(stages))
+	for i, n := range stages {
+		s[i] = fmt.Sprint(n)
+	}
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
+// windowString is "3 min" for whole minutes, d's own form otherwise.
+func windowString(d time.Duration) string {
+	if d%time.Minute == 0 {
+		return fmt.Sprintf("%d min", d/time.Minute)
+	}
+	return d.String()
+}
+
+// windowed is load with the window of -steady-window, when set.
+func windowed(load SteadyLoad) SteadyLoad {
+	if *steadyWindow > 0 {
+		load.Window = *steadyWindow
+	}
+	return load
 }
 
 // at is ms[i], or nil.
@@ -207,8 +270,9 @@ func growth(e, a *Measurement) {
 	if e == nil || a == nil {
 		return
 	}
-	e.Notes = append(e.Notes, fmt.Sprintf("from a (1000 over 10) to e (10,000 over 100): wall %s, CPU %s, peak RSS %s",
+	e.Notes = append(e.Notes, fmt.Sprintf("from a (1000 over 10) to e (10,000 over 100): wall %s, CPU %s, peak PSS %s, peak RSS %s",
 		ratioString(e.Wall, a.Wall), ratioString(e.ServiceCPU(), a.ServiceCPU()),
+		ratioString(time.Duration(e.PeakPSS), time.Duration(a.PeakPSS)),
 		ratioString(time.Duration(e.ServicePeakRSS()), time.Duration(a.ServicePeakRSS()))))
 }
 
@@ -226,7 +290,7 @@ func s3Rows(b *testing.B, o Options, byName map[string]*Measurement) []Row {
 			return m, err
 		}},
 		{"c0", "g. c on S3 (MinIO)", func(o Options) (*Measurement, error) { return LargeTree(b.Context(), o, Headwater) }},
-		{"d0", "g. d on S3 (MinIO)", func(o Options) (*Measurement, error) { return SteadyState(b.Context(), o, Headwater) }},
+		{"d0", "g. d on S3 (MinIO)", func(o Options) (*Measurement, error) { return SteadyState(b.Context(), o, Headwater, windowed(loadD)) }},
 	} {
 		o := o
 		o.Harness.S3 = &harness.S3Storage{Endpoint: srv.Endpoint, Bucket: "headwater-bench", Prefix: "g-" + sc.id[:1],
@@ -262,6 +326,7 @@ func report(b *testing.B, m *Measurement) {
 	b.ReportMetric(float64(m.Wall.Nanoseconds()), "ns/op")
 	b.ReportMetric(m.ServiceCPU().Seconds(), "cpu-s")
 	b.ReportMetric(float64(m.ServicePeakRSS())/mib, "peak-rss-MiB")
+	b.ReportMetric(float64(m.PeakPSS)/mib, "peak-pss-MiB")
 }
 
 // options finds what the Env runs as the end-to-end tests do:

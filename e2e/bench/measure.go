@@ -48,6 +48,10 @@ type Usage struct {
 	// PeakSinceStart tells that PeakRSS could not be reset when the
 	// measurement started, so it may be a peak from before it.
 	PeakSinceStart bool
+	// PeakPSS and PeakAnon are the highest PSS and anonymous memory of the
+	// process's samples (smaps_rollup), for the system's processes only
+	// (RoleService); 0 when not sampled.
+	PeakPSS, PeakAnon uint64
 }
 
 // JobStat sums one service's handling of one CloudEvent type.
@@ -103,6 +107,22 @@ type Measurement struct {
 	// Latency, when set, summarises the latencies the scenario timed
 	// (scenario k: hook POST to new revision in status).
 	Latency *Latency
+	// PeakPSS and PeakAnon are the peaks of the sampled sums of the
+	// system's processes' PSS and anonymous memory: what they held
+	// together at the worst sampled moment, shared pages counted once.
+	// PeakPSS is what Target.Memory compares.
+	PeakPSS, PeakAnon uint64
+	// MemorySampling says how PeakPSS and PeakAnon were sampled; nil when
+	// they were not.
+	MemorySampling *MemorySampling
+	// APIRequestsByAgent are the requests the API server received during
+	// the measurement, by the product of their user agent (the binary's
+	// name, "watcher", "source-controller", "bench.test"), when the Env
+	// kept an audit log (harness.Config.AuditLog); nil otherwise.
+	APIRequestsByAgent map[string]int64
+	// MemorySlope, in scenario es, is the memory of the system's
+	// processes at each stage of Ready sources.
+	MemorySlope MemorySlope
 }
 
 // ServiceCPU is the CPU time of the system's processes together.
@@ -144,12 +164,17 @@ type meter struct {
 	notes   []string
 	machine time.Duration
 	start   time.Time
+	// memory samples the system's processes (RoleService), in the order
+	// of procs.
+	memory *memorySampler
+	// auditLog is the API server's audit log, when it keeps one.
+	auditLog string
 }
 
 // startMeter resets the peak RSS of every process, and reads their CPU
 // times and the services' metrics.
 func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
-	m := &meter{}
+	m := &meter{auditLog: env.AuditLogPath}
 	for _, s := range env.Services() {
 		m.procs = append(m.procs, &measuredProc{name: s.Name, role: RoleService, pid: s.Pid(), metrics: s.TelemetryAddr})
 	}
@@ -185,6 +210,13 @@ func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
 	if m.machine, _, err = machineCPU(); err != nil {
 		return nil, err
 	}
+	var pids []int
+	for _, p := range m.procs {
+		if p.role == RoleService {
+			pids = append(pids, p.pid)
+		}
+	}
+	m.memory = startMemorySampler(ctx, pids, memoryEvery)
 	m.start = time.Now()
 	return m, nil
 }
@@ -205,7 +237,20 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 		errs = append(errs, err)
 	}
 	out.MachineBusy, out.CPUs = machine-m.machine, cpus
+	peaks, sampling := m.memory.finish()
+	out.PeakPSS, out.PeakAnon, out.MemorySampling = peaks.pss, peaks.anon, &sampling
+	if sampling.Err != nil {
+		out.Notes = append(out.Notes, fmt.Sprintf("memory: %d samples left out: %v", sampling.Failed, sampling.Err))
+	}
+	service := 0 // index of the next RoleService process in peaks.each
 	for _, p := range m.procs {
+		var own memoryUse
+		if p.role == RoleService {
+			if service < len(peaks.each) {
+				own = peaks.each[service]
+			}
+			service++
+		}
 		cpu, err := procCPU(p.pid)
 		if err != nil {
 			errs = append(errs, err)
@@ -217,7 +262,8 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 			continue
 		}
 		out.Usage = append(out.Usage, Usage{Name: p.name, Role: p.role, PeakRSS: peak, PeakSinceStart: !p.peakReset,
-			CPU: cpu.total() - p.cpu.total(), ChildrenCPU: cpu.children - p.cpu.children})
+			CPU: cpu.total() - p.cpu.total(), ChildrenCPU: cpu.children - p.cpu.children,
+			PeakPSS: own.PSS, PeakAnon: own.Anon})
 	}
 	for _, p := range m.procs {
 		if p.metrics == "" {
@@ -246,6 +292,11 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 			if result != "success" {
 				out.JobResults[p.name+" "+shortType(typ)+" "+result] += n
 			}
+		}
+	}
+	if m.auditLog != "" {
+		if out.APIRequestsByAgent, err = auditRequests(m.auditLog, m.start, end); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {

@@ -135,23 +135,33 @@ func TestMet(t *testing.T) {
 		{Name: "watcher", Role: RoleService, CPU: 5 * time.Second, PeakRSS: 40 * mib},
 		{Name: "fetcher", Role: RoleService, CPU: 5 * time.Second, PeakRSS: 40 * mib},
 		{Name: "etcd", Role: RoleControlPlane, CPU: 50 * time.Second, PeakRSS: 400 * mib},
-	}, Counters: map[string]int64{CounterGitFetches: 10, CounterSourceWrites: 1}}
+	}, Counters: map[string]int64{CounterGitFetches: 10, CounterSourceWrites: 1, CounterAPIRequests: 100},
+		PeakPSS: 60 * mib, PeakAnon: 30 * mib}
 	if got := m.ServiceCPU(); got != 10*time.Second {
 		t.Errorf("ServiceCPU = %v, want 10s (control plane excluded)", got)
 	}
 	flux := &Measurement{Wall: 60 * time.Second, Usage: []Usage{
 		{Name: FluxSourceController, Role: RoleService, CPU: 30 * time.Second, PeakRSS: 70 * mib},
-	}}
+	}, Counters: map[string]int64{CounterAPIRequests: 500}, PeakPSS: 65 * mib, PeakAnon: 40 * mib}
+	// Memory compares the PSS sums (60 vs 65 MiB), not the RSS sums (80 vs 70).
+	unsampled := *flux
+	unsampled.PeakPSS = 0
 	tests := []struct {
 		target Target
 		base   *Measurement
 		want   string
 	}{
-		{targetA, flux, "wall yes, CPU no, memory no, git fetches yes"},
+		{targetA, flux, "wall yes, CPU no, memory yes, git fetches yes"},
+		{Target{Memory: 0.9}, flux, "memory no"},
+		{Target{Memory: 1}, &unsampled, "memory (PSS not sampled) no"},
+		{Target{CounterRatios: map[string]float64{CounterAPIRequests: 0.25}}, flux, "API requests (100 vs 500) yes"},
+		{Target{CounterRatios: map[string]float64{CounterAPIRequests: 0.1}}, flux, "API requests (100 vs 500) no"},
+		{Target{CounterRatios: map[string]float64{CounterGitRequests: 1}}, flux, "git requests (0 vs 0) no"},
+		{Target{CounterRatios: map[string]float64{CounterAPIRequests: 0.25}}, nil, "n/a"},
 		{Target{Wall: 0.1}, flux, "wall no"},
 		{Target{MaxWall: 10 * time.Second, MaxRSS: map[string]uint64{"fetcher": 40 * mib, "packager": mib}}, nil,
 			"wall yes, fetcher yes, packager no"},
-		{targetD, flux, "CPU yes, memory no, git fetches no, source writes no"},
+		{targetD, flux, "CPU yes, memory yes, git fetches no, source writes no"},
 		{Target{Wall: 1}, nil, "n/a"},
 		{Target{}, flux, "n/a"},
 	}
@@ -202,11 +212,11 @@ func TestMet(t *testing.T) {
 		{Scenario: "z", Target: targetB, HeadwaterErr: errors.New("boom"), BaseName: "Flux " + FluxVersion, Base: flux},
 	})
 	for _, want := range []string{
-		"| x | Flux v1.9.1 | 60.0 | 30.0 | 70 | 10.0 | 10.0 | 80 | 0.17x | 0.33x | 1.14x | wall ≤ 0.25x, CPU ≤ 0.25x, memory ≤ 1x, git fetches ≤ 10 | wall yes, CPU no, memory no, git fetches yes |",
-		"| y | none |  |  |  | 10.0 | 10.0 | 80 |  |  |  | none set | n/a |",
-		"| z | Flux v1.9.1 | 60.0 | 30.0 | 70 | failed |  |  |  |  |  | ",
+		"| x | Flux v1.9.1 | 60.0 | 30.0 | 65 | 40 | 70 | 10.0 | 10.0 | 60 | 30 | 80 | 0.17x | 0.33x | 0.92x | 1.14x | wall ≤ 0.25x, CPU ≤ 0.25x, memory ≤ 1x, git fetches ≤ 10 | wall yes, CPU no, memory yes, git fetches yes |",
+		"| y | none |  |  |  |  |  | 10.0 | 10.0 | 60 | 30 | 80 |  |  |  |  | none set | n/a |",
+		"| z | Flux v1.9.1 | 60.0 | 30.0 | 65 | 40 | 70 | failed |  |  |  |  |  |  |  |  | ",
 		"kube-apiserver + etcd: CPU 50.0 s, peak RSS 400 MiB",
-		"counted: git fetches 10, source writes 1",
+		"counted: API requests 100, git fetches 10, source writes 1",
 		"z: error: boom",
 	} {
 		if !strings.Contains(out.String(), want) {

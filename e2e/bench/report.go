@@ -19,9 +19,10 @@ const FluxVersion = "v1.9.1"
 // to its baseline's measured in the same run (0 sets none), and absolute
 // bounds.
 type Target struct {
-	// Wall, CPU and Memory bound Headwater's wall time, CPU time and peak
-	// RSS (the sums over its processes, NATS included) as ratios of the
-	// baseline's.
+	// Wall, CPU and Memory bound Headwater's wall time, CPU time and
+	// memory as ratios of the baseline's: the sums over its processes, NATS
+	// included; memory is the peak of the sampled PSS sum
+	// (Measurement.PeakPSS).
 	Wall, CPU, Memory float64
 	// MaxWall bounds Headwater's wall time.
 	MaxWall time.Duration
@@ -29,6 +30,13 @@ type Target struct {
 	MaxRSS map[string]uint64
 	// MaxCounters bounds counters of the measurement, by name.
 	MaxCounters map[string]int64
+	// CounterRatios bounds counters of the measurement as ratios of the
+	// baseline's same counter, by name (CounterAPIRequests: 0.25).
+	CounterRatios map[string]float64
+	// MemorySlope bounds Headwater's memory per 1,000 sources after the
+	// first stage (Measurement.MemorySlope, Slope) as a ratio of the
+	// baseline's.
+	MemorySlope float64
 	// MaxP99 bounds the 99th percentile of the latencies the scenario
 	// timed (Measurement.Latency); the table shows its p50 and p99.
 	MaxP99 time.Duration
@@ -66,26 +74,29 @@ func WriteTable(w io.Writer, rows []Row) {
 	fmt.Fprintln(w, "and the same git server, registry and chart repository, on this machine. Wall: from the first create (or")
 	fmt.Fprintln(w, "annotate) until the last object is seen in the awaited state (d: a fixed window). CPU: utime+stime of the")
 	fmt.Fprintln(w, "system's processes (Headwater: its services, the receiver in k, the dispatcher in l, and NATS; Flux: source-controller) including waited-for")
-	fmt.Fprintln(w, "children. Peak RSS: the sum of those processes' VmHWM, reset when the scenario starts (an upper bound of their")
-	fmt.Fprintln(w, "peak together). Ratios are Headwater / baseline; lower is better.")
+	fmt.Fprintln(w, "children. PSS and anon: the peak of the sum of those processes' Pss and Anonymous (smaps_rollup), sampled")
+	fmt.Fprintf(w, "every %s (shared pages counted once: what the node holds for them); the memory ratio and target compare PSS.\n", memoryEvery)
+	fmt.Fprintln(w, "RSS: the sum of their VmHWM, reset when the scenario starts (an upper bound of their peak together, shared")
+	fmt.Fprintln(w, "pages counted in each). Ratios are Headwater / baseline; lower is better.")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| scenario | baseline | wall s | CPU s | peak MiB | Headwater wall s | CPU s | peak MiB | wall ratio | CPU ratio | memory ratio | target | met? |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+	fmt.Fprintln(w, "| scenario | baseline | wall s | CPU s | PSS MiB | anon MiB | RSS MiB | Headwater wall s | CPU s | PSS MiB | anon MiB | RSS MiB | wall ratio | CPU ratio | memory (PSS) ratio | RSS ratio | target | met? |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 	for _, r := range rows {
 		base := r.BaseName
 		if base == "" {
 			base = "none"
 		}
-		bw, bc, br := numbers(r.Base, r.BaseErr, r.BaseName != "")
-		hw, hc, hr := numbers(r.Headwater, r.HeadwaterErr, true)
-		wr, cr, mr := "", "", ""
+		b := numbers(r.Base, r.BaseErr, r.BaseName != "")
+		h := numbers(r.Headwater, r.HeadwaterErr, true)
+		var wr, cr, pr, rr string
 		if r.Base != nil && r.Headwater != nil {
 			wr = ratioString(r.Headwater.Wall, r.Base.Wall)
 			cr = ratioString(r.Headwater.ServiceCPU(), r.Base.ServiceCPU())
-			mr = ratioString(time.Duration(r.Headwater.ServicePeakRSS()), time.Duration(r.Base.ServicePeakRSS()))
+			pr = ratioString(time.Duration(r.Headwater.PeakPSS), time.Duration(r.Base.PeakPSS))
+			rr = ratioString(time.Duration(r.Headwater.ServicePeakRSS()), time.Duration(r.Base.ServicePeakRSS()))
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.Scenario, base, bw, bc, br, hw, hc, hr, wr, cr, mr, r.Target.String(), r.Target.Met(r.Headwater, r.Base))
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Scenario, base, strings.Join(b[:], " | "), strings.Join(h[:], " | "), wr, cr, pr, rr, r.Target.String(), r.Target.Met(r.Headwater, r.Base))
 	}
 	fmt.Fprintln(w)
 	for _, r := range rows {
@@ -103,19 +114,23 @@ func WriteTable(w io.Writer, rows []Row) {
 	}
 }
 
-// numbers formats a measurement's wall, CPU and memory for the table, or
-// says why there is none.
-func numbers(m *Measurement, err error, expected bool) (wall, cpu, rss string) {
+// numbers formats a measurement's wall, CPU, peak PSS sum, peak
+// anonymous sum and peak RSS sum for the table, or says why there is none.
+func numbers(m *Measurement, err error, expected bool) [5]string {
 	switch {
 	case m != nil:
-		return fmt.Sprintf("%.1f", m.Wall.Seconds()), fmt.Sprintf("%.1f", m.ServiceCPU().Seconds()),
-			fmt.Sprintf("%.0f", float64(m.ServicePeakRSS())/mib)
+		pss, anon := "-", "-"
+		if m.PeakPSS > 0 {
+			pss, anon = fmt.Sprintf("%.0f", float64(m.PeakPSS)/mib), fmt.Sprintf("%.0f", float64(m.PeakAnon)/mib)
+		}
+		return [5]string{fmt.Sprintf("%.1f", m.Wall.Seconds()), fmt.Sprintf("%.1f", m.ServiceCPU().Seconds()),
+			pss, anon, fmt.Sprintf("%.0f", float64(m.ServicePeakRSS())/mib)}
 	case err != nil:
-		return "failed", "", ""
+		return [5]string{"failed"}
 	case expected:
-		return "not run", "", ""
+		return [5]string{"not run"}
 	}
-	return "", "", ""
+	return [5]string{}
 }
 
 // ratioString is a / b to two digits, "-" when b is zero.
@@ -146,6 +161,10 @@ func (t Target) String() string {
 	for _, name := range slices.Sorted(maps.Keys(t.MaxCounters)) {
 		parts = append(parts, fmt.Sprintf("%s ≤ %d", name, t.MaxCounters[name]))
 	}
+	for _, name := range slices.Sorted(maps.Keys(t.CounterRatios)) {
+		ratio(name, t.CounterRatios[name])
+	}
+	ratio("memory per 1,000 sources", t.MemorySlope)
 	if t.MaxP99 > 0 {
 		parts = append(parts, fmt.Sprintf("p99 ≤ %s", t.MaxP99))
 	}
@@ -180,7 +199,25 @@ func (t Target) Met(h, base *Measurement) string {
 			check("CPU", float64(h.ServiceCPU()) <= t.CPU*float64(base.ServiceCPU()))
 		}
 		if t.Memory > 0 {
-			check("memory", float64(h.ServicePeakRSS()) <= t.Memory*float64(base.ServicePeakRSS()))
+			if h.PeakPSS == 0 || base.PeakPSS == 0 {
+				check("memory (PSS not sampled)", false)
+			} else {
+				check("memory", float64(h.PeakPSS) <= t.Memory*float64(base.PeakPSS))
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(t.CounterRatios)) {
+			hn, hok := h.Counters[name]
+			bn, bok := base.Counters[name]
+			check(fmt.Sprintf("%s (%d vs %d)", name, hn, bn), hok && bok && float64(hn) <= t.CounterRatios[name]*float64(bn))
+		}
+		if t.MemorySlope > 0 {
+			hs, hok := h.MemorySlope.Slope()
+			bs, bok := base.MemorySlope.Slope()
+			if hok && bok {
+				check(fmt.Sprintf("memory per 1,000 sources (%.1f vs %.1f MiB)", hs/mib, bs/mib), hs <= t.MemorySlope*bs)
+			} else {
+				check("memory per 1,000 sources (not measured)", false)
+			}
 		}
 	}
 	if t.MaxWall > 0 {
@@ -235,6 +272,9 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 		if u.PeakSinceStart {
 			line += " (peak since process start)"
 		}
+		if u.PeakPSS > 0 {
+			line += fmt.Sprintf(", peak PSS %.0f MiB, peak anon %.0f MiB", float64(u.PeakPSS)/mib, float64(u.PeakAnon)/mib)
+		}
 		switch u.Role {
 		case RoleControlPlane:
 			cp.CPU += u.CPU
@@ -266,6 +306,20 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 		// The CPU time runs a little past the wall time (see settle).
 		fmt.Fprintf(w, "  - machine: %.1f CPU-s busy of %.1f available (%d CPUs x wall); the processes above %.1f, everything else %.1f\n",
 			m.MachineBusy.Seconds(), m.Wall.Seconds()*float64(m.CPUs), m.CPUs, ours.Seconds(), max(0, (m.MachineBusy-ours).Seconds()))
+	}
+	if len(m.MemorySlope) > 0 {
+		fmt.Fprintln(w, "  - memory by Ready sources: "+m.MemorySlope.String())
+	}
+	if s := m.MemorySampling; s != nil && s.Samples > 0 {
+		fmt.Fprintf(w, "  - memory: peak of the sampled sums PSS %.0f MiB, anon %.0f MiB; %d samples every %s, each (every process's smaps_rollup) %s on average, %s at most\n",
+			float64(m.PeakPSS)/mib, float64(m.PeakAnon)/mib, s.Samples, s.Every, s.Mean.Round(10*time.Microsecond), s.Max.Round(10*time.Microsecond))
+	}
+	if n, ok := m.SystemAPIRequests(); ok {
+		var parts []string
+		for _, agent := range slices.Sorted(maps.Keys(m.APIRequestsByAgent)) {
+			parts = append(parts, fmt.Sprintf("%s %d", agent, m.APIRequestsByAgent[agent]))
+		}
+		fmt.Fprintf(w, "  - API server requests (audit log) by user agent: %s; the system's %d\n", strings.Join(parts, ", "), n)
 	}
 	if len(m.APIRequests) > 0 {
 		fmt.Fprintln(w, "  - controller API requests: "+apiRequestsString(m.APIRequests))

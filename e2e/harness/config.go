@@ -104,6 +104,11 @@ type Config struct {
 	// and stopped first; the tests and scenarios that need no
 	// Subscription leave it out.
 	Dispatcher bool
+	// AuditLog makes kube-apiserver write an audit event of every request,
+	// at the Metadata level (who, which user agent, which verb and object,
+	// when; no bodies), to Env.AuditLogPath as JSON lines: the benchmark
+	// counts each system's requests by user agent with it.
+	AuditLog bool
 }
 
 // Check reports every binary or manifest the Env needs that is missing; the

@@ -67,6 +67,8 @@ type Env struct {
 	Git *gitserver.Server
 	// GitRoot holds the served bare repositories.
 	GitRoot string
+	// AuditLogPath is kube-apiserver's audit log, with Config.AuditLog.
+	AuditLogPath string
 
 	controlPlane *envtest.Environment
 	nats         *server.Server
@@ -244,6 +246,11 @@ func (e *Env) startControlPlane() error {
 			return fmt.Errorf("control plane directory: %w", err)
 		}
 	}
+	if c.AuditLog {
+		if err := e.configureAuditLog(kubeDir); err != nil {
+			return err
+		}
+	}
 	e.RESTConfig, err = e.controlPlane.Start()
 	if err != nil {
 		return fmt.Errorf("start control plane (logs in %s): %w", filepath.Join(c.Dir, "logs"), err)
@@ -257,6 +264,33 @@ func (e *Env) startControlPlane() error {
 		return fmt.Errorf("write kubeconfig: %w", err)
 	}
 	c.progress("kube-apiserver is up at " + e.RESTConfig.Host)
+	return nil
+}
+
+// auditPolicy logs every request once it has completed (and a watch once
+// it has started too) at the Metadata level.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+`
+
+// configureAuditLog makes kube-apiserver log every request to
+// Env.AuditLogPath (Config.AuditLog).
+func (e *Env) configureAuditLog(kubeDir string) error {
+	policy := filepath.Join(kubeDir, "audit-policy.yaml")
+	if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+		return fmt.Errorf("audit policy: %w", err)
+	}
+	e.AuditLogPath = filepath.Join(e.Config.Dir, "logs", "kube-apiserver-audit.log")
+	e.controlPlane.ControlPlane.APIServer.Configure().
+		Set("audit-policy-file", policy).
+		Set("audit-log-path", e.AuditLogPath).
+		Set("audit-log-format", "json").
+		// Written as each request completes, so a reader sees every request
+		// of a window that has ended.
+		Set("audit-log-mode", "blocking")
 	return nil
 }
 
