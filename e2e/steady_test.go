@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/headwater-gitops/headwater/e2e/harness"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
@@ -180,4 +181,54 @@ func TestSteadySources(t *testing.T) {
 			t.Error("the stored artifact was dropped from status on a fetch failure")
 		}
 	})
+}
+
+// A new advertised address reaches every steady source at its next
+// reconcile: the artifact-server announces it when it starts.
+func TestSteadySourceAddressChange(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	e := startPrivateEnv(t, "address", func(*harness.Config) {})
+	const name = "steady-address"
+	_, c := e.newRepo(t, name, map[string]string{"deploy/app.yaml": "replicas: 1\n"})
+	obj := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: sourcev1.GitRepositorySpec{URL: e.Git.RepoURL(name), Interval: metav1.Duration{Duration: steadyInterval},
+			Reference: &sourcev1.GitRepositoryRef{Branch: branch}},
+	}
+	if err := e.Client.Create(t.Context(), obj); err != nil {
+		t.Fatal(err)
+	}
+	before := e.waitArtifact(t, name, revision(c)).Status.Artifact
+	if want := "http://" + e.ArtifactAddr + "/"; !strings.HasPrefix(before.URL, want) {
+		t.Fatalf("artifact URL %s, want it under %s", before.URL, want)
+	}
+	// Steady: its reconciles are quiet from now on.
+	time.Sleep(2 * steadyInterval)
+
+	// The same server, advertised under another name.
+	_, port, _ := strings.Cut(e.ArtifactAddr, ":")
+	renamed := "localhost:" + port
+	srv := e.Service(harness.ArtifactServer)
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range srv.Args {
+		if a == "-storage-adv-addr" {
+			srv.Args[i+1] = renamed
+		}
+	}
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	want := "http://" + renamed + "/" + before.Path
+	eventually(t, "artifact URL "+want, func() error {
+		if got := e.get(t, name).Status.Artifact; got.URL != want || got.Digest != before.Digest {
+			return fmt.Errorf("artifact %s %s", got.URL, got.Digest)
+		}
+		return nil
+	})
+	if got := sha256Digest(download(t, want)); got != before.Digest {
+		t.Errorf("the artifact at its new URL has digest %s, want %s", got, before.Digest)
+	}
 }

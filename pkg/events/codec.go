@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -34,11 +35,12 @@ var dataTypes = map[string]func() any{
 	TypeArtifactDeleted:   func() any { return new(Outcome) },
 	TypeHookReceived:      func() any { return new(HookReceived) },
 	TypeDeliveryReported:  func() any { return new(DeliveryReport) },
+	TypeArtifactAddress:   func() any { return new(ArtifactAddress) },
 }
 
 // Message is a decoded bus message: the CloudEvent and its typed data, one of
-// *FetchRequested, *DeleteRequested, *Fetched, *Outcome, *HookReceived or
-// *DeliveryReport.
+// *FetchRequested, *DeleteRequested, *Fetched, *Outcome, *HookReceived,
+// *DeliveryReport or *ArtifactAddress.
 type Message struct {
 	Event cloudevents.Event
 	Data  any
@@ -115,6 +117,12 @@ func JobOf(data any) Job {
 // validate checks what every consumer relies on: a job naming an object,
 // or a report naming a Subscription.
 func validate(data any) error {
+	if a, ok := data.(*ArtifactAddress); ok {
+		if u, err := url.Parse(a.BaseURL); err != nil || u.Host == "" || !strings.HasSuffix(a.BaseURL, "/") {
+			return fmt.Errorf("artifact address %q is not a base URL (http://host/)", a.BaseURL)
+		}
+		return nil
+	}
 	if r, ok := data.(*DeliveryReport); ok {
 		if r.Subscription.Namespace == "" || r.Subscription.Name == "" || r.Subscription.UID == "" {
 			return errors.New("delivery report does not name a subscription")

@@ -398,3 +398,11 @@ type DeadLetter struct {
 	// it never contains credentials.
 	Error string `json:"error"`
 }
+
+// ArtifactAddress is the data of TypeArtifactAddress.
+type ArtifactAddress struct {
+	// BaseURL is what every artifact URL the artifact-server announces
+	// starts with: http://<advertised address>/; an artifact's URL is
+	// BaseURL followed by its path.
+	BaseURL string `json:"baseURL"`
+}

@@ -122,6 +122,7 @@ func sampleData() map[string]any {
 			},
 			Problem: &Failure{Reason: "SecretNotFound", Message: "secret team-a/hmac not found"},
 		},
+		TypeArtifactAddress: &ArtifactAddress{BaseURL: "http://source-controller.flux-system.svc.cluster.local./"},
 	}
 }
 
@@ -146,6 +147,8 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			subject := ObjectSubject(job.Object)
 			if r, ok := data.(*DeliveryReport); ok {
 				id, subject = "dispatcher-7d9f/1", "subscription/"+r.Subscription.Namespace+"/"+r.Subscription.Name
+			} else if _, ok := data.(*ArtifactAddress); ok {
+				id, subject = "artifact-server-7d9f/1", "artifact-server"
 			} else if want := "gitrepository/flux-system/podinfo.v2"; typ != TypeHookReceived && subject != want {
 				t.Fatalf("subject %q, want %q", subject, want)
 			} else if want := "receiver/flux-system/github"; typ == TypeHookReceived && subject != want {
@@ -417,6 +420,7 @@ func TestPublicType(t *testing.T) {
 		{TypeArtifactDeleted, "", false},
 		{TypeHookReceived, "", false},
 		{TypeDeliveryReported, "", false},
+		{TypeArtifactAddress, "", false},
 		{"", "", false},
 		{"io.headwater.job.package.succeeded.v2", "", false},
 	}
@@ -442,8 +446,9 @@ func TestPublicType(t *testing.T) {
 
 func TestJobOf(t *testing.T) {
 	for typ, data := range sampleData() {
-		if _, report := data.(*DeliveryReport); report {
-			continue // names a Subscription, not a job
+		switch data.(type) {
+		case *DeliveryReport, *ArtifactAddress:
+			continue // names a Subscription, or nothing: not a job
 		}
 		if j := JobOf(data); j.ID != testJob().ID {
 			t.Errorf("%s: JobOf = %+v", typ, j)

@@ -65,6 +65,12 @@ type role struct {
 	// buckets are the key-value buckets (Buckets) it alone creates,
 	// reads, writes and watches (the fetchers' FlightBucket).
 	buckets []string
+	// subscribes are the core NATS subjects it subscribes to, besides
+	// its inbox (the watcher's artifact address announcements).
+	subscribes []string
+	// announces are the core NATS subjects it publishes on, whole (the
+	// artifact-server's address announcement).
+	announces []string
 }
 
 // streamConsumer is a durable consumer on a stream.
@@ -77,7 +83,10 @@ func roleOf(identity string) (role, bool) {
 		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, stream: EventStream, consumer: WatcherConsumer,
 			// It also writes the Subscriptions' status from the delivery
 			// reports, and turns the hooks receivers accepted into fetch jobs.
-			also: []streamConsumer{{DeliveryStream, WatcherConsumer}, {HookStream, WatcherConsumer}}}, true
+			also: []streamConsumer{{DeliveryStream, WatcherConsumer}, {HookStream, WatcherConsumer}},
+			// It learns where artifacts are served when an
+			// artifact-server starts.
+			subscribes: []string{ArtifactAddressSubject}}, true
 	case FetcherIdentity:
 		// Its replicas combine fetches of the same content in a bucket.
 		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, stream: FetchStream, consumer: FetcherConsumer,
@@ -85,7 +94,8 @@ func roleOf(identity string) (role, bool) {
 	case PackagerIdentity:
 		return role{publishes: []string{PublishSubjectPrefix}, stream: PackageStream, consumer: PackagerConsumer, readsStream: true}, true
 	case ArtifactServerIdentity:
-		return role{publishes: []string{EventSubjectPrefix}, stream: PublishStream, consumer: ArtifactServerConsumer}, true
+		return role{publishes: []string{EventSubjectPrefix}, stream: PublishStream, consumer: ArtifactServerConsumer,
+			announces: []string{ArtifactAddressSubject}}, true
 	case ReceiverIdentity:
 		// Internet-facing: it consumes nothing and publishes only hooks.
 		return role{publishes: []string{HookSubjectPrefix}}, true
@@ -153,6 +163,7 @@ func Permissions(identity string) (p Permission, ok bool) {
 	for _, prefix := range r.publishes {
 		p.Publish = append(p.Publish, prefix+".>")
 	}
+	p.Publish = append(p.Publish, r.announces...)
 	p.Publish = append(p.Publish, "$JS.API.INFO")
 	for _, s := range Streams(1) {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.INFO."+s.Name, "$JS.API.STREAM.CREATE."+s.Name)
@@ -191,7 +202,7 @@ func Permissions(identity string) (p Permission, ok bool) {
 	for _, b := range r.buckets {
 		p.Publish = append(p.Publish, bucketPermissions(b)...)
 	}
-	p.Subscribe = []string{InboxPrefix(identity) + ".>"}
+	p.Subscribe = append([]string{InboxPrefix(identity) + ".>"}, r.subscribes...)
 	slices.Sort(p.Publish)
 	p.Publish = slices.Compact(p.Publish)
 	return p, true

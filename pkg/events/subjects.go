@@ -24,6 +24,13 @@ const (
 	// SubscriptionSubjectPrefix is the prefix of the subjects the
 	// dispatcher republishes a `nats` Subscription's events on.
 	SubscriptionSubjectPrefix = "headwater.subscriptions"
+	// ControlSubjectPrefix is the prefix of the control messages between
+	// services: core NATS, stored by no stream.
+	ControlSubjectPrefix = "headwater.control"
+	// ArtifactAddressSubject is where an artifact-server tells the
+	// watchers, when it starts, the address it advertises
+	// (TypeArtifactAddress): core NATS, not stored.
+	ArtifactAddressSubject = ControlSubjectPrefix + ".artifact-address.announced"
 )
 
 // DeliverySubject is where the dispatcher reports on a Subscription:

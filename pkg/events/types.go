@@ -74,6 +74,16 @@ const (
 	TypeDeliveryReported = "io.headwater.subscription.delivery.reported.v1"
 )
 
+// Control types: messages between services that carry no job and are not
+// stored (core NATS, ControlSubjectPrefix).
+const (
+	// TypeArtifactAddress is an artifact-server's advertised address,
+	// published on ArtifactAddressSubject when it starts, so that the
+	// watchers learn at once that artifact URLs changed (see
+	// FetchRequested.Quiet). Data: ArtifactAddress.
+	TypeArtifactAddress = "io.headwater.control.artifact-address.v1"
+)
+
 // PublicType maps an internal result type to the public type the
 // artifact-server announces it as; ok is false for types that are not results.
 func PublicType(internal string) (public string, ok bool) {

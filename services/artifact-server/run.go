@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -123,6 +124,11 @@ func announceResults(ctx context.Context, o options, ann *announce.Announcer, on
 		Log:         log.WithName("announce"),
 	}
 	onBus.Up(conn)
+	host, _ := os.Hostname()
+	if err := ann.AnnounceAddress(conn.NC, fmt.Sprintf("%s/%d", host, time.Now().UnixNano())); err != nil {
+		// The watchers learn it from the next artifact announced.
+		log.Error(err, "announcing the advertised address")
+	}
 	log.Info("announcing results", "concurrency", o.concurrency)
 	return worker.Run(ctx)
 }

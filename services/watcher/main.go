@@ -212,6 +212,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	steady := controller.NewSteady(o.announceInterval)
+	if _, err := steady.Listen(conn.NC, log.WithName("steady")); err != nil {
+		return err
+	}
 	triggers := map[string]*controller.Triggers{}
 	for _, kind := range source.Kinds() {
 		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,

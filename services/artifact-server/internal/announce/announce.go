@@ -11,6 +11,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -75,7 +76,7 @@ func (a *Announcer) Public(in *events.Outcome) *events.Outcome {
 	out := *in
 	if in.Artifact != nil {
 		art := *in.Artifact
-		art.URL = "http://" + a.Advertised + "/" + strings.TrimPrefix(art.Path, "/")
+		art.URL = a.BaseURL() + strings.TrimPrefix(art.Path, "/")
 		out.Artifact = &art
 	}
 	return &out
@@ -96,4 +97,27 @@ func (a *Announcer) sendToSink(ctx context.Context, public string, out *events.O
 		return
 	}
 	a.Sink.Send(e)
+}
+
+// BaseURL is what every artifact URL starts with: http://<Advertised>/.
+func (a *Announcer) BaseURL() string { return "http://" + a.Advertised + "/" }
+
+// AnnounceAddress tells the watchers the address this artifact-server
+// advertises (events.TypeArtifactAddress on events.ArtifactAddressSubject,
+// core NATS), so that a watcher learns at once that artifact URLs changed
+// and stops treating sources with the old ones as steady. It is not
+// stored: a watcher that misses it learns the address from the next
+// artifact announced. id identifies this announcement (the replica and
+// its start).
+func (a *Announcer) AnnounceAddress(nc *nats.Conn, id string) error {
+	body, err := events.Encode(a.Service, events.TypeArtifactAddress, id, a.Service, &events.ArtifactAddress{BaseURL: a.BaseURL()})
+	if err != nil {
+		return err
+	}
+	msg := &nats.Msg{Subject: events.ArtifactAddressSubject, Data: body, Header: nats.Header{}}
+	msg.Header.Set("Content-Type", events.ContentType)
+	if err := nc.PublishMsg(msg); err != nil {
+		return fmt.Errorf("announce the artifact address: %w", err)
+	}
+	return nc.Flush()
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"hash/fnv"
 	"strings"
 	"sync"
@@ -8,8 +9,11 @@ import (
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
@@ -27,11 +31,11 @@ const DefaultAnnounceInterval = 10 * time.Minute
 // takes the whole path, which announces artifact.unchanged to subscribers
 // and records Flux's no-change trace Event.
 //
-// The advertised address is learned from the artifacts the artifact-server
-// announces (Learn): until one is seen, after a start, no job is quiet;
-// after the address changes, the first artifact announced with the new
-// one makes every source whose URL has the old one take the whole path at
-// its next reconcile, which rewrites its URL.
+// The advertised address is learned from the address every artifact-server
+// announces when it starts (Listen) and from the artifacts announced
+// (Learn): until one is seen no job is quiet; once the address changes,
+// every source whose URL has the old one takes the whole path at its next
+// reconcile, which rewrites its URL.
 //
 // A nil *Steady makes no job quiet.
 type Steady struct {
@@ -59,13 +63,41 @@ func (s *Steady) Learn(a *meta.Artifact) {
 	if s == nil || a == nil || a.Path == "" {
 		return
 	}
-	base, ok := strings.CutSuffix(a.URL, a.Path)
-	if !ok || base == "" {
+	if base, ok := strings.CutSuffix(a.URL, a.Path); ok {
+		s.learnBase(base)
+	}
+}
+
+// learnBase records base, what artifact URLs start with.
+func (s *Steady) learnBase(base string) {
+	if base == "" {
 		return
 	}
 	if cur := s.base.Load(); cur == nil || *cur != base {
 		s.base.Store(&base)
 	}
+}
+
+// Listen learns the address every artifact-server announces when it
+// starts (events.TypeArtifactAddress), until the subscription returned is
+// unsubscribed or nc closes. A malformed announcement is logged and
+// ignored.
+func (s *Steady) Listen(nc *nats.Conn, log logr.Logger) (*nats.Subscription, error) {
+	sub, err := nc.Subscribe(events.ArtifactAddressSubject, func(m *nats.Msg) {
+		msg, err := events.Decode(m.Data)
+		if err != nil {
+			log.Error(err, "ignoring an artifact address announcement")
+			return
+		}
+		if a, ok := msg.Data.(*events.ArtifactAddress); ok {
+			log.V(1).Info("artifact-server address announced", "baseURL", a.BaseURL)
+			s.learnBase(a.BaseURL)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to %s: %w", events.ArtifactAddressSubject, err)
+	}
+	return sub, nil
 }
 
 // current reports whether a's URL is the one the artifact-server would
