@@ -91,6 +91,26 @@ func build(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
 // memory.
 func buildWith(t *testing.T, components ...string) (*Manifests, map[string]FlagSet) {
 	t.Helper()
+	fsys := memDeploy(t)
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n"
+	for _, c := range components {
+		k += "  - ../deploy/components/" + c + "\n"
+	}
+	if err := fsys.WriteFile("/user/kustomization.yaml", []byte(k)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := BuildFS(fsys, "/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return checkManifests(t, m)
+}
+
+// memDeploy copies deploy/ into an in-memory file system, as /deploy, for
+// a kustomization of a test's own beside it (kustomize takes no absolute
+// paths).
+func memDeploy(t *testing.T) filesys.FileSystem {
+	t.Helper()
 	root := repoRoot(t)
 	fsys := filesys.MakeFsInMemory()
 	err := filepath.WalkDir(filepath.Join(root, "deploy"), func(p string, d fs.DirEntry, err error) error {
@@ -110,18 +130,7 @@ func buildWith(t *testing.T, components ...string) (*Manifests, map[string]FlagS
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n"
-	for _, c := range components {
-		k += "  - ../deploy/components/" + c + "\n"
-	}
-	if err := fsys.WriteFile("/user/kustomization.yaml", []byte(k)); err != nil {
-		t.Fatal(err)
-	}
-	m, err := BuildFS(fsys, "/user")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return checkManifests(t, m)
+	return fsys
 }
 
 func buildAt(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
@@ -136,6 +145,14 @@ func buildAt(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
 // checkManifests runs the checks every rendering must pass.
 func checkManifests(t *testing.T, m *Manifests) (*Manifests, map[string]FlagSet) {
 	t.Helper()
+	return checkManifestsIn(t, m, namespace, true)
+}
+
+// checkManifestsIn runs the checks every rendering must pass, for one
+// installed into ns, which it creates or (a drop-in into Flux's
+// namespace) must not.
+func checkManifestsIn(t *testing.T, m *Manifests, ns string, createsNamespace bool) (*Manifests, map[string]FlagSet) {
+	t.Helper()
 	flags, err := AllServiceFlags(repoRoot(t))
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +162,7 @@ func checkManifests(t *testing.T, m *Manifests) (*Manifests, map[string]FlagSet)
 			t.Error(p)
 		}
 	}
-	for _, p := range CheckReferences(m, namespace, append([]string{s3Secret, natsTLSSecret, natsClientTLSSecret}, natsSecrets...)) {
+	for _, p := range CheckReferences(m, ns, createsNamespace, append([]string{s3Secret, natsTLSSecret, natsClientTLSSecret}, natsSecrets...)) {
 		t.Error(p)
 	}
 	for _, p := range CheckNetworkPolicies(m) {
