@@ -54,6 +54,15 @@ func TestEveryKustomization(t *testing.T) {
 					if len(m.CRDs) == 0 || !m.Has("Job", setupJob) {
 						t.Errorf("installs %d CRDs and Jobs %v: want the CRDs and the setup Job", len(m.CRDs), m.Names("Job"))
 					}
+				} else if e.Name() == "flux-dropin" {
+					// Beside base, still in headwater-system, but a
+					// drop-in leaves the namespace to Flux.
+					f := memDeploy(t)
+					k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n  - ../deploy/components/flux-dropin\n"
+					if err := f.WriteFile("/user/kustomization.yaml", []byte(k)); err != nil {
+						t.Fatal(err)
+					}
+					m, _ = checkManifestsIn(t, render(t, f, "/user").Manifests, namespace, false)
 				} else {
 					m, _ = buildWith(t, e.Name())
 				}
