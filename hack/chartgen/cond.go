@@ -14,6 +14,17 @@ func (s Set) All() bool { return !slices.Contains(s, false) }
 // Empty reports whether s holds no combination.
 func (s Set) Empty() bool { return !slices.Contains(s, true) }
 
+// Count is the number of combinations in s.
+func (s Set) Count() int {
+	n := 0
+	for _, in := range s {
+		if in {
+			n++
+		}
+	}
+	return n
+}
+
 // Union returns s ∪ o.
 func (s Set) Union(o Set) Set {
 	u := make(Set, len(s))

@@ -91,6 +91,10 @@ func Generate(root string) (*Chart, error) {
 		for j, text := range obj.order {
 			variants[j] = Variant{Lines: strings.Split(strings.TrimSuffix(text, "\n"), "\n"), In: obj.variants[text]}
 		}
+		// The longest variant first: with every component its lines are in
+		// the order kustomize appends them, and the others are mostly
+		// subsequences of it, which the merge then keeps as one copy.
+		slices.SortStableFunc(variants, func(a, b Variant) int { return len(b.Lines) - len(a.Lines) })
 		name := path.Join("templates", strings.ToLower(obj.kind)+"-"+obj.name+".yaml")
 		if _, dup := chart.Files[name]; dup {
 			return nil, fmt.Errorf("two objects make %s", name)
