@@ -198,6 +198,11 @@ func TestChartRendersTheKustomizations(t *testing.T) {
 			values: map[string]any{"storage": s3(), "nats": map[string]any{"cluster": on(), "tls": on()}}},
 		{name: "flux-system", dir: "deploy/overlays/flux-system", ns: "flux-system",
 			values: map[string]any{"fluxDropIn": on()}},
+		{name: "rwx+external NATS+receivers+dispatcher",
+			kustomization: "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/overlays/rwx\n" +
+				"components:\n  - ../deploy/components/receivers\n  - ../deploy/components/dispatcher\n  - ../deploy/components/nats-external\n",
+			values: map[string]any{"storage": map[string]any{"type": "directory", "directory": map[string]any{"accessMode": "ReadWriteMany"}},
+				"nats": map[string]any{"external": on()}, "receivers": on(), "dispatcher": on()}},
 		{name: "production+receivers+dispatcher+monitoring",
 			kustomization: "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/overlays/production\n" +
 				"components:\n  - ../deploy/components/receivers\n  - ../deploy/components/dispatcher\n  - ../deploy/components/monitoring\n",
@@ -327,6 +332,9 @@ func TestChartRejectsBadValues(t *testing.T) {
 			[]string{"/storage/type", "minio", "s3", "directory"}},
 		{"s3 without its Secret", map[string]any{"storage": map[string]any{"type": "s3"}},
 			[]string{"storage.s3.existingSecret", "endpoint, bucket, accesskey and secretkey"}},
+		{"external NATS and a bundled cluster", map[string]any{"nats": map[string]any{
+			"external": map[string]any{"enabled": true}, "cluster": map[string]any{"enabled": true}}},
+			[]string{"nats.external.enabled and nats.cluster.enabled are both true"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := helmTemplate(t, Namespace, tc.values)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -21,12 +22,18 @@ type Dimension struct {
 	// Cond is the template condition that holds when the choice has
 	// value v.
 	Cond func(v string) string
+	// Var and Helper, for a choice of more than two values: the template
+	// variable Cond tests, set at the top of the templates that test it
+	// from the helper (templates/_helpers.tpl) that derives the choice
+	// from the values.
+	Var, Helper string
 }
 
-// storageVar is the template variable holding the storage choice, set at
-// the top of every template that tests it (from the helper
-// "headwater.storage").
-const storageVar = "$storage"
+// componentOrder is the order components are added in, whatever the
+// order of the dimensions: the overlays' (production: nats-cluster, then
+// nats-tls), then the optional ones, then those that remove or patch
+// what the others add.
+var componentOrder = []string{"nats-cluster", "nats-tls", "receivers", "dispatcher", "monitoring", "nats-external", "flux-dropin"}
 
 // storageOverlays are the kustomizations the storage choices build on:
 // deploy/ (MinIO) and the overlays.
@@ -46,9 +53,21 @@ var Dimensions = []Dimension{
 		Values:    []string{"minio", "s3", "dir-rwo", "dir-rwx"},
 		Resource:  func(v string) string { return storageOverlays[v] },
 		Component: func(string) string { return "" },
-		Cond:      func(v string) string { return fmt.Sprintf("eq %s %q", storageVar, v) },
+		Cond:      func(v string) string { return fmt.Sprintf("eq $storage %q", v) },
+		Var:       "$storage",
+		Helper:    "headwater.storage",
 	},
-	toggle("nats.cluster", "nats-cluster"),
+	{
+		Name:     "nats",
+		Values:   []string{"bundled", "cluster", "external"},
+		Resource: func(string) string { return "" },
+		Component: func(v string) string {
+			return map[string]string{"cluster": "nats-cluster", "external": "nats-external"}[v]
+		},
+		Cond:   func(v string) string { return fmt.Sprintf("eq $nats %q", v) },
+		Var:    "$nats",
+		Helper: "headwater.nats",
+	},
 	toggle("nats.tls", "nats-tls"),
 	toggle("receivers", "receivers"),
 	toggle("dispatcher", "dispatcher"),
@@ -130,9 +149,15 @@ func (g Grid) Kustomization(c Combo) (string, error) {
 			resource = r
 		}
 		if comp := d.Component(v); comp != "" {
+			if !slices.Contains(componentOrder, comp) {
+				return "", fmt.Errorf("component %s has no place in componentOrder", comp)
+			}
 			components = append(components, comp)
 		}
 	}
+	slices.SortStableFunc(components, func(a, b string) int {
+		return slices.Index(componentOrder, a) - slices.Index(componentOrder, b)
+	})
 	if resource == "" {
 		return "", fmt.Errorf("no choice picks the kustomization of %v", g.Describe(c))
 	}

@@ -9,19 +9,22 @@ import (
 )
 
 // evalCond evaluates a condition of Grid.Cond as a chart template would,
-// for combination c: .Values.<key>.enabled from the toggles, $storage
-// from the storage dimension.
+// for combination c: .Values.<key>.enabled from the toggles, the
+// variables ($storage, $nats) from the dimensions of more values.
 func evalCond(t *testing.T, g Grid, cond string, c Combo) bool {
 	t.Helper()
 	if cond == "" {
 		return true
 	}
 	values := map[string]any{}
-	storage := ""
+	vars := map[string]any{}
+	prelude := ""
 	for k, d := range g.Dims {
 		v := d.Values[c[k]]
-		if d.Name == "storage" {
-			storage = v
+		if d.Var != "" {
+			name := strings.TrimPrefix(d.Var, "$")
+			vars[name] = v
+			prelude += "{{ " + d.Var + " := .Vars." + name + " }}"
 			continue
 		}
 		m := values
@@ -34,12 +37,12 @@ func evalCond(t *testing.T, g Grid, cond string, c Combo) bool {
 		}
 		m[parts[len(parts)-1]] = map[string]any{"enabled": v == "true"}
 	}
-	tmpl, err := template.New("cond").Parse(`{{ $storage := .Storage }}{{ if ` + cond + ` }}yes{{ end }}`)
+	tmpl, err := template.New("cond").Parse(prelude + `{{ if ` + cond + ` }}yes{{ end }}`)
 	if err != nil {
 		t.Fatalf("condition %q: %v", cond, err)
 	}
 	var b strings.Builder
-	if err := tmpl.Execute(&b, map[string]any{"Values": values, "Storage": storage}); err != nil {
+	if err := tmpl.Execute(&b, map[string]any{"Values": values, "Vars": vars}); err != nil {
 		t.Fatalf("condition %q: %v", cond, err)
 	}
 	return b.String() == "yes"

@@ -37,6 +37,24 @@ s3 (required), otherwise the one the setup Job makes for MinIO.
 {{- end -}}
 {{- end -}}
 
+{{- /*
+headwater.nats: the NATS the services use, as hack/chartgen names it:
+bundled (deploy/base), cluster (components/nats-cluster) or external
+(components/nats-external).
+*/ -}}
+{{- define "headwater.nats" -}}
+{{- if .Values.nats.external.enabled -}}
+{{- if .Values.nats.cluster.enabled -}}
+{{- fail "nats.external.enabled and nats.cluster.enabled are both true: the cluster is of the bundled servers, which an external NATS replaces; enable one" -}}
+{{- end -}}
+external
+{{- else if .Values.nats.cluster.enabled -}}
+cluster
+{{- else -}}
+bundled
+{{- end -}}
+{{- end -}}
+
 {{- /* headwater.chart: the value of the label helm.sh/chart. */ -}}
 {{- define "headwater.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
@@ -166,9 +184,18 @@ nats:
   cluster:
     enabled: false
   # TLS with client certificates on every bus connection, from the Secrets
-  # headwater-nats-tls and headwater-nats-client-tls (components/nats-tls).
+  # headwater-nats-tls and headwater-nats-client-tls (components/nats-tls);
+  # with an external NATS, the client certificate only.
   tls:
     enabled: false
+  # An existing NATS JetStream instead of the bundled server
+  # (components/nats-external): every service dials the URL in the key
+  # url of the Secret existingSecret, which you create, as its own user
+  # (its NKey seed in headwater-nats-<identity>, made by the setup Job;
+  # define those users on your server as deploy/base/nats/auth.conf does).
+  external:
+    enabled: false
+    existingSecret: ` + NATSExternalSecret + `
 
 # PodMonitors, alerts and a Grafana dashboard for the Prometheus Operator
 # (components/monitoring).
@@ -244,6 +271,7 @@ func valuesSchema() map[string]any {
 				"resources": resources,
 				"cluster":   toggle,
 				"tls":       toggle,
+				"external":  object(map[string]any{"enabled": boolean, "existingSecret": str}),
 			}),
 			"monitoring": toggle,
 			"fluxDropIn": toggle,

@@ -127,8 +127,10 @@ func Emit(g Grid, variants []Variant) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "{{- /* %s */ -}}\n", header)
 	body := strings.Join(append(slices.Clone(conds), objCond), "\n")
-	if strings.Contains(body, storageVar) {
-		fmt.Fprintf(&b, "{{- %s := include \"headwater.storage\" . -}}\n", storageVar)
+	for _, d := range g.Dims {
+		if d.Var != "" && strings.Contains(body, d.Var) {
+			fmt.Fprintf(&b, "{{- %s := include %q . -}}\n", d.Var, d.Helper)
+		}
 	}
 	if objCond != "" {
 		fmt.Fprintf(&b, "{{- if %s -}}\n", objCond)

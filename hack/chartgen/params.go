@@ -36,6 +36,11 @@ const Namespace = "headwater-system"
 // storage.s3.existingSecret names it when storage.type is s3.
 const S3Secret = "headwater-s3"
 
+// NATSExternalSecret is the Secret of components/nats-external holding
+// the URL of an existing NATS; the chart's nats.external.existingSecret
+// names it.
+const NATSExternalSecret = "headwater-nats-external"
+
 // ArtifactsClaim is components/dir-storage's claim, whose size is
 // storage.directory.size.
 const ArtifactsClaim = "headwater-artifacts"
@@ -208,6 +213,7 @@ func (p *Parameterizer) Template(y string) (string, error) {
 	y = strings.ReplaceAll(y, "{{", `{{"{{"}}`)
 	y = strings.ReplaceAll(y, Namespace, "{{ .Release.Namespace }}")
 	y = s3Secret.ReplaceAllString(y, `{{ include "headwater.s3Secret" . }}$1`)
+	y = strings.ReplaceAll(y, NATSExternalSecret, "{{ .Values.nats.external.existingSecret }}")
 	var err error
 	y = blockToken.ReplaceAllStringFunc(y, func(line string) string {
 		m := blockToken.FindStringSubmatch(line)

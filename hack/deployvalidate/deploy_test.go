@@ -74,6 +74,10 @@ const (
 	natsClientTLSSecret = "headwater-nats-client-tls"
 )
 
+// natsExternalSecret is the Secret of components/nats-external holding the
+// URL of the user's NATS; the user creates it.
+const natsExternalSecret = "headwater-nats-external"
+
 // storageServices are the services that read or write the artifact storage.
 var storageServices = []string{"fetcher", "packager", "artifact-server"}
 
@@ -162,7 +166,7 @@ func checkManifestsIn(t *testing.T, m *Manifests, ns string, createsNamespace bo
 			t.Error(p)
 		}
 	}
-	for _, p := range CheckReferences(m, ns, createsNamespace, append([]string{s3Secret, natsTLSSecret, natsClientTLSSecret}, natsSecrets...)) {
+	for _, p := range CheckReferences(m, ns, createsNamespace, append([]string{s3Secret, natsTLSSecret, natsClientTLSSecret, natsExternalSecret}, natsSecrets...)) {
 		t.Error(p)
 	}
 	for _, p := range CheckNetworkPolicies(m) {
@@ -1200,5 +1204,39 @@ func TestDispatcherComponent(t *testing.T) {
 	d, _ := m.Deployment("dispatcher")
 	if d.Spec.Template.Labels["app.kubernetes.io/part-of"] != "headwater" {
 		t.Error("dispatcher: pods lack app.kubernetes.io/part-of=headwater, so the NetworkPolicy keeps them from NATS")
+	}
+}
+
+// TestNATSExternalComponent checks components/nats-external, with the
+// components that add services of their own: no bundled NATS is left, and
+// every service dials the URL of the Secret headwater-nats-external as
+// its own identity.
+func TestNATSExternalComponent(t *testing.T) {
+	m, _ := buildWith(t, "receivers", "dispatcher", "nats-external")
+	for _, kind := range []string{"StatefulSet", "Service", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"} {
+		for _, name := range m.Names(kind) {
+			if strings.HasPrefix(name, "nats") {
+				t.Errorf("%s %s of the bundled NATS is still installed", kind, name)
+			}
+		}
+	}
+	for _, s := range []string{"watcher", "fetcher", "packager", "artifact-server", "receiver", "dispatcher"} {
+		c, _ := container(t, m, s)
+		var url *corev1.EnvVar
+		for i, e := range c.Env {
+			if e.Name == "HEADWATER_NATS_URL" {
+				url = &c.Env[i]
+			}
+		}
+		switch {
+		case url == nil:
+			t.Errorf("%s: no HEADWATER_NATS_URL", s)
+		case url.Value != "" || url.ValueFrom == nil || url.ValueFrom.SecretKeyRef == nil ||
+			url.ValueFrom.SecretKeyRef.Name != natsExternalSecret || url.ValueFrom.SecretKeyRef.Key != "url":
+			t.Errorf("%s: HEADWATER_NATS_URL is %+v, want the key url of the Secret %s", s, *url, natsExternalSecret)
+		}
+		if _, ok := FlagValue(c, "nats-nkey"); !ok {
+			t.Errorf("%s: no -nats-nkey: it must keep its own identity", s)
+		}
 	}
 }

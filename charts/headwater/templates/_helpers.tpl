@@ -26,6 +26,24 @@ headwater-s3
 {{- end -}}
 {{- end -}}
 
+{{- /*
+headwater.nats: the NATS the services use, as hack/chartgen names it:
+bundled (deploy/base), cluster (components/nats-cluster) or external
+(components/nats-external).
+*/ -}}
+{{- define "headwater.nats" -}}
+{{- if .Values.nats.external.enabled -}}
+{{- if .Values.nats.cluster.enabled -}}
+{{- fail "nats.external.enabled and nats.cluster.enabled are both true: the cluster is of the bundled servers, which an external NATS replaces; enable one" -}}
+{{- end -}}
+external
+{{- else if .Values.nats.cluster.enabled -}}
+cluster
+{{- else -}}
+bundled
+{{- end -}}
+{{- end -}}
+
 {{- /* headwater.chart: the value of the label helm.sh/chart. */ -}}
 {{- define "headwater.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
