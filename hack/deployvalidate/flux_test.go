@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -105,6 +106,7 @@ func TestFluxSystemOverlay(t *testing.T) {
 			if want := "http://notification-controller." + ns + ".svc.cluster.local./"; !ok || Expand(addr, watcher.Env, ns) != want {
 				t.Errorf("watcher -events-addr %q, want it to expand to %q", addr, want)
 			}
+			checkFluxGuard(t, m, watcher, ns)
 		})
 	}
 }
@@ -238,5 +240,33 @@ func checkFluxOwnsItsOwn(t *testing.T, m *Manifests) {
 	}
 	if m.Has("Deployment", "source-controller") {
 		t.Error("has a Deployment source-controller, Flux's name")
+	}
+}
+
+// checkFluxGuard checks that the watcher looks for Flux's source-controller
+// in the namespace it is installed into (and Flux's default), and may: a
+// drop-in applied while Flux's controller runs must wait, not fight it.
+func checkFluxGuard(t *testing.T, m *Manifests, watcher corev1.Container, ns string) {
+	t.Helper()
+	v, ok := FlagValue(watcher, "flux-source-controller-namespaces")
+	namespaces := strings.Split(Expand(v, watcher.Env, ns), ",")
+	if !ok || !slices.Contains(namespaces, ns) || !slices.Contains(namespaces, fluxNamespace) {
+		t.Errorf("watcher -flux-source-controller-namespaces %q expands to %v, want %s and %s", v, namespaces, ns, fluxNamespace)
+	}
+	role, ok := m.ClusterRole("headwater-watcher")
+	if !ok {
+		t.Fatal("no ClusterRole headwater-watcher")
+	}
+	var named bool
+	for _, r := range role.Rules {
+		if matches(r.APIGroups, "apps") && matches(r.Resources, "deployments") {
+			if !slices.Equal(r.Verbs, []string{"get"}) || !slices.Equal(r.ResourceNames, []string{"source-controller"}) {
+				t.Errorf("the watcher may %v Deployments %v; want get of source-controller alone", r.Verbs, r.ResourceNames)
+			}
+			named = true
+		}
+	}
+	if !named {
+		t.Error("the watcher may not get Flux's source-controller Deployment")
 	}
 }
