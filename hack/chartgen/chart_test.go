@@ -59,7 +59,8 @@ func helmTemplate(t *testing.T, ns string, values map[string]any) (map[string]ob
 		if len(o) == 0 {
 			continue
 		}
-		// The labels Helm adds, and nothing else, are left out.
+		// The labels Helm adds (and the CRDs' resource policy, below), and
+		// nothing else, are left out.
 		if md, ok := o["metadata"].(map[string]any); ok {
 			if l, ok := md["labels"].(map[string]any); ok {
 				for name := range HelmLabels {
@@ -71,6 +72,19 @@ func helmTemplate(t *testing.T, ns string, values map[string]any) (map[string]ob
 				if len(l) == 0 {
 					delete(md, "labels")
 				}
+			}
+		}
+		if o["kind"] == "CustomResourceDefinition" {
+			md := o["metadata"].(map[string]any)
+			a, _ := md["annotations"].(map[string]any)
+			for name, v := range CRDAnnotations {
+				if a[name] != v {
+					t.Errorf("%s: annotation %s is %v, want %s", o.key(), name, a[name], v)
+				}
+				delete(a, name)
+			}
+			if a != nil && len(a) == 0 {
+				delete(md, "annotations")
 			}
 		}
 		if _, dup := objs[o.key()]; dup {

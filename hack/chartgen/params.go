@@ -53,6 +53,15 @@ var HelmLabels = map[string]string{
 	"app.kubernetes.io/managed-by": `{{ .Release.Service }}`,
 }
 
+// CRDAnnotations are the annotations the chart adds to every
+// CustomResourceDefinition, beyond what deploy/ renders: `helm uninstall`
+// then keeps the CRDs, and with them every source (as `kubectl delete -k`
+// would not, but a package manager's uninstall should not take the
+// users' objects with it). A comparison ignores them too.
+var CRDAnnotations = map[string]string{
+	"helm.sh/resource-policy": "keep",
+}
+
 // Defaults are the values deploy/ renders, which become values.yaml's
 // defaults: replicas, resources and third-party images by workload key,
 // Headwater's image repository and tag, the artifact volume's size.
@@ -122,6 +131,15 @@ func (p *Parameterizer) Parameterize(o Object) error {
 	}
 	for name, expr := range HelmLabels {
 		labels[name] = p.token("inline", "label."+name, expr)
+	}
+	if o.Kind == "CustomResourceDefinition" {
+		annotations, err := mapAt(o.Map, "metadata", "annotations")
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.Key(), err)
+		}
+		for name, v := range CRDAnnotations {
+			annotations[name] = v
+		}
 	}
 	if o.Kind == "PersistentVolumeClaim" && o.Name == ArtifactsClaim {
 		req, err := mapAt(o.Map, "spec", "resources", "requests")
