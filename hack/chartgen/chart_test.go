@@ -355,6 +355,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 			if err == nil {
 				t.Fatal("rendered; want an error")
 			}
+			t.Logf("helm template: %v", err)
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not say %q", err, w)
