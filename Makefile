@@ -14,7 +14,7 @@ SHELL := /usr/bin/env bash -o pipefail
 SERVICES    := watcher fetcher packager artifact-server receiver dispatcher setup
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
 # Modules outside go.work, built and tested with GOWORK=off.
-HACK_MODULES := hack/deployvalidate hack/imagebuild
+HACK_MODULES := hack/deployvalidate hack/imagebuild hack/chartgen
 BIN_DIR     := $(CURDIR)/bin
 TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
 CRD_DIR     := deploy/crds
@@ -205,7 +205,7 @@ controller-gen:
 ##@ Generate
 
 .PHONY: generate
-generate: manifests ## Generate everything generated (CRDs).
+generate: manifests chart ## Generate everything generated (CRDs, RBAC, the Helm chart).
 
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRDs (from the Flux API modules and pkg/apis), the deepcopy code of pkg/apis, the RBAC (from markers) and NATS's authorization (from pkg/events) into deploy/.
@@ -214,7 +214,7 @@ manifests: controller-gen ## Generate the CRDs (from the Flux API modules and pk
 	cd pkg && $(CONTROLLER_GEN) object paths=./apis/...
 	cd pkg && $(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
 	@$(MAKE) --no-print-directory crds-kustomization
-	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths="{./internal/controller/...,./internal/subscriptions/...}" output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
+	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths="{./internal/controller/...,./internal/subscriptions/...,./internal/fluxguard/...}" output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
 	cd services/fetcher && $(CONTROLLER_GEN) rbac:roleName=headwater-fetcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/fetcher
 	cd services/dispatcher && $(CONTROLLER_GEN) rbac:roleName=headwater-dispatcher paths=./... output:rbac:artifacts:config=$(CURDIR)/deploy/components/dispatcher/rbac
 	@# The receivers component: Flux's Receiver CRD (from the notification-controller API module), the watcher's extra role and the receiver's.
@@ -223,6 +223,14 @@ manifests: controller-gen ## Generate the CRDs (from the Flux API modules and pk
 	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher-receivers paths=./internal/receiver/... output:rbac:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/rbac/watcher
 	cd services/receiver && $(CONTROLLER_GEN) rbac:roleName=headwater-receiver paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/rbac/receiver
 	cd e2e && go run ./cmd/headwater-nats config > $(CURDIR)/deploy/base/nats/auth.conf
+
+# The Helm chart is generated from deploy/ (docs/design.md, "One truth for
+# kustomize and Helm"): hack/chartgen renders every combination of the
+# chart's choices with kustomize and writes templates that render the
+# same; its tests compare the two.
+.PHONY: chart
+chart: ## Generate charts/headwater from deploy/ (hack/chartgen).
+	cd hack/chartgen && GOWORK=off go run . -root $(CURDIR) -out $(CURDIR)/charts/headwater
 
 # deploy/crds/kustomization.yaml lists every generated CRD, so that deploy/
 # and the overlays include the directory (kustomize takes no loose files
@@ -309,7 +317,7 @@ lint: ## gofmt -l (nothing may be listed) and go vet every module.
 	@for m in $(HACK_MODULES); do echo "==> go vet $$m"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done
 
 .PHONY: verify
-verify: manifests ## Check generated files, go.mod tidiness and one dependency resolution.
+verify: manifests chart ## Check generated files (the chart too), go.mod tidiness and one dependency resolution.
 	@hack/verify.sh
 
 .PHONY: clean

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # verify.sh checks what must stay in sync (run by `make verify`, after
-# `make manifests` has regenerated the CRDs):
+# `make manifests` has regenerated the CRDs and `make chart` the chart):
 #   - the generated CRDs, RBAC and NATS authorization (the receivers
-#     component's included) match the committed ones;
+#     component's included) and the Helm chart (charts/headwater, from
+#     deploy/) match the committed ones;
 #   - go.work lists every module of the workspace;
 #   - every module's go.mod and go.sum are tidy;
 #   - every module resolves the shared dependencies to the same versions;
@@ -14,10 +15,10 @@ cd "$(dirname "$0")/.."
 fail=0
 say() { printf '%s\n' "$*" >&2; }
 
-generated="deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/receivers/crd deploy/components/receivers/rbac deploy/components/dispatcher/rbac pkg/apis"
+generated="deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/receivers/crd deploy/components/receivers/rbac deploy/components/dispatcher/rbac pkg/apis charts/headwater"
 # shellcheck disable=SC2086 # a list of paths
 if [ -n "$(git status --porcelain -- $generated)" ]; then
-	say "generated manifests and code ($generated) are out of date: run 'make manifests' and commit the result"
+	say "generated manifests and code ($generated) are out of date: run 'make generate' and commit the result"
 	# shellcheck disable=SC2086
 	git status --porcelain -- $generated >&2
 	fail=1
@@ -43,7 +44,7 @@ for m in "${modules[@]}"; do
 done
 
 # The hack/ modules that build on their own (GOWORK=off) stay tidy too.
-for m in hack/deployvalidate hack/imagebuild; do
+for m in hack/deployvalidate hack/imagebuild hack/chartgen; do
 	if ! (cd "$m" && GOWORK=off go mod tidy -diff >/dev/null 2>&1); then
 		say "$m: go.mod/go.sum are not tidy: run 'cd $m && GOWORK=off go mod tidy'"
 		fail=1

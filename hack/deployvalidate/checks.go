@@ -300,7 +300,10 @@ func addrPort(addr string) (int, error) {
 // namespaces, Service selectors and target ports, ServiceAccounts, volumes'
 // PersistentVolumeClaims, ConfigMaps and Secrets, and RBAC bindings. Secrets
 // named in external exist outside the manifests (created by the user).
-func CheckReferences(m *Manifests, namespace string, external []string) []string {
+// createsNamespace says whether the rendering owns its namespace (deploy/
+// and its overlays) or installs into one that is someone else's (the
+// flux-system of `flux install`), which it then must not create.
+func CheckReferences(m *Manifests, namespace string, createsNamespace bool, external []string) []string {
 	var problems []string
 	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 
@@ -309,8 +312,11 @@ func CheckReferences(m *Manifests, namespace string, external []string) []string
 			report("%s is in namespace %q, want %q", id, ns, namespace)
 		}
 	}
-	if !m.Has("Namespace", namespace) {
+	switch created := m.Has("Namespace", namespace); {
+	case createsNamespace && !created:
 		report("namespace %s is not created", namespace)
+	case !createsNamespace && created:
+		report("namespace %s is created, but it belongs to another installation", namespace)
 	}
 
 	workloads := m.Workloads()

@@ -199,7 +199,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 			for _, w := range m.Workloads() {
 				problems = append(problems, CheckWorkload(w, flags)...)
 			}
-			problems = append(problems, CheckReferences(m, namespace, append([]string{s3Secret}, natsSecrets...))...)
+			problems = append(problems, CheckReferences(m, namespace, true, append([]string{s3Secret}, natsSecrets...))...)
 			problems = append(problems, CheckNetworkPolicies(m)...)
 			for _, p := range problems {
 				if strings.Contains(p, tt.want) {

@@ -74,6 +74,10 @@ const (
 	natsClientTLSSecret = "headwater-nats-client-tls"
 )
 
+// natsExternalSecret is the Secret of components/nats-external holding the
+// URL of the user's NATS; the user creates it.
+const natsExternalSecret = "headwater-nats-external"
+
 // storageServices are the services that read or write the artifact storage.
 var storageServices = []string{"fetcher", "packager", "artifact-server"}
 
@@ -90,6 +94,26 @@ func build(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
 // no absolute paths: the kustomization and a copy of deploy/ live in
 // memory.
 func buildWith(t *testing.T, components ...string) (*Manifests, map[string]FlagSet) {
+	t.Helper()
+	fsys := memDeploy(t)
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n"
+	for _, c := range components {
+		k += "  - ../deploy/components/" + c + "\n"
+	}
+	if err := fsys.WriteFile("/user/kustomization.yaml", []byte(k)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := BuildFS(fsys, "/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return checkManifests(t, m)
+}
+
+// memDeploy copies deploy/ into an in-memory file system, as /deploy, for
+// a kustomization of a test's own beside it (kustomize takes no absolute
+// paths).
+func memDeploy(t *testing.T) filesys.FileSystem {
 	t.Helper()
 	root := repoRoot(t)
 	fsys := filesys.MakeFsInMemory()
@@ -110,18 +134,7 @@ func buildWith(t *testing.T, components ...string) (*Manifests, map[string]FlagS
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n"
-	for _, c := range components {
-		k += "  - ../deploy/components/" + c + "\n"
-	}
-	if err := fsys.WriteFile("/user/kustomization.yaml", []byte(k)); err != nil {
-		t.Fatal(err)
-	}
-	m, err := BuildFS(fsys, "/user")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return checkManifests(t, m)
+	return fsys
 }
 
 func buildAt(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
@@ -136,6 +149,14 @@ func buildAt(t *testing.T, dir string) (*Manifests, map[string]FlagSet) {
 // checkManifests runs the checks every rendering must pass.
 func checkManifests(t *testing.T, m *Manifests) (*Manifests, map[string]FlagSet) {
 	t.Helper()
+	return checkManifestsIn(t, m, namespace, true)
+}
+
+// checkManifestsIn runs the checks every rendering must pass, for one
+// installed into ns, which it creates or (a drop-in into Flux's
+// namespace) must not.
+func checkManifestsIn(t *testing.T, m *Manifests, ns string, createsNamespace bool) (*Manifests, map[string]FlagSet) {
+	t.Helper()
 	flags, err := AllServiceFlags(repoRoot(t))
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +166,7 @@ func checkManifests(t *testing.T, m *Manifests) (*Manifests, map[string]FlagSet)
 			t.Error(p)
 		}
 	}
-	for _, p := range CheckReferences(m, namespace, append([]string{s3Secret, natsTLSSecret, natsClientTLSSecret}, natsSecrets...)) {
+	for _, p := range CheckReferences(m, ns, createsNamespace, append([]string{s3Secret, natsTLSSecret, natsClientTLSSecret, natsExternalSecret}, natsSecrets...)) {
 		t.Error(p)
 	}
 	for _, p := range CheckNetworkPolicies(m) {
@@ -1183,5 +1204,39 @@ func TestDispatcherComponent(t *testing.T) {
 	d, _ := m.Deployment("dispatcher")
 	if d.Spec.Template.Labels["app.kubernetes.io/part-of"] != "headwater" {
 		t.Error("dispatcher: pods lack app.kubernetes.io/part-of=headwater, so the NetworkPolicy keeps them from NATS")
+	}
+}
+
+// TestNATSExternalComponent checks components/nats-external, with the
+// components that add services of their own: no bundled NATS is left, and
+// every service dials the URL of the Secret headwater-nats-external as
+// its own identity.
+func TestNATSExternalComponent(t *testing.T) {
+	m, _ := buildWith(t, "receivers", "dispatcher", "nats-external")
+	for _, kind := range []string{"StatefulSet", "Service", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"} {
+		for _, name := range m.Names(kind) {
+			if strings.HasPrefix(name, "nats") {
+				t.Errorf("%s %s of the bundled NATS is still installed", kind, name)
+			}
+		}
+	}
+	for _, s := range []string{"watcher", "fetcher", "packager", "artifact-server", "receiver", "dispatcher"} {
+		c, _ := container(t, m, s)
+		var url *corev1.EnvVar
+		for i, e := range c.Env {
+			if e.Name == "HEADWATER_NATS_URL" {
+				url = &c.Env[i]
+			}
+		}
+		switch {
+		case url == nil:
+			t.Errorf("%s: no HEADWATER_NATS_URL", s)
+		case url.Value != "" || url.ValueFrom == nil || url.ValueFrom.SecretKeyRef == nil ||
+			url.ValueFrom.SecretKeyRef.Name != natsExternalSecret || url.ValueFrom.SecretKeyRef.Key != "url":
+			t.Errorf("%s: HEADWATER_NATS_URL is %+v, want the key url of the Secret %s", s, *url, natsExternalSecret)
+		}
+		if _, ok := FlagValue(c, "nats-nkey"); !ok {
+			t.Errorf("%s: no -nats-nkey: it must keep its own identity", s)
+		}
 	}
 }

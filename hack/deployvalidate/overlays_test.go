@@ -44,11 +44,25 @@ func TestEveryKustomization(t *testing.T) {
 			t.Run(kind+"/"+e.Name(), func(t *testing.T) {
 				var m *Manifests
 				if kind == "overlays" {
-					m, _ = build(t, filepath.Join("deploy", kind, e.Name()))
+					if e.Name() == fluxOverlay {
+						// Into Flux's namespace, which it must not create.
+						m, _ = checkManifestsIn(t, render(t, memDeploy(t), "/deploy/overlays/"+fluxOverlay).Manifests, fluxNamespace, false)
+					} else {
+						m, _ = build(t, filepath.Join("deploy", kind, e.Name()))
+					}
 					// An overlay is a whole installation.
 					if len(m.CRDs) == 0 || !m.Has("Job", setupJob) {
 						t.Errorf("installs %d CRDs and Jobs %v: want the CRDs and the setup Job", len(m.CRDs), m.Names("Job"))
 					}
+				} else if e.Name() == "flux-dropin" {
+					// Beside base, still in headwater-system, but a
+					// drop-in leaves the namespace to Flux.
+					f := memDeploy(t)
+					k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n  - ../deploy/components/flux-dropin\n"
+					if err := f.WriteFile("/user/kustomization.yaml", []byte(k)); err != nil {
+						t.Fatal(err)
+					}
+					m, _ = checkManifestsIn(t, render(t, f, "/user").Manifests, namespace, false)
 				} else {
 					m, _ = buildWith(t, e.Name())
 				}

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
@@ -31,6 +33,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/fluxguard"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
@@ -64,6 +67,9 @@ type options struct {
 	sourceMetricsInterval time.Duration
 	announceInterval      time.Duration
 	alignRemotes          bool
+	// fluxNamespaces are where Flux's source-controller must not run
+	// (package fluxguard), comma-separated.
+	fluxNamespaces string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -96,6 +102,25 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 			"false spreads each source by -interval-jitter-percentage instead, as Flux.")
 	fs.DurationVar(&o.sourceMetricsInterval, "source-metrics-interval", 30*time.Second,
 		"How often the leader exports every source's Ready condition (headwater_source_condition), from its cache.")
+	fs.StringVar(&o.fluxNamespaces, "flux-source-controller-namespaces", "flux-system",
+		"Namespaces (comma-separated) where Flux's source-controller Deployment must be scaled to 0 before the watcher reconciles: "+
+			"it waits, not ready, until it is, and stops if it runs again. Empty checks none.")
+}
+
+// fluxGuardInterval is how often the watcher looks for Flux's
+// source-controller.
+const fluxGuardInterval = 30 * time.Second
+
+// namespaceList splits a comma-separated list, dropping empty and
+// repeated names.
+func namespaceList(s string) []string {
+	var out []string
+	for _, ns := range strings.Split(s, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" && !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
 }
 
 func main() {
@@ -182,6 +207,12 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("manager: %w", err)
 	}
 
+	// Flux's source-controller must not reconcile the same sources: say
+	// so on /readyz while waiting for it to be scaled to 0 (below).
+	guard := &fluxguard.Guard{Reader: mgr.GetAPIReader(), Namespaces: namespaceList(o.fluxNamespaces),
+		Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
+	ready.Set("flux-source-controller", guard.Ready)
+
 	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err
@@ -267,6 +298,14 @@ func run(ctx context.Context, o options) error {
 		Log:         log.WithName("subscriptions"),
 	}); err != nil {
 		return err
+	}
+	if len(guard.Namespaces) > 0 {
+		if err := guard.Wait(ctx); err != nil {
+			return err
+		}
+		if err := mgr.Add(guard); err != nil {
+			return err
+		}
 	}
 	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
 		"notifications", notifier != nil, "receivers", o.receivers)

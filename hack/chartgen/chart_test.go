@@ -1,0 +1,366 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/lint/support"
+	"helm.sh/helm/v3/pkg/releaseutil"
+	"sigs.k8s.io/yaml"
+)
+
+// root is the repository's root, from this module's directory.
+const root = "../.."
+
+// chartDir is the committed chart the tests check.
+var chartDir = filepath.Join(root, "charts", "headwater")
+
+// object is one rendered resource, normalized for comparison.
+type object map[string]any
+
+func (o object) key() string {
+	md, _ := o["metadata"].(map[string]any)
+	return fmt.Sprintf("%v %v/%v", o["kind"], md["namespace"], md["name"])
+}
+
+// helmTemplate renders the chart as `helm template` does (the values
+// checked against values.schema.json) into release namespace ns.
+func helmTemplate(t *testing.T, ns string, values map[string]any) (map[string]object, error) {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("load %s: %v", chartDir, err)
+	}
+	install := action.NewInstall(&action.Configuration{})
+	install.DryRun = true
+	install.DryRunOption = "true"
+	install.ClientOnly = true
+	install.Replace = true
+	install.ReleaseName = "headwater"
+	install.Namespace = ns
+	install.IncludeCRDs = true
+	rel, err := install.Run(chrt, values)
+	if err != nil {
+		return nil, err
+	}
+	objs := map[string]object{}
+	for _, doc := range releaseutil.SplitManifests(rel.Manifest) {
+		var o object
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatalf("helm template: %v\n%s", err, doc)
+		}
+		if len(o) == 0 {
+			continue
+		}
+		// The labels Helm adds (and the CRDs' resource policy, below), and
+		// nothing else, are left out.
+		if md, ok := o["metadata"].(map[string]any); ok {
+			if l, ok := md["labels"].(map[string]any); ok {
+				for name := range HelmLabels {
+					if _, ok := l[name]; !ok {
+						t.Errorf("%s: no label %s", o.key(), name)
+					}
+					delete(l, name)
+				}
+				if len(l) == 0 {
+					delete(md, "labels")
+				}
+			}
+		}
+		if o["kind"] == "CustomResourceDefinition" {
+			md := o["metadata"].(map[string]any)
+			a, _ := md["annotations"].(map[string]any)
+			for name, v := range CRDAnnotations {
+				if a[name] != v {
+					t.Errorf("%s: annotation %s is %v, want %s", o.key(), name, a[name], v)
+				}
+				delete(a, name)
+			}
+			if a != nil && len(a) == 0 {
+				delete(md, "annotations")
+			}
+		}
+		if _, dup := objs[o.key()]; dup {
+			t.Errorf("helm template renders %s twice", o.key())
+		}
+		objs[o.key()] = o
+	}
+	return objs, nil
+}
+
+// kustomizeBuild renders a kustomization: dir under deploy/ as shipped,
+// or (kustomization != "") one of the test's own beside deploy/. The
+// Namespace is left out: Helm's is the release's (--create-namespace).
+func kustomizeBuild(t *testing.T, dir, kustomization string) map[string]object {
+	t.Helper()
+	r, err := NewRenderer(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []Object
+	if kustomization != "" {
+		objs, err = r.Render(kustomization)
+	} else {
+		objs, err = r.RenderDir("/" + dir)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]object{}
+	for _, o := range objs {
+		if o.Kind == "Namespace" {
+			continue
+		}
+		// Through JSON, so numbers are float64 on both sides.
+		b, err := json.Marshal(o.Map)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n object
+		if err := json.Unmarshal(b, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[n.key()] = n
+	}
+	return out
+}
+
+// compare reports every object one side renders and the other does not,
+// and every object the two render differently, with the lines that
+// differ.
+func compare(t *testing.T, helm, kustomize map[string]object) {
+	t.Helper()
+	var keys []string
+	for k := range kustomize {
+		keys = append(keys, k)
+	}
+	for k := range helm {
+		if _, ok := kustomize[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		h, inHelm := helm[k]
+		c, inKustomize := kustomize[k]
+		switch {
+		case !inHelm:
+			t.Errorf("%s: rendered by kustomize, not by the chart", k)
+		case !inKustomize:
+			t.Errorf("%s: rendered by the chart, not by kustomize", k)
+		case !reflect.DeepEqual(map[string]any(h), map[string]any(c)):
+			hy, _ := yaml.Marshal(h)
+			cy, _ := yaml.Marshal(c)
+			t.Errorf("%s differs (- chart, + kustomize):\n%s", k, lineDiff(string(hy), string(cy)))
+		}
+	}
+	if len(kustomize) == 0 {
+		t.Error("kustomize renders nothing")
+	}
+}
+
+// lineDiff lists the lines only a has (-) and only b has (+), along their
+// longest common subsequence.
+func lineDiff(a, b string) string {
+	merged := Merge([]Variant{
+		{Lines: strings.Split(a, "\n"), In: Set{true, false}},
+		{Lines: strings.Split(b, "\n"), In: Set{false, true}},
+	})
+	var out []string
+	for _, l := range merged {
+		switch {
+		case l.In[0] && l.In[1]:
+		case l.In[0]:
+			out = append(out, "- "+l.Text)
+		default:
+			out = append(out, "+ "+l.Text)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestChartRendersTheKustomizations renders the chart with the values
+// that make each choice of deploy/ and compares every object, whole, with
+// what kustomize renders for it: deploy/, each overlay, and the optional
+// components on top of production.
+func TestChartRendersTheKustomizations(t *testing.T) {
+	// Fresh maps each time: Helm merges the defaults into the values it
+	// is given.
+	s3 := func() map[string]any {
+		return map[string]any{"type": "s3", "s3": map[string]any{"existingSecret": S3Secret}}
+	}
+	on := func() map[string]any { return map[string]any{"enabled": true} }
+	for _, tc := range []struct {
+		name, dir, kustomization string
+		ns                       string
+		values                   map[string]any
+	}{
+		{name: "default", dir: "deploy", values: map[string]any{}},
+		{name: "single-node", dir: "deploy/overlays/single-node",
+			values: map[string]any{"storage": map[string]any{"type": "directory", "directory": map[string]any{"accessMode": "ReadWriteOnce"}}}},
+		{name: "rwx", dir: "deploy/overlays/rwx",
+			values: map[string]any{"storage": map[string]any{"type": "directory", "directory": map[string]any{"accessMode": "ReadWriteMany"}}}},
+		{name: "s3", dir: "deploy/overlays/s3", values: map[string]any{"storage": s3()}},
+		{name: "production", dir: "deploy/overlays/production",
+			values: map[string]any{"storage": s3(), "nats": map[string]any{"cluster": on(), "tls": on()}}},
+		{name: "flux-system", dir: "deploy/overlays/flux-system", ns: "flux-system",
+			values: map[string]any{"fluxDropIn": on()}},
+		{name: "rwx+external NATS+receivers+dispatcher",
+			kustomization: "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/overlays/rwx\n" +
+				"components:\n  - ../deploy/components/receivers\n  - ../deploy/components/dispatcher\n  - ../deploy/components/nats-external\n",
+			values: map[string]any{"storage": map[string]any{"type": "directory", "directory": map[string]any{"accessMode": "ReadWriteMany"}},
+				"nats": map[string]any{"external": on()}, "receivers": on(), "dispatcher": on()}},
+		{name: "production+receivers+dispatcher+monitoring",
+			kustomization: "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/overlays/production\n" +
+				"components:\n  - ../deploy/components/receivers\n  - ../deploy/components/dispatcher\n  - ../deploy/components/monitoring\n",
+			values: map[string]any{"storage": s3(), "nats": map[string]any{"cluster": on(), "tls": on()},
+				"receivers": on(), "dispatcher": on(), "monitoring": on()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := tc.ns
+			if ns == "" {
+				ns = Namespace
+			}
+			lint(t, ns, tc.values)
+			helm, err := helmTemplate(t, ns, tc.values)
+			if err != nil {
+				t.Fatalf("helm template: %v", err)
+			}
+			compare(t, helm, kustomizeBuild(t, tc.dir, tc.kustomization))
+		})
+	}
+}
+
+// lint runs `helm lint` on the chart with values; anything above INFO
+// fails.
+func lint(t *testing.T, ns string, values map[string]any) {
+	t.Helper()
+	l := action.NewLint()
+	l.Namespace = ns
+	res := l.Run([]string{chartDir}, values)
+	for _, err := range res.Errors {
+		t.Errorf("helm lint: %v", err)
+	}
+	for _, m := range res.Messages {
+		if m.Severity > support.InfoSev {
+			t.Errorf("helm lint: %s", m)
+		}
+	}
+}
+
+// TestChartParameters sets every parameter that is not a choice of
+// kustomization (namespace, images, replicas, resources, the S3 Secret,
+// the volume's size) and checks the objects carry them.
+func TestChartParameters(t *testing.T) {
+	// Both requests and limits, whole: Helm merges a default's keys into
+	// a map that leaves them out.
+	res := func() map[string]any {
+		return map[string]any{"requests": map[string]any{"cpu": "1", "memory": "1Gi"}, "limits": map[string]any{"cpu": "2", "memory": "2Gi"}}
+	}
+	values := map[string]any{
+		"image":   map[string]any{"repository": "registry.example.com/hw", "tag": "v9.9.9"},
+		"fetcher": map[string]any{"replicas": 7, "resources": res()},
+		"nats":    map[string]any{"image": "registry.example.com/nats:2", "resources": res()},
+		"storage": map[string]any{"type": "directory", "directory": map[string]any{"accessMode": "ReadWriteMany", "size": "123Gi"}},
+	}
+	objs, err := helmTemplate(t, "gitops", values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, o := range objs {
+		md := o["metadata"].(map[string]any)
+		if ns, ok := md["namespace"]; ok && ns != "gitops" {
+			t.Errorf("%s is in namespace %v", k, ns)
+		}
+		b, _ := json.Marshal(o)
+		if strings.Contains(string(b), Namespace) {
+			t.Errorf("%s names %s", k, Namespace)
+		}
+	}
+	get := func(key string, path ...string) any {
+		var v any = map[string]any(objs[key])
+		for _, p := range path {
+			switch x := v.(type) {
+			case map[string]any:
+				v = x[p]
+			case []any:
+				var i int
+				fmt.Sscan(p, &i)
+				v = x[i]
+			}
+		}
+		return v
+	}
+	fetcher := "Deployment gitops/fetcher"
+	if got := get(fetcher, "spec", "replicas"); got != float64(7) {
+		t.Errorf("fetcher replicas %v, want 7", got)
+	}
+	if got := get(fetcher, "spec", "template", "spec", "containers", "0", "resources"); !reflect.DeepEqual(got, res()) {
+		t.Errorf("fetcher resources %v, want %v", got, res())
+	}
+	if got := get(fetcher, "spec", "template", "spec", "containers", "0", "image"); got != "registry.example.com/hw/fetcher:v9.9.9" {
+		t.Errorf("fetcher image %v", got)
+	}
+	if got := get("StatefulSet gitops/nats", "spec", "template", "spec", "containers", "0", "image"); got != "registry.example.com/nats:2" {
+		t.Errorf("nats image %v", got)
+	}
+	if got := get("PersistentVolumeClaim gitops/"+ArtifactsClaim, "spec", "resources", "requests", "storage"); got != "123Gi" {
+		t.Errorf("claim size %v, want 123Gi", got)
+	}
+	if got := get("Deployment gitops/packager", "spec", "replicas"); got != float64(2) {
+		t.Errorf("packager replicas %v, want the default, 2", got)
+	}
+
+	objs, err = helmTemplate(t, "gitops", map[string]any{"storage": map[string]any{"type": "s3", "s3": map[string]any{"existingSecret": "my-s3"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(objs["Deployment gitops/artifact-server"])
+	if strings.Contains(string(b), S3Secret) || !strings.Contains(string(b), `"name":"my-s3"`) {
+		t.Errorf("artifact-server does not read the S3 settings from my-s3:\n%s", b)
+	}
+}
+
+// TestChartRejectsBadValues checks that a wrong type, an unknown key and
+// S3 storage without its Secret fail at render, saying what is wrong.
+func TestChartRejectsBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   []string
+	}{
+		{"wrong type", map[string]any{"fetcher": map[string]any{"replicas": "three"}},
+			[]string{"/fetcher/replicas", "integer"}},
+		{"unknown key", map[string]any{"fetchers": map[string]any{"replicas": 3}},
+			[]string{"fetchers", "not allowed"}},
+		{"unknown nested key", map[string]any{"storage": map[string]any{"s3": map[string]any{"secret": "x"}}},
+			[]string{"/storage/s3", "secret", "not allowed"}},
+		{"storage type not offered", map[string]any{"storage": map[string]any{"type": "gcs"}},
+			[]string{"/storage/type", "minio", "s3", "directory"}},
+		{"s3 without its Secret", map[string]any{"storage": map[string]any{"type": "s3"}},
+			[]string{"storage.s3.existingSecret", "endpoint, bucket, accesskey and secretkey"}},
+		{"external NATS and a bundled cluster", map[string]any{"nats": map[string]any{
+			"external": map[string]any{"enabled": true}, "cluster": map[string]any{"enabled": true}}},
+			[]string{"nats.external.enabled and nats.cluster.enabled are both true"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := helmTemplate(t, Namespace, tc.values)
+			if err == nil {
+				t.Fatal("rendered; want an error")
+			}
+			t.Logf("helm template: %v", err)
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
