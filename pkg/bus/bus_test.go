@@ -31,7 +31,13 @@ const wait = 15 * time.Second
 // eventually polls cond until it holds or wait has passed.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
+	eventuallyWithin(t, wait, what, cond)
+}
+
+// eventuallyWithin polls cond until it holds or d has passed.
+func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
@@ -422,16 +428,18 @@ func TestWorkerAcksOnSuccess(t *testing.T) {
 	}
 }
 
-// TestWorkerRecordsConsumerState: the worker reads its consumer's state
-// into the consumer gauges: messages taken and not yet acknowledged, then,
-// once they are, none pending and the ack floor at the last one.
+// TestWorkerRecordsConsumerState: the consumer gauges report the worker's
+// consumer as a scrape finds it: messages taken and not yet acknowledged,
+// then, once they are, none pending and the ack floor at the last one (a
+// state is reused for telemetry.ConsumerStateMaxAge, hence the longer
+// waits); once the worker stops, its consumer is no longer reported.
 func TestWorkerRecordsConsumerState(t *testing.T) {
 	b := newTestBus(t)
 	cons := b.consumer(t, "state", events.ConsumerOptions{})
 	reg := prometheus.NewRegistry()
 	release := make(chan struct{})
-	runWorker(t, &bus.Worker{
-		Service: "test", Consumer: cons, Concurrency: 2, ConsumerInfoEvery: 20 * time.Millisecond,
+	stop := runWorker(t, &bus.Worker{
+		Service: "test", Consumer: cons, Concurrency: 2,
 		Metrics: telemetry.NewJobMetrics(reg, "test"),
 		Handler: func(ctx context.Context, _ *events.Message, _ bus.Delivery) error {
 			select {
@@ -458,14 +466,20 @@ func TestWorkerRecordsConsumerState(t *testing.T) {
 		}
 		return -1
 	}
-	eventually(t, "two in flight, one pending", func() bool {
+	eventuallyWithin(t, wait+telemetry.ConsumerStateMaxAge, "two in flight, one pending", func() bool {
 		return gauge("ack_pending_messages") == 2 && gauge("pending_messages") == 1 && gauge("ack_floor_sequence") == 0
 	})
 	close(release)
-	eventually(t, "all acknowledged", func() bool {
+	eventuallyWithin(t, wait+telemetry.ConsumerStateMaxAge, "all acknowledged", func() bool {
 		return gauge("ack_pending_messages") == 0 && gauge("pending_messages") == 0 && gauge("ack_floor_sequence") == 3 &&
 			gauge("redelivered_messages") == 0
 	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if v := gauge("pending_messages"); v != -1 {
+		t.Errorf("a stopped worker's consumer is still reported (pending %v)", v)
+	}
 }
 
 func TestWorkerTerminal(t *testing.T) {
@@ -985,8 +999,9 @@ func TestWorkerReportFailureRetries(t *testing.T) {
 // TestWorkerRejoinsAfterNATSRestart: a work queue's consumer keeps its
 // state in memory, so a NATS server restarted on the same store has the
 // stream and its messages but not the consumer; the worker notices the
-// missing heartbeats, creates its consumer again (Rejoin) and handles the
-// jobs published after the restart. A consumer of a former release, with
+// reconnection (Conn), creates its consumer again (Rejoin) at once, well
+// before two missed heartbeats would tell it, and handles the jobs
+// published after the restart. A consumer of a former release, with
 // its state on disk, is replaced the same way when the service joins.
 func TestWorkerRejoinsAfterNATSRestart(t *testing.T) {
 	store := t.TempDir()
@@ -1024,7 +1039,7 @@ func TestWorkerRejoinsAfterNATSRestart(t *testing.T) {
 
 	var rec recorder
 	runWorker(t, &bus.Worker{
-		Service: "test", Consumer: cons, Rejoin: join, Concurrency: 1,
+		Service: "test", Consumer: cons, Rejoin: join, Conn: conn, Concurrency: 1,
 		Handler: func(_ context.Context, m *events.Message, d bus.Delivery) error {
 			rec.add(m, d)
 			return nil
@@ -1060,8 +1075,8 @@ func TestWorkerRejoinsAfterNATSRestart(t *testing.T) {
 		t.Fatalf("after the restart the consumer is %v, want not found (its state was in memory)", err)
 	}
 	publish("after")
-	// Two missed heartbeats (10 s) after the reconnect, then a join.
-	deadline := time.Now().Add(4 * wait)
+	// At the reconnection, not after two missed heartbeats (a minute).
+	deadline := time.Now().Add(wait)
 	for len(rec.of("after")) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("the job published after the restart was not handled: the consumer was not created again")

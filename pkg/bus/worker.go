@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -77,31 +78,44 @@ type Worker struct {
 	// before the message is settled; a report that fails is retried like a
 	// platform error.
 	Report Reporter
-	// Metrics, when set, records job counts and durations, and the
-	// consumer's state every ConsumerInfoEvery.
+	// Metrics, when set, records job counts and durations, and reports
+	// the consumer's state when Prometheus scrapes
+	// (telemetry.JobMetrics.WatchConsumer): no scrape, no request.
 	Metrics *telemetry.JobMetrics
-	// ConsumerInfoEvery is how often the consumer's state is read for
-	// Metrics; default 15s (one small request to JetStream per replica).
-	ConsumerInfoEvery time.Duration
 	// Log is the worker's logger.
 	Log logr.Logger
 	// Rejoin, when set, creates the consumer again (Conn.Joiner). The
 	// worker calls it when its consumer is gone: a work queue's consumer
 	// keeps its state in memory (events.IsWorkQueue), so a restarted
 	// single NATS server has forgotten it, while the stream kept its
-	// messages. Missing heartbeats tell the worker to look.
+	// messages. A reconnection to NATS (with Conn), a deleted consumer
+	// and missing heartbeats tell the worker to look.
 	Rejoin func(context.Context) (jetstream.Consumer, error)
+	// Conn, when set with Rejoin, is the connection the consumer was
+	// made on: after each reconnection the worker checks its consumer at
+	// once, rather than after two missed heartbeats.
+	Conn *Conn
 
 	mu sync.Mutex // guards consumer and iter once Run has started
 	// consumer and iter are the consumer and the iterator in use, which
 	// rejoin replaces.
 	consumer jetstream.Consumer
 	iter     jetstream.MessagesContext
+	// joining serializes rejoin, which both the pull loop and the
+	// reconnection watch call.
+	joining sync.Mutex
 }
 
 // pullHeartbeat is how often JetStream tells a waiting pull it is alive;
-// two missed in a row make the worker check its consumer.
-const pullHeartbeat = 5 * time.Second
+// two missed in a row make the worker check its consumer. It is a
+// backstop: a restarted NATS server, the usual way to lose a consumer, is
+// noticed at the reconnection (Worker.Conn). Each idle consumer costs one
+// heartbeat per period and one pull request per pullExpiry.
+const pullHeartbeat = 30 * time.Second
+
+// pullExpiry is how long one pull request waits for messages before the
+// worker makes the next; at least twice pullHeartbeat.
+const pullExpiry = 2 * time.Minute
 
 // Run handles messages until ctx is cancelled, then waits for the handlers
 // in flight to finish (their context is cancelled too).
@@ -128,22 +142,33 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if w.Metrics != nil {
+		defer w.Metrics.WatchConsumer(w.consumerState)()
+	}
+	if w.Conn != nil && w.Rejoin != nil {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		wg.Go(func() { w.watchConsumer(wctx) })
+		wg.Go(func() { w.watchReconnects(wctx) })
 	}
 	for {
 		slots <- struct{}{}
 		msg, err := it.Next()
 		if err != nil {
 			<-slots
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+			if ctx.Err() != nil {
 				return nil
 			}
-			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				if next := w.rejoin(ctx); next != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				// A rejoin after a reconnection replaced the iterator;
+				// otherwise the connection is closed.
+				if next := w.current(); next != it {
 					it = next
+					continue
 				}
+				return nil
+			}
+			if errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, jetstream.ErrConsumerDeleted) {
+				w.rejoin(ctx)
+				it = w.current()
 				continue
 			}
 			w.Log.Error(err, "reading from consumer")
@@ -163,9 +188,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
+// current returns the iterator in use.
+func (w *Worker) current() jetstream.MessagesContext {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.iter
+}
+
 // consume starts pulling from cons.
 func (w *Worker) consume(cons jetstream.Consumer) (jetstream.MessagesContext, error) {
-	it, err := cons.Messages(jetstream.PullMaxMessages(max(w.Concurrency, 1)),
+	it, err := cons.Messages(jetstream.PullMaxMessages(max(w.Concurrency, 1)), jetstream.PullExpiry(pullExpiry),
 		jetstream.PullHeartbeat(pullHeartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return nil, fmt.Errorf("%s: consume: %w", w.Service, err)
@@ -173,32 +205,35 @@ func (w *Worker) consume(cons jetstream.Consumer) (jetstream.MessagesContext, er
 	return it, nil
 }
 
-// rejoin checks the consumer after missed heartbeats (NATS restarting, or
-// the worker busy for a while) and, if JetStream no longer knows it and
-// Rejoin is set, creates it again and returns the iterator that replaces
-// the current one; nil when nothing changed.
-func (w *Worker) rejoin(ctx context.Context) jetstream.MessagesContext {
+// rejoin checks the consumer (after a reconnection, missed heartbeats, or
+// the consumer's deletion) and, if JetStream no longer knows it and Rejoin
+// is set, creates it again and makes the iterator pulling from it the
+// current one, stopping the old. It reports whether the check was made: false
+// when JetStream did not answer (it may still be starting).
+func (w *Worker) rejoin(ctx context.Context) bool {
 	if w.Rejoin == nil {
-		return nil
+		return true
 	}
+	w.joining.Lock()
+	defer w.joining.Unlock()
 	w.mu.Lock()
 	cons := w.consumer
 	w.mu.Unlock()
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := cons.Info(ictx); !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil
+		return err == nil || !jetStreamUnavailable(err)
 	}
 	w.Log.Info("consumer lost: creating it again", "consumer", cons.CachedInfo().Name, "stream", cons.CachedInfo().Stream)
 	cons, err := w.Rejoin(ictx)
 	if err != nil {
 		w.Log.Error(err, "creating the lost consumer again; retrying at the next missed heartbeat")
-		return nil
+		return true
 	}
 	it, err := w.consume(cons)
 	if err != nil {
 		w.Log.Error(err, "pulling from the consumer created again")
-		return nil
+		return true
 	}
 	w.mu.Lock()
 	old := w.iter
@@ -209,40 +244,52 @@ func (w *Worker) rejoin(ctx context.Context) jetstream.MessagesContext {
 		// Run is stopping: the drain may have missed the new iterator.
 		it.Drain()
 	}
-	return it
+	return true
 }
 
-// watchConsumer records the consumer's state in Metrics at once, then every
-// ConsumerInfoEvery until ctx ends. A failed read is logged and leaves the
-// last state: the bus being down shows in /readyz.
-func (w *Worker) watchConsumer(ctx context.Context) {
-	every := w.ConsumerInfoEvery
-	if every <= 0 {
-		every = 15 * time.Second
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
+// watchReconnects checks the consumer after each reconnection to NATS
+// until ctx ends: a restarted server has forgotten a work queue's
+// consumer. While JetStream does not answer yet, the check is tried again,
+// 1 s apart doubling up to 5 s, for up to a minute; the missed heartbeats
+// remain the backstop.
+func (w *Worker) watchReconnects(ctx context.Context) {
+	nc := w.Conn.NC
+	ch := nc.StatusChanged(nats.CONNECTED)
+	defer nc.RemoveStatusListener(ch)
 	for {
-		rctx, cancel := context.WithTimeout(ctx, every)
-		w.mu.Lock()
-		cons := w.consumer
-		w.mu.Unlock()
-		info, err := cons.Info(rctx)
-		cancel()
-		switch {
-		case err == nil:
-			w.Metrics.ObserveConsumer(telemetry.ConsumerState{Stream: info.Stream, Consumer: info.Name,
-				Pending: info.NumPending, AckPending: info.NumAckPending, Redelivered: info.NumRedelivered,
-				AckFloor: info.AckFloor.Stream})
-		case ctx.Err() == nil:
-			w.Log.V(1).Info("reading consumer state failed", "error", err)
-		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		}
+		deadline := time.Now().Add(time.Minute)
+		for attempt := uint64(1); !w.rejoin(ctx) && time.Now().Before(deadline); attempt++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(min(Backoff(attempt), maxConnectWait)):
+			}
 		}
 	}
+}
+
+// consumerState reads the state of the consumer in use, for Metrics. A
+// failed read is logged: the bus being down shows in /readyz.
+func (w *Worker) consumerState(ctx context.Context) (telemetry.ConsumerState, error) {
+	w.mu.Lock()
+	cons := w.consumer
+	w.mu.Unlock()
+	info, err := cons.Info(ctx)
+	if err != nil {
+		w.Log.V(1).Info("reading consumer state failed", "error", err)
+		return telemetry.ConsumerState{}, err
+	}
+	return telemetry.ConsumerState{Stream: info.Stream, Consumer: info.Name,
+		Pending: info.NumPending, AckPending: info.NumAckPending, Redelivered: info.NumRedelivered,
+		AckFloor: info.AckFloor.Stream}, nil
 }
 
 // handle decodes, runs the handler with a heartbeat, and settles the message.

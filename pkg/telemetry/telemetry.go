@@ -256,17 +256,17 @@ func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready *Che
 // headwater_jobs_total{service,type,result},
 // headwater_job_duration_seconds{service,type} and
 // headwater_jobs_in_flight{service}; and the state of the service's
-// durable consumer, as JetStream reports it (ObserveConsumer):
-// headwater_consumer_pending_messages, headwater_consumer_ack_pending_messages,
+// durable consumers, as JetStream reports it when Prometheus scrapes
+// (WatchConsumer): headwater_consumer_pending_messages,
+// headwater_consumer_ack_pending_messages,
 // headwater_consumer_redelivered_messages and
 // headwater_consumer_ack_floor_sequence, each {service,stream,consumer}.
 type JobMetrics struct {
-	service  string
-	total    *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	inFlight prometheus.Gauge
-
-	pending, ackPending, redelivered, ackFloor *prometheus.GaugeVec
+	service   string
+	total     *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	inFlight  prometheus.Gauge
+	consumers *consumerCollector
 }
 
 // ConsumerState is what JetStream reports of a durable consumer.
@@ -305,24 +305,18 @@ func NewJobMetrics(reg prometheus.Registerer, service string) *JobMetrics {
 			ConstLabels: prometheus.Labels{"service": service},
 		}),
 	}
-	consumer := func(name, help string) *prometheus.GaugeVec {
-		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help,
-			ConstLabels: prometheus.Labels{"service": service}}, []string{"stream", "consumer"})
-	}
-	m.pending = consumer("consumer_pending_messages", "Messages of the stream the service's durable consumer has not delivered yet (its lag).")
-	m.ackPending = consumer("consumer_ack_pending_messages", "Messages delivered to the service's consumer and not acknowledged yet.")
-	m.redelivered = consumer("consumer_redelivered_messages", "Messages delivered to the service's consumer more than once and not acknowledged yet.")
-	m.ackFloor = consumer("consumer_ack_floor_sequence", "Stream sequence up to which the service's consumer has acknowledged every message.")
-	reg.MustRegister(m.total, m.duration, m.inFlight, m.pending, m.ackPending, m.redelivered, m.ackFloor)
+	m.consumers = newConsumerCollector(service)
+	reg.MustRegister(m.total, m.duration, m.inFlight, m.consumers)
 	return m
 }
 
-// ObserveConsumer records the state of the service's durable consumer.
-func (m *JobMetrics) ObserveConsumer(c ConsumerState) {
-	m.pending.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.Pending))
-	m.ackPending.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.AckPending))
-	m.redelivered.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.Redelivered))
-	m.ackFloor.WithLabelValues(c.Stream, c.Consumer).Set(float64(c.AckFloor))
+// WatchConsumer makes the consumer gauges report the consumer read
+// reads: at each scrape, a state younger than ConsumerStateMaxAge
+// reused, each read bounded by ConsumerReadTimeout, a failed one
+// reporting the last state read. Nothing is read while nobody scrapes.
+// The returned func stops reporting the consumer.
+func (m *JobMetrics) WatchConsumer(read ConsumerReader) (remove func()) {
+	return m.consumers.watch(read)
 }
 
 // Start counts a message as in flight; call the returned func when done.

@@ -118,6 +118,7 @@ func announceResults(ctx context.Context, o options, ann *announce.Announcer, on
 		Service:     service,
 		Consumer:    cons,
 		Rejoin:      join,
+		Conn:        conn,
 		Concurrency: o.concurrency,
 		Handler:     ann.Handle,
 		Metrics:     telemetry.NewJobMetrics(reg, service),

@@ -214,6 +214,7 @@ func run(ctx context.Context, o options) error {
 		Service:     service,
 		Consumer:    consumer,
 		Rejoin:      join,
+		Conn:        conn,
 		Concurrency: o.concurrency,
 		Handler:     handler.Handle,
 		Report:      handler.Report,

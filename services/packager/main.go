@@ -120,6 +120,7 @@ func run(ctx context.Context, o options) error {
 		Service:     service,
 		Consumer:    consumer,
 		Rejoin:      join,
+		Conn:        conn,
 		Concurrency: o.concurrency,
 		Handler:     p.Handle,
 		Report:      p.Report,

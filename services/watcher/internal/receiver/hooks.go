@@ -58,6 +58,7 @@ func (h *Hooks) Start(ctx context.Context) error {
 		Service:     "watcher",
 		Consumer:    cons,
 		Rejoin:      join,
+		Conn:        h.Conn,
 		Concurrency: 4,
 		Handler:     h.handle,
 		Metrics:     h.Metrics,

@@ -60,7 +60,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w := &bus.Worker{Service: "watcher", Consumer: cons, Rejoin: join, Concurrency: c.Concurrency, Handler: c.handle, Metrics: c.Metrics, Log: c.Log}
+	w := &bus.Worker{Service: "watcher", Consumer: cons, Rejoin: join, Conn: c.Conn, Concurrency: c.Concurrency, Handler: c.handle, Metrics: c.Metrics, Log: c.Log}
 	return w.Run(ctx)
 }
 
