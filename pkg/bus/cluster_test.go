@@ -44,14 +44,15 @@ func TestStreamReplicasOnACluster(t *testing.T) {
 		return conn.EnsureStreams(actx) == nil
 	})
 
-	for _, cfg := range events.Streams(3) {
-		s, err := conn.JS.Stream(ctx, cfg.Name)
+	// The watcher makes the streams it uses, each with three copies.
+	for _, name := range events.StreamsOf(events.WatcherIdentity) {
+		s, err := conn.JS.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		info := s.CachedInfo()
 		if info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
-			t.Fatalf("%s: %d replicas, cluster %+v: want a leader and two copies", cfg.Name, info.Config.Replicas, info.Cluster)
+			t.Fatalf("%s: %d replicas, cluster %+v: want a leader and two copies", name, info.Config.Replicas, info.Cluster)
 		}
 	}
 

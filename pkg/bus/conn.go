@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -230,13 +231,14 @@ func (c *Conn) Healthy() error {
 // maxStreamReplicas is the most copies of a stream JetStream keeps.
 const maxStreamReplicas = 5
 
-// EnsureStreams creates every stream of events.Streams that does not exist
-// and updates the one the connection's identity owns (events.StreamOwner),
-// and creates or updates the key-value buckets it owns (events.Buckets).
-// Every service calls it at start-up, so no start order is needed, while
-// only a stream's consumer may change its configuration (its replicas
-// included: raising -nats-stream-replicas on a cluster scales the streams
-// up as their owners restart).
+// EnsureStreams creates the streams the connection's identity publishes to
+// or consumes (events.StreamsOf) that do not exist, updates those it owns
+// (events.StreamOwner), and creates or updates the key-value buckets it
+// owns (events.Buckets). Every service calls it at start-up, so no start
+// order is needed, while only a stream's consumer may change its
+// configuration (its replicas included: raising -nats-stream-replicas on a
+// cluster scales the streams up as their owners restart). A stream no
+// deployed component uses is not made.
 //
 // A JetStream that is not serving yet (a cluster still electing its meta
 // leader, a server that has not enabled JetStream yet) is waited for, with
@@ -247,19 +249,33 @@ func (c *Conn) EnsureStreams(ctx context.Context) error {
 }
 
 func (c *Conn) ensureStreams(ctx context.Context) error {
-	for _, cfg := range events.Streams(c.streamReplicas) {
-		var err error
-		if events.StreamOwner(cfg.Name) == c.identity {
-			_, err = c.JS.CreateOrUpdateStream(ctx, cfg)
-		} else if _, err = c.JS.CreateStream(ctx, cfg); errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			// It exists; its owner keeps its configuration current.
-			err = nil
-		}
-		if err != nil {
-			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+	for _, name := range events.StreamsOf(c.identity) {
+		if err := c.ensureStream(ctx, name); err != nil {
+			return err
 		}
 	}
 	return c.ensureBuckets(ctx)
+}
+
+// ensureStream creates the stream of events.Streams named name if it does
+// not exist, or updates it if the connection's identity owns it.
+func (c *Conn) ensureStream(ctx context.Context, name string) error {
+	i := slices.IndexFunc(events.Streams(c.streamReplicas), func(cfg jetstream.StreamConfig) bool { return cfg.Name == name })
+	if i < 0 {
+		return fmt.Errorf("ensure stream %s: not a Headwater stream", name)
+	}
+	cfg := events.Streams(c.streamReplicas)[i]
+	var err error
+	if events.StreamOwner(cfg.Name) == c.identity {
+		_, err = c.JS.CreateOrUpdateStream(ctx, cfg)
+	} else if _, err = c.JS.CreateStream(ctx, cfg); errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		// It exists; its owner keeps its configuration current.
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+	}
+	return nil
 }
 
 // ensureBuckets creates or updates the key-value buckets of events.Buckets
@@ -307,18 +323,73 @@ func (c *Conn) Joiner(stream, consumer string, o events.ConsumerOptions) func(co
 }
 
 // JoinStream prepares a service's side of the bus: it creates or updates
-// every stream (so services may start in any order) and the service's
-// durable consumer on stream, configured by events.Consumer.
+// the streams it uses (EnsureStreams, so services may start in any order)
+// and stream itself, one of its optional streams included, and the
+// service's durable consumer on stream, configured by events.Consumer.
 func (c *Conn) JoinStream(ctx context.Context, stream, consumer string, o events.ConsumerOptions) (jetstream.Consumer, error) {
 	if err := c.EnsureStreams(ctx); err != nil {
 		return nil, err
 	}
 	var cons jetstream.Consumer
 	err := c.untilJetStream(ctx, func(ctx context.Context) (err error) {
+		if !slices.Contains(events.StreamsOf(c.identity), stream) {
+			if err := c.ensureStream(ctx, stream); err != nil {
+				return err
+			}
+		}
 		cons, err = c.EnsureConsumer(ctx, stream, events.Consumer(stream, consumer, o))
 		return err
 	})
 	return cons, err
+}
+
+// WaitForStream returns once stream exists, or with ctx's error: it looks
+// at once, when JetStream announces the stream's creation
+// (events.StreamCreatedAdvisory), and every recheck (a backstop for an
+// announcement missed while disconnected). A service waits so for an
+// optional stream, made by the component that feeds it, before joining
+// it; while it waits, it costs the bus nothing but the rechecks.
+func (c *Conn) WaitForStream(ctx context.Context, stream string, recheck time.Duration) error {
+	created := make(chan *nats.Msg, 1)
+	sub, err := c.NC.ChanSubscribe(events.StreamCreatedAdvisory(stream), created)
+	if err != nil {
+		return fmt.Errorf("listen for the creation of stream %s: %w", stream, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	t := time.NewTicker(recheck)
+	defer t.Stop()
+	for {
+		// The subscription is in place before the look, so a stream
+		// created in between is announced.
+		found, err := c.streamExists(ctx, sub, stream)
+		if found {
+			return nil
+		}
+		if err != nil && ctx.Err() == nil {
+			c.log.V(1).Info("looking for a stream failed", "stream", stream, "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-created:
+		case <-t.C:
+		}
+	}
+}
+
+// streamExists tells whether stream exists, once the server has the
+// subscription sub.
+func (c *Conn) streamExists(ctx context.Context, sub *nats.Subscription, stream string) (bool, error) {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.NC.FlushWithContext(lctx); err != nil {
+		return false, fmt.Errorf("subscribe to %s: %w", sub.Subject, err)
+	}
+	_, err := c.JS.Stream(lctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // untilJetStream runs fn until it succeeds, fails for another reason than

@@ -3,6 +3,8 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,6 +103,60 @@ func TestServicesWorkWithinTheirPermissions(t *testing.T) {
 			t.Errorf("%s acknowledges: %v", next[f.identity], err)
 		}
 	}
+	// Without a receiver or a dispatcher, their streams are not made.
+	var streams []string
+	names := connectAs(t, url, ids, natsserver.Admin).JS.StreamNames(ctx)
+	for n := range names.Name() {
+		if !strings.HasPrefix(n, "KV_") {
+			streams = append(streams, n)
+		}
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(streams)
+	if want := []string{events.EventStream, events.FetchStream, events.PackageStream, events.PublishStream}; !slices.Equal(streams, want) {
+		t.Errorf("streams %q, want %q", streams, want)
+	}
+}
+
+// TestWatcherWaitsForTheDeliveryStream: the watcher joins the delivery
+// reports' stream only once a dispatcher has made it, told by JetStream's
+// announcement of its creation rather than by looking again.
+func TestWatcherWaitsForTheDeliveryStream(t *testing.T) {
+	url, ids := secureBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	watcher := connectAs(t, url, ids, events.WatcherIdentity)
+	if err := watcher.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	found := make(chan error, 1)
+	go func() { found <- watcher.WaitForStream(ctx, events.DeliveryStream, time.Hour) }()
+	select {
+	case err := <-found:
+		t.Fatalf("WaitForStream returned before any dispatcher made the stream: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	dispatcher := connectAs(t, url, ids, events.DispatcherIdentity)
+	if err := dispatcher.EnsureStreams(ctx); err != nil {
+		t.Fatalf("dispatcher ensures its streams: %v", err)
+	}
+	select {
+	case err := <-found:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream's creation was not noticed (the recheck is an hour away)")
+	}
+	if _, err := watcher.JoinStream(ctx, events.DeliveryStream, events.WatcherConsumer, events.ConsumerOptions{}); err != nil {
+		t.Fatalf("watcher joins %s: %v", events.DeliveryStream, err)
+	}
+	// A stream that exists is found at once.
+	if err := watcher.WaitForStream(ctx, events.DeliveryStream, time.Hour); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestReceiverHooksReachTheWatcher checks the webhook path within the
@@ -171,6 +227,11 @@ func TestBusRefusesWhatAnIdentityMayNotDo(t *testing.T) {
 		{events.FetcherIdentity, "$JS.API.CONSUMER.CREATE." + events.EventStream + "." + events.WatcherConsumer},
 		{events.FetcherIdentity, "$JS.API.STREAM.UPDATE." + events.EventStream},
 		{events.FetcherIdentity, "$JS.API.STREAM.DELETE." + events.FetchStream},
+		// Nor make a stream it does not use, which would cost an idle
+		// bus for a component that is not deployed.
+		{events.FetcherIdentity, "$JS.API.STREAM.CREATE." + events.HookStream},
+		{events.PackagerIdentity, "$JS.API.STREAM.CREATE." + events.DeliveryStream},
+		{events.WatcherIdentity, "$JS.API.STREAM.CREATE." + events.SubscriptionStream},
 		{events.WatcherIdentity, "$JS.API.STREAM.PURGE." + events.EventStream},
 		// The dispatcher forges no public event, job or result, and a
 		// subscriber steals no service's messages.

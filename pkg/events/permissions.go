@@ -1,6 +1,10 @@
 package events
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
 
 // Identities on the bus: every service connects as its own NATS user, and
 // NATS allows each exactly the subjects Permissions lists, so no one else
@@ -54,9 +58,18 @@ type role struct {
 	// readsStream lets it read messages of its stream by sequence (the
 	// packager's janitors list the jobs still waiting).
 	readsStream bool
-	// also are further streams and consumers it consumes (the watcher's
-	// delivery reports); a consumer "*" is any consumer of that stream.
+	// also are further streams and consumers it consumes; a consumer "*"
+	// is any consumer of that stream.
 	also []streamConsumer
+	// optional are streams and consumers it consumes only where the
+	// component that feeds them is deployed (the watcher's hooks and
+	// delivery reports): it creates such a stream when it joins it, not
+	// at start-up (StreamsOf).
+	optional []streamConsumer
+	// awaits are optional streams whose creation it listens for
+	// (StreamCreatedAdvisory): it joins them once their component has
+	// created them.
+	awaits []string
 	// owns is a stream it owns without consuming it.
 	owns string
 	// manages are streams on which it creates, updates and deletes any
@@ -82,8 +95,11 @@ func roleOf(identity string) (role, bool) {
 		// Deletion jobs go to the packagers.
 		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, stream: EventStream, consumer: WatcherConsumer,
 			// It also writes the Subscriptions' status from the delivery
-			// reports, and turns the hooks receivers accepted into fetch jobs.
-			also: []streamConsumer{{DeliveryStream, WatcherConsumer}, {HookStream, WatcherConsumer}},
+			// reports, once a dispatcher has made their stream, and, with
+			// -receivers, turns the hooks receivers accepted into fetch
+			// jobs (see docs/design.md, "The idle baseline").
+			optional: []streamConsumer{{DeliveryStream, WatcherConsumer}, {HookStream, WatcherConsumer}},
+			awaits:   []string{DeliveryStream},
 			// It learns where artifacts are served when an
 			// artifact-server starts.
 			subscribes: []string{ArtifactAddressSubject}}, true
@@ -114,9 +130,10 @@ func roleOf(identity string) (role, bool) {
 }
 
 // StreamOwner returns the identity that owns a stream: the service that
-// consumes it, which alone may update its configuration. Every service may
-// create the streams (CreateStream fails, changing nothing, when a stream
-// exists with another configuration), so services start in any order.
+// consumes it, which alone may update its configuration. Every service
+// that publishes to or consumes a stream may create it (CreateStream
+// fails, changing nothing, when a stream exists with another
+// configuration), so services start in any order.
 func StreamOwner(stream string) string {
 	for _, id := range Identities() {
 		r, _ := roleOf(id)
@@ -126,7 +143,7 @@ func StreamOwner(stream string) string {
 	}
 	for _, id := range Identities() {
 		r, _ := roleOf(id)
-		for _, c := range r.also {
+		for _, c := range slices.Concat(r.also, r.optional) {
 			if c.stream == stream && c.consumer != "*" {
 				return id
 			}
@@ -135,11 +152,56 @@ func StreamOwner(stream string) string {
 	return ""
 }
 
+// StreamsOf returns the names of the streams an identity creates at
+// start-up: those it publishes to and those it consumes, so that a stream
+// exists only where a component that uses it is deployed. The streams it
+// consumes only where their component is deployed (the watcher's hooks
+// and delivery reports) are left out: it creates them when it joins them.
+// An identity that is no service's (a test, a tool) gets every stream.
+func StreamsOf(identity string) []string {
+	r, ok := roleOf(identity)
+	var names []string
+	for _, cfg := range Streams(1) {
+		if !ok || r.uses(cfg) {
+			names = append(names, cfg.Name)
+		}
+	}
+	return names
+}
+
+// uses tells whether the role publishes to or consumes cfg's stream, the
+// optional streams left out.
+func (r role) uses(cfg jetstream.StreamConfig) bool {
+	if r.stream == cfg.Name || r.owns == cfg.Name || slices.Contains(r.manages, cfg.Name) {
+		return true
+	}
+	for _, c := range r.also {
+		if c.stream == cfg.Name {
+			return true
+		}
+	}
+	for _, prefix := range r.publishes {
+		if slices.Contains(cfg.Subjects, prefix+".>") {
+			return true
+		}
+	}
+	return false
+}
+
+// StreamCreatedAdvisory is the subject on which JetStream announces that a
+// stream was created: an identity that awaits an optional stream (the
+// watcher, the dispatcher's delivery reports) listens on it.
+func StreamCreatedAdvisory(stream string) string {
+	return "$JS.EVENT.ADVISORY.STREAM.CREATED." + stream
+}
+
 // Permissions returns what NATS allows an identity: publishing on its
 // subjects, the JetStream API calls its start-up and its worker make
-// (stream info and creation, updating the stream it owns, creating and
-// pulling from its own durable consumer, acknowledging its messages), the
-// key-value buckets it owns, and its own inbox. ok is false for an unknown identity.
+// (info and creation of the streams it uses, its optional ones included,
+// and of no other; updating the stream it owns; creating and pulling from
+// its own durable consumer, acknowledging its messages), the key-value
+// buckets it owns, its own inbox, and the creation advisories of the
+// optional streams it awaits. ok is false for an unknown identity.
 func Permissions(identity string) (p Permission, ok bool) {
 	r, ok := roleOf(identity)
 	if !ok {
@@ -165,13 +227,17 @@ func Permissions(identity string) (p Permission, ok bool) {
 	}
 	p.Publish = append(p.Publish, r.announces...)
 	p.Publish = append(p.Publish, "$JS.API.INFO")
-	for _, s := range Streams(1) {
-		p.Publish = append(p.Publish, "$JS.API.STREAM.INFO."+s.Name, "$JS.API.STREAM.CREATE."+s.Name)
-		if StreamOwner(s.Name) == identity {
-			p.Publish = append(p.Publish, "$JS.API.STREAM.UPDATE."+s.Name)
+	streams := StreamsOf(identity)
+	for _, c := range r.optional {
+		streams = append(streams, c.stream)
+	}
+	for _, s := range streams {
+		p.Publish = append(p.Publish, "$JS.API.STREAM.INFO."+s, "$JS.API.STREAM.CREATE."+s)
+		if StreamOwner(s) == identity {
+			p.Publish = append(p.Publish, "$JS.API.STREAM.UPDATE."+s)
 		}
 	}
-	consumers := r.also
+	consumers := slices.Concat(r.also, r.optional)
 	if r.stream != "" {
 		consumers = append([]streamConsumer{{r.stream, r.consumer}}, consumers...)
 	}
@@ -203,6 +269,9 @@ func Permissions(identity string) (p Permission, ok bool) {
 		p.Publish = append(p.Publish, bucketPermissions(b)...)
 	}
 	p.Subscribe = append([]string{InboxPrefix(identity) + ".>"}, r.subscribes...)
+	for _, s := range r.awaits {
+		p.Subscribe = append(p.Subscribe, StreamCreatedAdvisory(s))
+	}
 	slices.Sort(p.Publish)
 	p.Publish = slices.Compact(p.Publish)
 	return p, true

@@ -8,6 +8,7 @@ package subscriptions
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,7 +36,9 @@ import (
 const reportAttempts = 10
 
 // Consumer applies delivery reports to the Subscriptions' status; a
-// manager Runnable, so only the leader writes.
+// manager Runnable, so only the leader writes. The reports' stream is the
+// dispatcher's to make: until a dispatcher has made it, the consumer
+// waits, with neither a stream nor a consumer on the bus.
 type Consumer struct {
 	// Conn is the watcher's bus connection.
 	Conn *bus.Conn
@@ -48,12 +51,32 @@ type Consumer struct {
 	Metrics *telemetry.JobMetrics
 	// Log is the consumer's logger.
 	Log logr.Logger
+	// Recheck is how often the consumer looks for the reports' stream
+	// while no dispatcher has made it, besides JetStream's announcement
+	// of its creation; default DefaultRecheck.
+	Recheck time.Duration
 }
+
+// DefaultRecheck is Consumer.Recheck's default: a backstop for a stream
+// creation announced while the watcher was disconnected.
+const DefaultRecheck = 5 * time.Minute
 
 var _ manager.Runnable = (*Consumer)(nil)
 
-// Start consumes the reports until ctx ends.
+// Start waits for the reports' stream, then consumes the reports until ctx
+// ends.
 func (c *Consumer) Start(ctx context.Context) error {
+	recheck := c.Recheck
+	if recheck <= 0 {
+		recheck = DefaultRecheck
+	}
+	if err := c.Conn.WaitForStream(ctx, events.DeliveryStream, recheck); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	c.Log.Info("a dispatcher made the delivery reports' stream: consuming it", "stream", events.DeliveryStream)
 	join := c.Conn.Joiner(events.DeliveryStream, events.WatcherConsumer,
 		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), MaxDeliver: reportAttempts})
 	cons, err := join(ctx)

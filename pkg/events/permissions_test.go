@@ -1,0 +1,70 @@
+package events
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestStreamsOf: each service makes at start-up only the streams it
+// publishes to or consumes, so a stream exists only where a component that
+// uses it is deployed; the watcher's optional streams (hooks, delivery
+// reports) are made by their own component, or by the watcher when it
+// joins them.
+func TestStreamsOf(t *testing.T) {
+	for _, tc := range []struct {
+		identity string
+		want     []string
+	}{
+		{WatcherIdentity, []string{FetchStream, PackageStream, EventStream}},
+		{FetcherIdentity, []string{FetchStream, PackageStream, PublishStream}},
+		{PackagerIdentity, []string{PackageStream, PublishStream}},
+		{ArtifactServerIdentity, []string{PublishStream, EventStream}},
+		{ReceiverIdentity, []string{HookStream}},
+		{DispatcherIdentity, []string{DeliveryStream, EventStream, SubscriptionStream}},
+		{SubscriberIdentity, nil},
+		{"a-test", []string{FetchStream, PackageStream, PublishStream, HookStream, DeliveryStream, EventStream, SubscriptionStream}}, // in Streams order
+	} {
+		if got := StreamsOf(tc.identity); !slices.Equal(got, tc.want) {
+			t.Errorf("StreamsOf(%s) = %q, want %q", tc.identity, got, tc.want)
+		}
+	}
+	for _, s := range Streams(1) {
+		if StreamOwner(s.Name) == "" {
+			t.Errorf("stream %s has no owner", s.Name)
+		}
+	}
+	if got := StreamOwner(HookStream); got != WatcherIdentity {
+		t.Errorf("owner of %s: %s, want the watcher", HookStream, got)
+	}
+	if got := StreamOwner(DeliveryStream); got != WatcherIdentity {
+		t.Errorf("owner of %s: %s, want the watcher", DeliveryStream, got)
+	}
+}
+
+// TestPermissionsCoverOnlyUsedStreams: an identity may look up and create
+// the streams it uses (its optional ones included) and no other, and only
+// the watcher listens for the creation of the delivery reports' stream.
+func TestPermissionsCoverOnlyUsedStreams(t *testing.T) {
+	for _, id := range Identities() {
+		p, _ := Permissions(id)
+		var created []string
+		for _, s := range p.Publish {
+			if name, ok := strings.CutPrefix(s, "$JS.API.STREAM.CREATE."); ok && !strings.HasPrefix(name, "KV_") {
+				created = append(created, name)
+			}
+		}
+		want := StreamsOf(id)
+		if id == WatcherIdentity {
+			want = append(want, DeliveryStream, HookStream)
+		}
+		slices.Sort(want)
+		if !slices.Equal(created, want) {
+			t.Errorf("%s may create %q, want %q", id, created, want)
+		}
+		advisory := slices.Contains(p.Subscribe, StreamCreatedAdvisory(DeliveryStream))
+		if advisory != (id == WatcherIdentity) {
+			t.Errorf("%s listens for the delivery stream's creation: %t", id, advisory)
+		}
+	}
+}
