@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -46,70 +48,100 @@ func (m *Metrics) observe(kind string, start time.Time) {
 // gotk_reconcile_condition does:
 // headwater_source_condition{kind,namespace,name,type="Ready",status} is 1
 // for the status the condition has ("Unknown" without one) and absent for
-// the others, and gone once the object is. It reads the informer cache,
-// every Every: no request to the API server. It is a manager Runnable that
-// runs on the leader only, so one replica reports.
+// the others, and gone once the object is. It is a prometheus.Collector
+// that reads the informer cache when Prometheus scrapes, at most once
+// every Every (a scrape sooner gets the last figures), without copying
+// the objects (client.UnsafeDisableDeepCopy): no request to the API server,
+// and no work while nobody scrapes. It is also a manager Runnable that runs
+// on the leader only, so one replica reports: the others export nothing.
 type SourceConditions struct {
 	// Reader is the manager's cached client.
 	Reader client.Reader
 	// Scheme makes the list types of the source kinds.
 	Scheme *runtime.Scheme
-	// Every is how often the cache is read; default 30s.
+	// Every is the least time between two reads of the cache; default 30s.
 	Every time.Duration
 	// Log reports a failed read.
 	Log logr.Logger
 
-	gauge *prometheus.GaugeVec
-	seen  map[[5]string]bool
+	desc    *prometheus.Desc
+	leading atomic.Bool
+	// now is the clock, for the age of the last read.
+	now func() time.Time
+
+	mu     sync.Mutex // held across a read, so concurrent scrapes share it
+	series [][5]string
+	at     time.Time // of the last read; zero before the first
 }
+
+// sourceConditionReadTimeout bounds one read of the cache at a scrape.
+const sourceConditionReadTimeout = 10 * time.Second
 
 // NewSourceConditions registers headwater_source_condition on reg.
 func NewSourceConditions(reg prometheus.Registerer, r client.Reader, scheme *runtime.Scheme, every time.Duration, log logr.Logger) *SourceConditions {
-	s := &SourceConditions{Reader: r, Scheme: scheme, Every: every, Log: log, seen: map[[5]string]bool{},
-		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: telemetry.Namespace, Name: "source_condition",
-			Help: "1 for the status (True, False, Unknown) of each source's Ready condition, as Flux's gotk_reconcile_condition.",
-		}, []string{"kind", "namespace", "name", "type", "status"})}
-	reg.MustRegister(s.gauge)
+	s := &SourceConditions{Reader: r, Scheme: scheme, Every: every, Log: log, now: time.Now,
+		desc: prometheus.NewDesc(prometheus.BuildFQName(telemetry.Namespace, "", "source_condition"),
+			"1 for the status (True, False, Unknown) of each source's Ready condition, as Flux's gotk_reconcile_condition.",
+			[]string{"kind", "namespace", "name", "type", "status"}, nil)}
+	reg.MustRegister(s)
 	return s
 }
 
-// Start records the conditions at once, then every Every until ctx ends.
+// Start makes the collector report while this replica leads, until ctx
+// ends.
 func (s *SourceConditions) Start(ctx context.Context) error {
+	s.leading.Store(true)
+	defer s.leading.Store(false)
+	<-ctx.Done()
+	return nil
+}
+
+// Describe sends the family's description.
+func (s *SourceConditions) Describe(ch chan<- *prometheus.Desc) { ch <- s.desc }
+
+// Collect sends a series per source, read from the cache if the last read
+// is older than Every; a failed read is logged and sends the last one's.
+func (s *SourceConditions) Collect(ch chan<- prometheus.Metric) {
+	if !s.leading.Load() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	every := s.Every
 	if every <= 0 {
 		every = 30 * time.Second
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		if err := s.scan(ctx); err != nil && ctx.Err() == nil {
+	if s.at.IsZero() || s.now().Sub(s.at) >= every {
+		ctx, cancel := context.WithTimeout(context.Background(), sourceConditionReadTimeout)
+		series, err := s.scan(ctx)
+		cancel()
+		if err != nil {
 			s.Log.Error(err, "reading sources for their conditions")
+		} else {
+			s.series, s.at = series, s.now()
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	}
+	for _, l := range s.series {
+		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.GaugeValue, 1, l[:]...)
 	}
 }
 
-// scan sets the gauge from every source in the cache and removes the
-// series of the sources and statuses no longer there.
-func (s *SourceConditions) scan(ctx context.Context) error {
-	now := map[[5]string]bool{}
+// scan returns the labels of every source's series, from the cache.
+func (s *SourceConditions) scan(ctx context.Context) ([][5]string, error) {
+	var series [][5]string
 	for _, kind := range source.Kinds() {
 		gvk := sourcev1.GroupVersion.WithKind(kind.Name + "List")
 		obj, err := s.Scheme.New(gvk)
 		if err != nil {
-			return fmt.Errorf("list type of %s: %w", kind.Name, err)
+			return nil, fmt.Errorf("list type of %s: %w", kind.Name, err)
 		}
 		list, ok := obj.(client.ObjectList)
 		if !ok {
-			return fmt.Errorf("%s is no list", gvk)
+			return nil, fmt.Errorf("%s is no list", gvk)
 		}
-		if err := s.Reader.List(ctx, list); err != nil {
-			return fmt.Errorf("list %s: %w", kind.Name, err)
+		// The objects are the cache's own: read, never written.
+		if err := s.Reader.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, fmt.Errorf("list %s: %w", kind.Name, err)
 		}
 		err = apimeta.EachListItem(list, func(o runtime.Object) error {
 			src, ok := o.(source.Object)
@@ -120,21 +152,12 @@ func (s *SourceConditions) scan(ctx context.Context) error {
 			if c := apimeta.FindStatusCondition(src.GetConditions(), meta.ReadyCondition); c != nil {
 				status = string(c.Status)
 			}
-			now[[5]string{kind.Name, src.GetNamespace(), src.GetName(), meta.ReadyCondition, status}] = true
+			series = append(series, [5]string{kind.Name, src.GetNamespace(), src.GetName(), meta.ReadyCondition, status})
 			return nil
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	for l := range now {
-		s.gauge.WithLabelValues(l[:]...).Set(1)
-	}
-	for l := range s.seen {
-		if !now[l] {
-			s.gauge.DeleteLabelValues(l[:]...)
-		}
-	}
-	s.seen = now
-	return nil
+	return series, nil
 }
