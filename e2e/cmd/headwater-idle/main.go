@@ -38,8 +38,9 @@ import (
 type options struct {
 	binDir, assetsDir, crdDir, receiversCRDDir, dir string
 	settle, window, scrape                          time.Duration
-	receivers, dispatcher                           bool
+	receivers, dispatcher, noServices               bool
 	profileDir                                      string
+	watcherArgs                                     string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -53,6 +54,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.scrape, "scrape", 0, "Scrape every service's /metrics this often during the window (as Prometheus); 0 scrapes none.")
 	fs.BoolVar(&o.receivers, "receivers", false, "Run the webhook receiver, and the watcher with -receivers.")
 	fs.BoolVar(&o.dispatcher, "dispatcher", false, "Run the dispatcher.")
+	fs.BoolVar(&o.noServices, "no-services", false, "Run the control plane and NATS alone: what they cost without Headwater.")
+	fs.StringVar(&o.watcherArgs, "watcher-args", "", "Further arguments of the watcher, space-separated (e.g. -leader-elect=false).")
 	fs.StringVar(&o.profileDir, "profile-dir", "", "Write a CPU profile of each service over the window into this directory.")
 }
 
@@ -97,10 +100,11 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		pprof[s] = "127.0.0.1:" + strconv.Itoa(ports[i])
 		extra[s] = []string{"-pprof-addr", pprof[s]}
 	}
+	extra[harness.Watcher] = append(extra[harness.Watcher], strings.Fields(o.watcherArgs)...)
 	env, err := harness.Start(ctx, harness.Config{
 		Dir: o.dir, BinDir: o.binDir, AssetsDir: o.assetsDir, CRDDir: o.crdDir,
 		ReceiverCRDDir: o.receiversCRDDir, Receivers: o.receivers, Dispatcher: o.dispatcher,
-		NATSBin: filepath.Join(o.binDir, "headwater-nats"), ExtraArgs: extra,
+		NATSBin: filepath.Join(o.binDir, "headwater-nats"), ExtraArgs: extra, NoServices: o.noServices,
 		Progress: func(msg string) { fmt.Fprintln(os.Stderr, "==>", msg) },
 	})
 	if err != nil {
@@ -129,7 +133,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	wctx, cancel := context.WithTimeout(ctx, o.window)
 	defer cancel()
 	var wg sync.WaitGroup
-	if o.profileDir != "" {
+	if o.profileDir != "" && !o.noServices {
 		for _, s := range services {
 			wg.Go(func() {
 				if err := profile(ctx, pprof[s], o.window, filepath.Join(o.profileDir, s+".pprof")); err != nil {
