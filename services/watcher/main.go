@@ -55,6 +55,9 @@ type options struct {
 	healthAddr              string
 	leaderElect             bool
 	leaderElectionNamespace string
+	leaseDuration           time.Duration
+	renewDeadline           time.Duration
+	retryPeriod             time.Duration
 	concurrency             int
 	eventConcurrency        int
 	intervalJitter          float64
@@ -80,6 +83,12 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader among replicas; only the leader reconciles.")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
 		"Namespace of the leader election lease; default: $POD_NAMESPACE, then \"default\".")
+	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 35*time.Second,
+		"How long a standby waits before taking over a lease its leader stopped renewing (a leader that stops cleanly releases it at once); as Flux.")
+	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 30*time.Second,
+		"How long the leader keeps trying to renew its lease before it gives up leading; as Flux.")
+	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 5*time.Second,
+		"How often the leader renews its lease, and a standby tries to take it: each renewal is a write to the API server; as Flux.")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
 	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
 	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux), when -align-remotes is false.")
@@ -202,6 +211,9 @@ func run(ctx context.Context, o options) error {
 		LeaderElectionID:              "headwater-watcher",
 		LeaderElectionNamespace:       ns,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 positive(o.leaseDuration),
+		RenewDeadline:                 positive(o.renewDeadline),
+		RetryPeriod:                   positive(o.retryPeriod),
 	})
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
@@ -310,6 +322,15 @@ func run(ctx context.Context, o options) error {
 	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
 		"notifications", notifier != nil, "receivers", o.receivers)
 	return mgr.Start(ctx)
+}
+
+// positive is &d, or nil (controller-runtime's default) for a d that is
+// not positive.
+func positive(d time.Duration) *time.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return &d
 }
 
 // listenAddr is addr for telemetry.Serve: "0", which turns a
