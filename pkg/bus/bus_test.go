@@ -1075,7 +1075,7 @@ func TestWorkerRejoinsAfterNATSRestart(t *testing.T) {
 		t.Fatalf("after the restart the consumer is %v, want not found (its state was in memory)", err)
 	}
 	publish("after")
-	// At the reconnection, not after two missed heartbeats (a minute).
+	// At the reconnection, not after two missed heartbeats (30 s).
 	deadline := time.Now().Add(wait)
 	for len(rec.of("after")) != 1 {
 		if time.Now().After(deadline) {

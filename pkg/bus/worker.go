@@ -109,13 +109,19 @@ type Worker struct {
 // pullHeartbeat is how often JetStream tells a waiting pull it is alive;
 // two missed in a row make the worker check its consumer. It is a
 // backstop: a restarted NATS server, the usual way to lose a consumer, is
-// noticed at the reconnection (Worker.Conn). Each idle consumer costs one
-// heartbeat per period and one pull request per pullExpiry.
-const pullHeartbeat = 30 * time.Second
+// noticed at the reconnection (Worker.Conn). It is the longest nats.go
+// allows for a pull request of pullExpiry: an idle consumer costs a
+// heartbeat every 15 s and a pull request every 30 s.
+const pullHeartbeat = 15 * time.Second
 
 // pullExpiry is how long one pull request waits for messages before the
-// worker makes the next; at least twice pullHeartbeat.
-const pullExpiry = 2 * time.Minute
+// worker makes the next (nats.go's default). Longer would save a request
+// a minute per idle consumer, but a pull request outlives a worker that
+// is killed for as long as anyone on the server has interest in its reply
+// subject (a subscriber to ">", as the e2e tests' bus tap): the messages
+// handed to it wait out their AckWait, so a longer pull would delay jobs
+// after a crash for longer.
+const pullExpiry = 30 * time.Second
 
 // Run handles messages until ctx is cancelled, then waits for the handlers
 // in flight to finish (their context is cancelled too).
