@@ -120,6 +120,10 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return ctx.Err()
 	}
 
+	// The API requests the services made, by method, from client-go's
+	// counter (read before the window opens and after it closes: a scrape
+	// reads the consumers' state, which would count in the window).
+	api0 := apiRequests(ctx, env)
 	procs := children(os.Getpid())
 	cpu0 := cpuOf(procs)
 	varz0, err := varz(ctx, monitor)
@@ -175,6 +179,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	wg.Wait()
+	api1 := apiRequests(ctx, env)
 
 	secs := o.window.Seconds()
 	fmt.Fprintf(out, "window %s, settle %s, receivers %t, dispatcher %t, scrapes %d\n", o.window, o.settle, o.receivers, o.dispatcher, scrapes)
@@ -194,6 +199,9 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	in, outm := varz1.InMsgs-varz0.InMsgs, varz1.OutMsgs-varz0.OutMsgs
 	fmt.Fprintf(out, "nats: in %d msgs (%.2f/s), out %d msgs (%.2f/s), streams %d, consumers %d\n",
 		in, float64(in)/secs, outm, float64(outm)/secs, varz1.Streams, varz1.Consumers)
+	for _, key := range sortedKeys(api1) {
+		fmt.Fprintf(out, "api requests %-30s %6.0f\n", key, api1[key]-api0[key])
+	}
 	for _, name := range sortedKeys(conns1) {
 		c1, c0 := conns1[name], conns0[name]
 		fmt.Fprintf(out, "  %-28s in %6d out %6d (subscriptions %d)\n", name, c1.InMsgs-c0.InMsgs, c1.OutMsgs-c0.OutMsgs, c1.NumSubs)
@@ -363,6 +371,44 @@ func profile(ctx context.Context, addr string, d time.Duration, path string) err
 		return err
 	}
 	return f.Close()
+}
+
+// apiRequests sums rest_client_requests_total by service and method over
+// the services that serve it (those with a Kubernetes client).
+func apiRequests(ctx context.Context, env *harness.Env) map[string]float64 {
+	m := map[string]float64{}
+	for _, s := range env.Services() {
+		if s.TelemetryAddr == "" {
+			continue
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.TelemetryAddr+"/metrics", nil)
+		if err != nil {
+			continue
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.HasPrefix(line, "rest_client_requests_total{") {
+				continue
+			}
+			i := strings.Index(line, `method="`)
+			j := strings.LastIndexByte(line, ' ')
+			if i < 0 || j < 0 {
+				continue
+			}
+			method := line[i+len(`method="`):]
+			method = method[:strings.IndexByte(method, '"')]
+			v, err := strconv.ParseFloat(line[j+1:], 64)
+			if err == nil {
+				m[s.Name+" "+method] += v
+			}
+		}
+	}
+	return m
 }
 
 // scrapeOnce reads a service's /metrics and discards it.
