@@ -30,7 +30,22 @@ import (
 )
 
 // ns is where every overlay installs Headwater.
-const ns = "headwater-system"
+// ns is the namespace Headwater is installed in: the default install's,
+// or, for the duration of a test that installs elsewhere, that one's
+// (useNamespace). Tests of this package run one at a time.
+var ns = "headwater-system"
+
+// useNamespace installs into name for the rest of the test: it creates
+// the namespace, as a user of an overlay without a Namespace object
+// would, and restores the default when the test ends, after its
+// uninstall.
+func useNamespace(t *testing.T, name string) {
+	t.Helper()
+	old := ns
+	ns = name
+	t.Cleanup(func() { ns = old })
+	ensureNamespace(t, name)
+}
 
 // eventually polls check every interval until it returns nil, failing t
 // with the last error after timeout.
@@ -129,6 +144,11 @@ func uninstall(t *testing.T, dir string) {
 	}
 	if out, err := env.c.Kubectl(ctx, "delete", "-k", deployPath(dir), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
 		t.Errorf("uninstall %s: %v\n%s", dir, err, out)
+	}
+	// An overlay that installs into a namespace it does not own (Flux's
+	// flux-system) leaves the namespace: the test made it, and removes it.
+	if err := env.c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("uninstall %s: delete namespace %s: %v", dir, ns, err)
 	}
 	err := poll(ctx, 5*time.Minute, func(ctx context.Context) error {
 		if _, err := env.c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {

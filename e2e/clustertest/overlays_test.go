@@ -35,6 +35,9 @@ func TestOverlays(t *testing.T) {
 		{"overlays/rwx", nil},
 		{"overlays/s3", nil}, // its Secret comes late: see missingS3Secret
 		{"overlays/production", func(t *testing.T) { s3Secret(t); natsTLSSecrets(t) }},
+		// Flux's namespace, which `flux install` made: the artifacts are
+		// served as Flux's source-controller serves them.
+		{"overlays/flux-system", nil},
 		{"", componentsInstall},
 	} {
 		name := o.dir
@@ -43,6 +46,9 @@ func TestOverlays(t *testing.T) {
 		}
 		t.Run(strings.ReplaceAll(name, "/", "-"), func(t *testing.T) {
 			dir := o.dir
+			if dir == "overlays/flux-system" {
+				fluxInstalled(t)
+			}
 			if o.prepare != nil {
 				ensureNamespace(t, ns)
 				o.prepare(t)
@@ -60,6 +66,9 @@ func TestOverlays(t *testing.T) {
 			_, head := newRepo(t, repo, map[string]string{"app.yaml": repo + "\n"})
 			gitRepository(t, cl, "default", repo, repo, time.Minute)
 			gr := readyAt(t, cl, "default", repo, head, 3*time.Minute)
+			if want := "http://source-controller." + ns + ".svc.cluster.local./"; !strings.HasPrefix(gr.Status.Artifact.URL, want) {
+				t.Errorf("artifact URL %s, want it under %s", gr.Status.Artifact.URL, want)
+			}
 			download(t, gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
 		})
 	}
@@ -215,4 +224,19 @@ func randomText(n int) string {
 	b := make([]byte, n*3/4)
 	_, _ = rand.Read(b)
 	return base64.StdEncoding.EncodeToString(b)
+}
+
+// fluxInstalled makes what `flux install` leaves for the flux-system
+// overlay: the namespace flux-system and Flux's source CRDs (the overlay
+// installs neither; Headwater's deploy/crds are generated from the same
+// API module), removed when the test ends.
+func fluxInstalled(t *testing.T) {
+	t.Helper()
+	useNamespace(t, "flux-system")
+	kubectl(t, "apply", "-k", deployPath("crds"))
+	t.Cleanup(func() {
+		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("crds"), "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
+			t.Errorf("delete the CRDs: %v\n%s", err, out)
+		}
+	})
 }
