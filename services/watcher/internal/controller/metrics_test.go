@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -12,10 +10,8 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 // TestSourceConditionsReadOnScrape: headwater_source_condition is read
@@ -23,26 +19,7 @@ import (
 // leader, at most once every Every (a gather sooner gets the last read),
 // and follows a source's Ready status until the source is gone.
 func TestSourceConditionsReadOnScrape(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
-	}
-	testEnv := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "..", "..", "deploy", "crds")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := testEnv.Start()
-	if err != nil {
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = testEnv.Stop() })
-	scheme := runtime.NewScheme()
-	if err := sourcev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, scheme, c := controlPlane(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	informers, err := cache.New(cfg, cache.Options{Scheme: scheme})
