@@ -126,11 +126,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	api0 := apiRequests(ctx, env)
 	procs := children(os.Getpid())
 	cpu0 := cpuOf(procs)
-	varz0, err := varz(ctx, monitor)
-	if err != nil {
-		return err
-	}
-	conns0, err := connz(ctx, monitor)
+	varz0, conns0, err := natsState(ctx, monitor)
 	if err != nil {
 		return err
 	}
@@ -170,11 +166,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return ctx.Err()
 	}
 	cpu1 := cpuOf(procs)
-	varz1, err := varz(ctx, monitor)
-	if err != nil {
-		return err
-	}
-	conns1, err := connz(ctx, monitor)
+	varz1, conns1, err := natsState(ctx, monitor)
 	if err != nil {
 		return err
 	}
@@ -286,6 +278,17 @@ type varzInfo struct {
 	OutMsgs   int64 `json:"out_msgs"`
 	Streams   int   `json:"streams"`
 	Consumers int   `json:"consumers"`
+}
+
+// natsState reads NATS's counters and its connections from the
+// monitoring address, as the window opens or closes.
+func natsState(ctx context.Context, addr string) (varzInfo, map[string]connInfo, error) {
+	v, err := varz(ctx, addr)
+	if err != nil {
+		return v, nil, err
+	}
+	c, err := connz(ctx, addr)
+	return v, c, err
 }
 
 func varz(ctx context.Context, addr string) (v varzInfo, err error) {
