@@ -1,13 +1,16 @@
 # syntax=docker/dockerfile:1
 #
-# One image per Headwater service, built from the go.work workspace:
+# The headwater image, every Headwater service in one binary, built from
+# the go.work workspace:
 #
-#   docker build --build-arg SERVICE=fetcher -t headwater/fetcher:dev \
+#   docker build -t headwater/headwater:dev \
 #     --build-arg VERSION="$(git describe --tags --always --dirty)" \
 #     --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
 #
-# SERVICE is one of watcher, fetcher, packager, artifact-server, receiver,
+#   docker run headwater/headwater:dev -target=fetcher [fetcher flags]
+#
+# -target is one of watcher, fetcher, packager, artifact-server, receiver,
 # dispatcher and setup (the install-time Job of deploy/base). VERSION,
 # REVISION and BUILD_DATE (optional; .git is not sent to the build) are
 # stamped into the binary, which reports them on -version, in its start-up
@@ -26,7 +29,6 @@
 ARG GO_VERSION=1.26
 
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
-ARG SERVICE
 ARG TARGETOS
 ARG TARGETARCH
 WORKDIR /src
@@ -43,6 +45,7 @@ COPY services/artifact-server/go.mod services/artifact-server/go.sum services/ar
 COPY services/receiver/go.mod services/receiver/go.sum services/receiver/
 COPY services/dispatcher/go.mod services/dispatcher/go.sum services/dispatcher/
 COPY services/setup/go.mod services/setup/go.sum services/setup/
+COPY cmd/headwater/go.mod cmd/headwater/go.sum cmd/headwater/
 COPY e2e/go.mod e2e/go.sum e2e/
 COPY hack/imagebuild/go.mod hack/imagebuild/go.sum hack/imagebuild/
 RUN --mount=type=cache,target=/go/pkg/mod \
@@ -50,17 +53,12 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     cd hack/imagebuild && GOWORK=off go mod download
 
 COPY . .
-RUN case "${SERVICE}" in \
-      watcher|fetcher|packager|artifact-server|receiver|dispatcher|setup) ;; \
-      *) echo "build arg SERVICE must be watcher, fetcher, packager, artifact-server, receiver, dispatcher or setup (got '${SERVICE}')" >&2; exit 1 ;; \
-    esac
-# Declared here, not above: a new version or date rebuilds only this step.
 ARG VERSION
 ARG REVISION
 ARG BUILD_DATE
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    cd "services/${SERVICE}" && \
+    cd cmd/headwater && \
     bi=github.com/headwater-gitops/headwater/pkg/buildinfo && \
     CGO_ENABLED=0 GOOS="${TARGETOS}" GOARCH="${TARGETARCH}" \
       go build -trimpath -buildvcs=false -o /out/headwater \
@@ -71,12 +69,11 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     cd hack/imagebuild && GOWORK=off go run . -base-dir /out/base
 
 FROM scratch
-ARG SERVICE
 ARG VERSION
 ARG REVISION
 ARG BUILD_DATE
-LABEL org.opencontainers.image.title="headwater-${SERVICE}" \
-      org.opencontainers.image.description="Headwater ${SERVICE}: a horizontally scalable Flux source-controller" \
+LABEL org.opencontainers.image.title="headwater" \
+      org.opencontainers.image.description="Headwater, every service in one image (-target picks one): a horizontally scalable Flux source-controller" \
       org.opencontainers.image.source="https://github.com/headwater-gitops/headwater" \
       org.opencontainers.image.url="https://github.com/headwater-gitops/headwater" \
       org.opencontainers.image.version="${VERSION}" \

@@ -12,7 +12,7 @@ SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
 SERVICES    := watcher fetcher packager artifact-server receiver dispatcher setup
-MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) e2e
+MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) cmd/headwater e2e
 # Modules outside go.work, built and tested with GOWORK=off.
 HACK_MODULES := hack/deployvalidate hack/imagebuild hack/chartgen
 BIN_DIR     := $(CURDIR)/bin
@@ -87,7 +87,6 @@ LDFLAGS    := $(call buildinfo_ldflags,$(BUILD_DATE))
 # them there as well (REGISTRY_INSECURE=1 for plain HTTP).
 IMAGE_REGISTRY    ?= ghcr.io/headwater-gitops
 IMAGE_TAG         ?= v0.1.0
-IMAGES_SERVICES   ?= $(SERVICES)
 PLATFORMS         ?=
 REGISTRY          ?=
 REGISTRY_INSECURE ?=
@@ -121,45 +120,44 @@ run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C st
 ##@ Build
 
 .PHONY: build
-build: ## Build the services as their images do (static, stripped, stamped with VERSION, REVISION, BUILD_DATE), the local runner and headwater-nats into bin/.
+build: ## Build headwater, every service in one binary, as the image does (static, stripped, stamped with VERSION, REVISION, BUILD_DATE), a link to it per service, the local runner and headwater-nats into bin/.
 	@mkdir -p $(BIN_DIR)
 	@echo "==> version $(VERSION), revision $(REVISION)"
-	@for s in $(SERVICES); do \
-		echo "==> building $$s"; \
-		(cd services/$$s && CGO_ENABLED=0 go build -trimpath -ldflags '$(STRIP) $(LDFLAGS)' -o $(BIN_DIR)/$$s .) || exit 1; \
-	done
+	@echo "==> building headwater ($(SERVICES))"
+	@cd cmd/headwater && CGO_ENABLED=0 go build -trimpath -ldflags '$(STRIP) $(LDFLAGS)' -o $(BIN_DIR)/headwater .
+	@# bin/<service> runs the role it is named after (what the tests and
+	@# headwater-local start), from the one file, as on a node.
+	@for s in $(SERVICES); do ln -f $(BIN_DIR)/headwater $(BIN_DIR)/$$s; done
 	@echo "==> building headwater-local and headwater-nats"
 	@cd e2e && go build -trimpath -o $(BIN_DIR)/headwater-local ./cmd/headwater-local
 	@cd e2e && CGO_ENABLED=0 go build -trimpath -ldflags '$(STRIP)' -o $(BIN_DIR)/headwater-nats ./cmd/headwater-nats
 
 .PHONY: images
-images: ## Build every service's image for PLATFORMS (linux/amd64,linux/arm64) into the OCI layout bin/images/oci, as IMAGE_REGISTRY/<service>:IMAGE_TAG; REGISTRY=host:port/path pushes them too.
+images: ## Build the headwater image (every service; -target picks one) for PLATFORMS (linux/amd64,linux/arm64) into the OCI layout bin/images/oci, as IMAGE_REGISTRY/headwater:IMAGE_TAG; REGISTRY=host:port/path pushes it too.
 	@$(call build_images,$(or $(PLATFORMS),linux/amd64$(comma)linux/arm64),-layout $(IMAGES_DIR)/oci $(if $(REGISTRY),-push $(REGISTRY)) $(if $(REGISTRY_INSECURE),-insecure),)
 
 .PHONY: image-archive
-image-archive: $(if $(THIRD_PARTY),minio nats-server coredns) ## Write bin/images/headwater-images.tar for `ctr images import`: the services and (THIRD_PARTY=1) NATS, MinIO, pause and CoreDNS, for PLATFORMS (linux/amd64).
+image-archive: $(if $(THIRD_PARTY),minio nats-server coredns) ## Write bin/images/headwater-images.tar for `ctr images import`: headwater and (THIRD_PARTY=1) NATS, MinIO, pause and CoreDNS, for PLATFORMS (linux/amd64).
 	@$(call build_images,$(or $(PLATFORMS),linux/amd64),-archive $(IMAGE_ARCHIVE),$(THIRD_PARTY))
 
 comma := ,
 # build_images <platforms> <imagebuild output flags> <third party?>:
-# cross-compiles the services (and the pause program) for each platform
-# into bin/<os>_<arch>/ with the flags of `make build` and the build date of
+# cross-compiles headwater (and the pause program) for each platform into
+# bin/<os>_<arch>/ with the flags of `make build` and the build date of
 # SOURCE_DATE_EPOCH, then assembles the images.
 define build_images
 	set -e; mkdir -p $(IMAGES_DIR); \
 	echo "==> images $(IMAGE_TAG), version $(VERSION), revision $(REVISION), SOURCE_DATE_EPOCH $(SOURCE_DATE_EPOCH), platforms $(1)"; \
 	for p in $(subst $(comma), ,$(1)); do \
 		os=$${p%%/*}; arch=$${p#*/}; arch=$${arch%%/*}; \
-		for s in $(IMAGES_SERVICES); do \
-			echo "==> building $$s for $$os/$$arch"; \
-			(cd services/$$s && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags '$(STRIP) $(IMAGE_LDFLAGS)' -o $(BIN_DIR)/$${os}_$$arch/$$s .); \
-		done; \
+		echo "==> building headwater for $$os/$$arch"; \
+		(cd cmd/headwater && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags '$(STRIP) $(IMAGE_LDFLAGS)' -o $(BIN_DIR)/$${os}_$$arch/headwater .); \
 		$(if $(3),(cd hack/imagebuild && GOWORK=off CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags '-s -w' -o $(BIN_DIR)/$${os}_$$arch/pause ./pause);) \
 	done; \
 	(cd hack/imagebuild && GOWORK=off go build -trimpath -o $(BIN_DIR)/imagebuild .); \
 	$(BIN_DIR)/imagebuild -platforms $(1) -source-date-epoch $(SOURCE_DATE_EPOCH) \
 		-version '$(VERSION)' -revision '$(REVISION)' -registry $(IMAGE_REGISTRY) -tag $(IMAGE_TAG) \
-		$(foreach s,$(IMAGES_SERVICES),-service $(s)=$(BIN_DIR)/{os}_{arch}/$(s)) \
+		-service headwater=$(BIN_DIR)/{os}_{arch}/headwater \
 		$(if $(3),$(foreach i,$(THIRD_PARTY_IMAGES),-third-party '$(i)')) $(2)
 endef
 

@@ -7,7 +7,8 @@
 #   - go.work lists every module of the workspace;
 #   - every module's go.mod and go.sum are tidy;
 #   - every module resolves the shared dependencies to the same versions;
-#   - no service binary links a NATS server or the testsupport module;
+#   - no service binary (nor headwater, which is all of them) links a NATS
+#     server, the testsupport module or Helm's and kubectl's heavy packages;
 #   - the JSON Schemas (docs/schemas) and wire format golden files
 #     (pkg/events/testdata/wire) match the event structs.
 set -euo pipefail
@@ -72,7 +73,7 @@ done
 heavy='^(k8s\.io/kubectl|helm\.sh/helm/v3/pkg/(repo|getter|action|kube|cli))(/|$)'
 forbidden='^(github\.com/nats-io/nats-server/v2|github\.com/headwater-gitops/headwater/testsupport)(/|$)'
 for m in "${modules[@]}"; do
-	[[ $m == services/* ]] || continue
+	[[ $m == services/* || $m == cmd/headwater ]] || continue
 	if ! deps=$(cd "$m" && go list -deps . 2>&1); then
 		say "$m: go list -deps failed:"
 		say "$deps"

@@ -21,10 +21,10 @@ import (
 func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository) {
 	ctx := context.Background()
 	t.Run("missing image", func(t *testing.T) {
-		kubectl(t, "-n", ns, "set", "image", "deployment/packager", "packager=ghcr.io/headwater-gitops/packager:v0.0.0-missing")
+		kubectl(t, "-n", ns, "set", "image", "deployment/packager", "packager=ghcr.io/headwater-gitops/headwater:v0.0.0-missing")
 		defer undo(t, "packager")
 		p := waitPodWaiting(t, "packager", "ErrImagePull", "ImagePullBackOff")
-		ev := waitEvent(t, p.Name, "Failed", "ghcr.io/headwater-gitops/packager:v0.0.0-missing")
+		ev := waitEvent(t, p.Name, "Failed", "ghcr.io/headwater-gitops/headwater:v0.0.0-missing")
 		t.Logf("kubectl get pods: %s %s; Event Failed: %s", p.Name, waiting(&p), ev.Message)
 		// The old pod keeps serving: the rollout is stuck, not down.
 		if len(readyPods(t, "packager")) == 0 {
@@ -33,7 +33,7 @@ func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository
 	})
 	t.Run("bad flag", func(t *testing.T) {
 		kubectl(t, "-n", ns, "patch", "deployment/fetcher", "--type=json",
-			"-p", `[{"op":"add","path":"/spec/template/spec/containers/0/args","value":["-no-such-flag"]}]`)
+			"-p", `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"-no-such-flag"}]`)
 		defer undo(t, "fetcher")
 		p := waitPodWaiting(t, "fetcher", "CrashLoopBackOff")
 		logs := podLogs(t, p.Name, true)

@@ -305,7 +305,7 @@ func TestChartParameters(t *testing.T) {
 	if got := get(fetcher, "spec", "template", "spec", "containers", "0", "resources"); !reflect.DeepEqual(got, res()) {
 		t.Errorf("fetcher resources %v, want %v", got, res())
 	}
-	if got := get(fetcher, "spec", "template", "spec", "containers", "0", "image"); got != "registry.example.com/hw/fetcher:v9.9.9" {
+	if got := get(fetcher, "spec", "template", "spec", "containers", "0", "image"); got != "registry.example.com/hw/headwater:v9.9.9" {
 		t.Errorf("fetcher image %v", got)
 	}
 	if got := get("StatefulSet gitops/nats", "spec", "template", "spec", "containers", "0", "image"); got != "registry.example.com/nats:2" {

@@ -105,7 +105,8 @@ func valuesYAML(d Defaults) ([]byte, error) {
 # --create-namespace (and label it pod-security.kubernetes.io/enforce:
 # restricted, as deploy/base does).
 
-# Headwater's images: <repository>/<service>:<tag>.
+# Headwater's image, every service in one (each Deployment's -target picks
+# its own): <repository>/headwater:<tag>.
 image:
 `)
 	fmt.Fprintf(&b, "  repository: %s\n  tag: %s\n", d.Repository, d.Tag)

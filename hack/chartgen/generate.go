@@ -158,9 +158,9 @@ func Emit(g Grid, variants []Variant) string {
 	return b.String()
 }
 
-// headwaterImages reads the repository and tag of Headwater's images from
-// deploy/base/kustomization.yaml (the watcher's entry; every service has
-// the same).
+// headwaterImages reads the repository and tag of Headwater's image from
+// deploy/base/kustomization.yaml (its entry headwater/headwater; every
+// service runs it).
 func headwaterImages(root string) (repository, tag string, err error) {
 	b, err := os.ReadFile(filepath.Join(root, "deploy", "base", "kustomization.yaml"))
 	if err != nil {
@@ -177,11 +177,11 @@ func headwaterImages(root string) (repository, tag string, err error) {
 		return "", "", fmt.Errorf("deploy/base/kustomization.yaml: %w", err)
 	}
 	for _, im := range k.Images {
-		if im.Name == "headwater/watcher" {
+		if im.Name == "headwater/headwater" {
 			return path.Dir(im.NewName), im.NewTag, nil
 		}
 	}
-	return "", "", fmt.Errorf("deploy/base/kustomization.yaml sets no image for headwater/watcher")
+	return "", "", fmt.Errorf("deploy/base/kustomization.yaml sets no image for headwater/headwater")
 }
 
 // Write writes the chart into dir, removing whatever else is there.

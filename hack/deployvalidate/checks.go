@@ -189,14 +189,20 @@ func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]b
 	if !ok {
 		return append(problems, fmt.Sprintf("no flags known for service %s", service))
 	}
-	if !strings.Contains(c.Image, service) {
-		report("image %q is not the %s image", c.Image, service)
+	if !strings.Contains(c.Image, "headwater") {
+		report("image %q is not the headwater image", c.Image)
 	}
 	if len(c.Command) > 0 {
 		report("overrides the image's entrypoint with %v", c.Command)
 	}
 	problems = append(problems, CheckEnv(service, fs, names)...)
 	args := c.Args
+	// The image holds every service: the first argument picks this one.
+	if target := "-target=" + service; len(args) == 0 || args[0] != target {
+		report("args %q do not start with %s (the headwater image runs the service -target names)", args, target)
+	} else {
+		args = args[1:]
+	}
 	if slices.Contains(Commands, service) && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		// A command's first argument names what it does (setup ensure).
 		args = args[1:]

@@ -139,6 +139,12 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"undocumented image", func(m *Manifests) {
 			containerOf(m, "fetcher").Image = "headwater/fetcher:dev"
 		}, `image "headwater/fetcher:dev" is none of the documented`},
+		{"the image's role not picked", func(m *Manifests) {
+			containerOf(m, "fetcher").Args = nil
+		}, `args [] do not start with -target=fetcher`},
+		{"another role picked", func(m *Manifests) {
+			containerOf(m, "packager").Args = []string{"-target=fetcher"}
+		}, `args ["-target=fetcher"] do not start with -target=packager`},
 		{"image pulled every start", func(m *Manifests) {
 			containerOf(m, "watcher").ImagePullPolicy = corev1.PullAlways
 		}, `imagePullPolicy "Always", want IfNotPresent`},

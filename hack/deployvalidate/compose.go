@@ -37,8 +37,9 @@ func LoadCompose(ctx context.Context, root string, env []string) (*types.Project
 }
 
 // CheckComposeService checks that a compose service running a Headwater
-// service sets only HEADWATER_* variables and arguments that name its flags,
-// and does not replace the image's entrypoint.
+// service picks it with -target (its command's first argument), sets only
+// HEADWATER_* variables and arguments that name its flags, and does not
+// replace the image's entrypoint.
 func CheckComposeService(s types.ServiceConfig, service string, flags FlagSet) []string {
 	var names []string
 	for n := range s.Environment {
@@ -46,7 +47,13 @@ func CheckComposeService(s types.ServiceConfig, service string, flags FlagSet) [
 	}
 	slices.Sort(names)
 	problems := CheckEnv("compose "+s.Name, flags, names)
-	problems = append(problems, CheckArgs("compose "+s.Name, flags, s.Command)...)
+	args := []string(s.Command)
+	if target := "-target=" + service; len(args) == 0 || args[0] != target {
+		problems = append(problems, fmt.Sprintf("compose %s: command %q does not start with %s", s.Name, args, target))
+	} else {
+		args = args[1:]
+	}
+	problems = append(problems, CheckArgs("compose "+s.Name, flags, args)...)
 	if len(s.Entrypoint) > 0 {
 		problems = append(problems, fmt.Sprintf("compose %s: overrides the entrypoint with %v", s.Name, []string(s.Entrypoint)))
 	}

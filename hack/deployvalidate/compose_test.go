@@ -94,11 +94,6 @@ func TestCompose(t *testing.T) {
 			t.Errorf("%s: not built", name)
 			continue
 		}
-		if arg := s.Build.Args["SERVICE"]; arg == nil {
-			t.Errorf("%s: no build arg SERVICE", name)
-		} else if *arg != name {
-			t.Errorf("%s: build arg SERVICE = %q, want %q", name, *arg, name)
-		}
 		if s.Build.Context != root {
 			t.Errorf("%s: build context %s, want the repository root %s", name, s.Build.Context, root)
 		}
@@ -109,8 +104,8 @@ func TestCompose(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(s.Build.Context, dockerfile)); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
-		if !strings.Contains(s.Image, name) {
-			t.Errorf("%s: image %q", name, s.Image)
+		if s.Image != "headwater/headwater:dev" {
+			t.Errorf("%s: image %q, want the one image headwater/headwater:dev", name, s.Image)
 		}
 		if s.User != "65532:65532" || !s.ReadOnly {
 			t.Errorf("%s: user %q, read_only %v: want the image's non-root user and a read-only root", name, s.User, s.ReadOnly)
@@ -199,7 +194,7 @@ func checkKubeconfig(t *testing.T, s types.ServiceConfig, source string) {
 
 // TestDockerfile checks the Dockerfile against the workspace: every module
 // of go.work is copied before `go mod download` (the workspace does not load
-// otherwise), the build arg picks the service, the build information is
+// otherwise), headwater is built (every service: -target picks one), the build information is
 // stamped, and the image is static, non-root and built on the base files
 // `make images` uses.
 func TestDockerfile(t *testing.T) {
@@ -234,10 +229,10 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"ARG SERVICE",
 		"CGO_ENABLED=0",
 		"-trimpath",
-		`cd "services/${SERVICE}"`,
+		// One image: headwater, every service in one binary.
+		"cd cmd/headwater",
 		// The build information -version and headwater_build_info report.
 		"ARG VERSION",
 		"github.com/headwater-gitops/headwater/pkg/buildinfo",
@@ -254,9 +249,9 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("Dockerfile: no %q", want)
 		}
 	}
-	for _, s := range append(Services, OptionalServices...) {
+	for _, s := range slices.Concat(Services, OptionalServices, Commands) {
 		if !strings.Contains(text, s) {
-			t.Errorf("Dockerfile: SERVICE=%s is not accepted", s)
+			t.Errorf("Dockerfile: -target %s is not documented", s)
 		}
 	}
 

@@ -88,13 +88,14 @@ func ParseFlags(file, src string) FlagSet {
 }
 
 // ServiceFlags returns the flags service registers: those in the
-// non-test Go files of services/<service> (its main package) and in every
-// repository package that main package imports directly (pkg/bus,
-// pkg/storage, services/<service>/internal/..., ...). Packages imported
+// non-test Go files of services/<service>/role (what its main package and
+// headwater -target=<service> run) and in every repository package that
+// package imports directly (pkg/bus, pkg/storage,
+// services/<service>/internal/..., ...). Packages imported
 // only indirectly are not read: flags are bound from main through option
 // structs, as the house style asks.
 func ServiceFlags(root, service string) (FlagSet, error) {
-	mainDir := filepath.Join(root, "services", service)
+	mainDir := filepath.Join(root, "services", service, "role")
 	dirs := []string{mainDir}
 	files, err := goFiles(mainDir)
 	if err != nil {

@@ -166,8 +166,8 @@ func checkSetup(t *testing.T, m *Manifests, s3 bool) {
 		t.Fatalf("Job %s: %d containers", setupJob, len(pod.Containers))
 	}
 	c := pod.Containers[0]
-	if c.Name != "setup" || len(c.Args) == 0 || c.Args[0] != "ensure" {
-		t.Errorf("Job %s: container %s runs %v, want setup ensure", setupJob, c.Name, c.Args)
+	if c.Name != "setup" || len(c.Args) < 2 || c.Args[0] != "-target=setup" || c.Args[1] != "ensure" {
+		t.Errorf("Job %s: container %s runs %v, want -target=setup ensure", setupJob, c.Name, c.Args)
 	}
 	if v, ok := FlagValue(c, "namespace"); ok {
 		t.Errorf("Job %s: -namespace %q is fixed; want the Job's own (HEADWATER_NAMESPACE from metadata.namespace)", setupJob, v)

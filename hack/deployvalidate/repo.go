@@ -8,8 +8,9 @@ import (
 	"slices"
 )
 
-// Services are Headwater's services: each is built from services/<name> and
-// runs in a container of the same name.
+// Services are Headwater's services: each is built from services/<name>
+// (its flags in services/<name>/role), runs from the one headwater image
+// with -target=<name> and in a container of the same name.
 var Services = []string{"watcher", "fetcher", "packager", "artifact-server"}
 
 // OptionalServices are built and run like Services, but deployed by a
@@ -17,8 +18,8 @@ var Services = []string{"watcher", "fetcher", "packager", "artifact-server"}
 // compose profile "receivers") and the dispatcher (components/dispatcher).
 var OptionalServices = []string{"receiver", "dispatcher"}
 
-// Commands are built like Services (services/<name>, one image each) but
-// run to completion: the setup Job of deploy/base.
+// Commands are built like Services (services/<name>, in the headwater
+// image) but run to completion: the setup Job of deploy/base.
 var Commands = []string{"setup"}
 
 // IsService reports whether name is one of Services, OptionalServices or
@@ -37,17 +38,12 @@ const (
 	MinIOImage    = "quay.io/minio/minio:RELEASE.2026-02-12T20-18-48Z"
 )
 
-// Image is the image of a Headwater service or command.
-func Image(service string) string { return ImageRegistry + "/" + service + ":" + ImageTag }
+// HeadwaterImage is the image of every Headwater service and command:
+// -target, its first argument, picks the one a container runs.
+const HeadwaterImage = ImageRegistry + "/headwater:" + ImageTag
 
 // Images is every image a manifest may name.
-func Images() []string {
-	out := []string{NATSImage, MinIOImage}
-	for _, s := range slices.Concat(Services, OptionalServices, Commands) {
-		out = append(out, Image(s))
-	}
-	return out
-}
+func Images() []string { return []string{HeadwaterImage, NATSImage, MinIOImage} }
 
 // RepoRoot returns the repository root: the nearest directory at or above
 // dir that holds go.work.

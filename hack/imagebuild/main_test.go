@@ -15,16 +15,16 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
 
-// TestVersionMatchesLabels builds a real service the way the Makefile does
+// TestVersionMatchesLabels builds headwater the way the Makefile does
 // (-ldflags -X into pkg/buildinfo), runs imagebuild on it, then runs the
-// /headwater the image holds with -version: it must report the version,
-// revision and build date the image's labels carry.
+// /headwater the image holds with -version, alone and as a role: it must
+// report the version, revision and build date the image's labels carry.
 func TestVersionMatchesLabels(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a service from the workspace")
 	}
 	const (
-		service  = "artifact-server"
+		service  = "headwater"
 		version  = "v9.8.7-test"
 		revision = "0123456789abcdef0123456789abcdef01234567"
 		epoch    = "1700000000"
@@ -35,7 +35,7 @@ func TestVersionMatchesLabels(t *testing.T) {
 	bin := filepath.Join(dir, "linux_"+runtime.GOARCH, service)
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "-ldflags",
 		"-s -w -X "+bi+".Version="+version+" -X "+bi+".Revision="+revision+" -X "+bi+".BuildDate="+date, ".")
-	build.Dir = filepath.Join("..", "..", "services", service)
+	build.Dir = filepath.Join("..", "..", "cmd", "headwater")
 	// The services build in the workspace: go.work, not GOWORK=off.
 	build.Env = append(os.Environ(), "GOWORK=", "CGO_ENABLED=0", "GOOS=linux")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -113,17 +113,26 @@ func TestVersionMatchesLabels(t *testing.T) {
 		}
 		break
 	}
-	out, err := exec.Command(extracted, "-version").Output()
-	if err != nil {
-		t.Fatalf("%s -version: %v", service, err)
+	if labels["org.opencontainers.image.title"] != "headwater" {
+		t.Errorf("title %q, want headwater", labels["org.opencontainers.image.title"])
 	}
-	m := regexp.MustCompile(`^` + service + ` version (\S+) \(revision ([0-9a-f]+), built (\S+),`).FindStringSubmatch(string(out))
-	if m == nil {
-		t.Fatalf("-version printed %q", out)
-	}
-	for i, key := range []string{"version", "revision", "created"} {
-		if l := labels["org.opencontainers.image."+key]; l != m[i+1] {
-			t.Errorf("label %s %q, but the binary says %q", key, l, m[i+1])
+	for _, args := range [][]string{{"-version"}, {"-target=artifact-server", "-version"}} {
+		out, err := exec.Command(extracted, args...).Output()
+		if err != nil {
+			t.Fatalf("headwater %q: %v", args, err)
+		}
+		name := service
+		if len(args) > 1 {
+			name = "artifact-server"
+		}
+		m := regexp.MustCompile(`^` + name + ` version (\S+) \(revision ([0-9a-f]+), built (\S+),`).FindStringSubmatch(string(out))
+		if m == nil {
+			t.Fatalf("headwater %q printed %q", args, out)
+		}
+		for i, key := range []string{"version", "revision", "created"} {
+			if l := labels["org.opencontainers.image."+key]; l != m[i+1] {
+				t.Errorf("headwater %q: label %s %q, but the binary says %q", args, key, l, m[i+1])
+			}
 		}
 	}
 }

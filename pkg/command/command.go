@@ -48,10 +48,16 @@ const versionFlag = "version"
 // profiles show what a process holds, so the address is for an operator
 // on the host or a port-forward, never a Service.
 func Main(service string, bind func(*flag.FlagSet), logger func() logr.Logger, run func(context.Context) error) {
+	MainArgs(service, os.Args[1:], bind, logger, run)
+}
+
+// MainArgs is Main with the arguments given rather than the process's: the
+// headwater command runs a role with what follows its -target flag.
+func MainArgs(service string, args []string, bind func(*flag.FlagSet), logger func() logr.Logger, run func(context.Context) error) {
 	fs := flag.NewFlagSet(service, flag.ContinueOnError)
 	bind(fs)
 	pprofAddr := fs.String(PprofFlag, "", "Address serving Go's runtime profiles at /debug/pprof/ (off when empty); for an operator's port-forward, never a Service.")
-	Parse(fs, os.Args[1:])
+	Parse(fs, args)
 	ctx, stop := Start(logger())
 	defer stop()
 	if err := ServeProfiles(ctx, *pprofAddr); err != nil {

@@ -1,57 +1,15 @@
 // Command artifact-server serves Headwater's shared artifact storage over
 // HTTP, as Flux's source-controller does, and announces every job result on
 // the bus as a public CloudEvent with the artifact's download URL.
+//
+// The headwater command runs it too, as headwater -target=artifact-server (one image
+// for every role).
 package main
 
 import (
-	"context"
-	"flag"
+	"os"
 
-	"github.com/go-logr/logr"
-
-	"github.com/headwater-gitops/headwater/pkg/bus"
-	"github.com/headwater-gitops/headwater/pkg/command"
-	"github.com/headwater-gitops/headwater/pkg/storage"
-	"github.com/headwater-gitops/headwater/pkg/telemetry"
-
-	"github.com/headwater-gitops/headwater/services/artifact-server/internal/sink"
+	"github.com/headwater-gitops/headwater/services/artifact-server/role"
 )
 
-// service names the artifact-server on the bus, in logs and in metrics.
-const service = "artifact-server"
-
-// options are the artifact-server's flags; every flag can also be set from
-// HEADWATER_<FLAG> (see package flagenv).
-type options struct {
-	bus       bus.Options
-	storage   storage.Options
-	telemetry telemetry.Options
-	// addr is the HTTP listen address of the artifact file server.
-	addr string
-	// advAddr is the host[:port] put into artifact URLs.
-	advAddr string
-	// concurrency bounds the results announced at once.
-	concurrency int
-	// sinks are HTTP endpoints that also receive every public CloudEvent.
-	sinks sink.URLs
-}
-
-func (o *options) bindFlags(fs *flag.FlagSet) {
-	o.bus.BindFlags(fs)
-	o.storage.BindFlags(fs)
-	o.telemetry.BindFlags(fs, ":9103")
-	fs.StringVar(&o.addr, "storage-addr", ":9090", "Address the artifact file server listens on.")
-	fs.StringVar(&o.advAddr, "storage-adv-addr", "",
-		"Host[:port] put into artifact URLs (http://<addr>/<path>). Default: the -storage-addr, with an empty host "+
-			"replaced by localhost and 0.0.0.0 or :: by this machine's hostname.")
-	fs.IntVar(&o.concurrency, "concurrency", 8, "Job results announced at once.")
-	fs.Var(&o.sinks, "event-sink-url",
-		"Deprecated: use a Subscription (events.headwater.dev), delivered with retries and signatures by the dispatcher. "+
-			"HTTP endpoint that also receives every public CloudEvent (binary HTTP binding), best effort; repeatable or comma-separated.")
-}
-
-func main() {
-	var o options
-	command.Main(service, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
-		func(ctx context.Context) error { return run(ctx, o) })
-}
+func main() { role.Main(os.Args[1:]) }

@@ -2,132 +2,15 @@
 // Fetched and DeleteRequested jobs from the package stream, writes canonical
 // tar.gz artifacts with their digest to the shared storage, keeps the latest
 // pointer and the retention policy, and publishes the results.
+//
+// The headwater command runs it too, as headwater -target=packager (one image
+// for every role).
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"sync"
-	"time"
+	"os"
 
-	"github.com/go-logr/logr"
-
-	"github.com/headwater-gitops/headwater/pkg/bus"
-	"github.com/headwater-gitops/headwater/pkg/command"
-	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/storage"
-	"github.com/headwater-gitops/headwater/pkg/telemetry"
-	"github.com/headwater-gitops/headwater/services/packager/internal/housekeeping"
-	"github.com/headwater-gitops/headwater/services/packager/internal/packager"
+	"github.com/headwater-gitops/headwater/services/packager/role"
 )
 
-// service names the packager on the bus, in logs and in metrics.
-const service = "packager"
-
-// options are the packager's flags; every flag can also be set from
-// HEADWATER_<FLAG> (see package flagenv).
-type options struct {
-	bus         bus.Options
-	storage     storage.Options
-	telemetry   telemetry.Options
-	packager    packager.Options
-	concurrency int
-	maxAttempts int
-	stagingTTL  time.Duration
-}
-
-func (o *options) bindFlags(fs *flag.FlagSet) {
-	o.bus.BindFlags(fs)
-	o.storage.BindFlags(fs)
-	o.telemetry.BindFlags(fs, ":9102")
-	o.packager.BindFlags(fs)
-	fs.IntVar(&o.concurrency, "concurrency", 2, "Jobs packaged at once by this replica.")
-	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
-	fs.DurationVar(&o.stagingTTL, "staging-ttl", time.Hour,
-		"Age after which staged content no pending job refers to, and the temporary file of a write its writer abandoned (directory storage), are removed; 0 disables the janitor.")
-}
-
-func main() {
-	var o options
-	command.Main(service, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
-		func(ctx context.Context) error { return run(ctx, o) })
-}
-
-// run builds the packager's parts and handles jobs until ctx ends; it logs
-// with ctx's logger.
-func run(ctx context.Context, o options) error {
-	if err := o.packager.Validate(); err != nil {
-		return err
-	}
-	if o.concurrency < 1 {
-		return errors.New("--concurrency must be at least 1")
-	}
-	if o.maxAttempts < 1 {
-		return errors.New("--max-attempts must be at least 1")
-	}
-	log := logr.FromContextOrDiscard(ctx)
-
-	// The endpoints answer before the service reaches storage and NATS:
-	// alive at once, ready once both are up (see package telemetry). They
-	// stop when run returns.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ep, err := bus.ServeEndpoints(ctx, o.telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{"storage": "not opened yet"}})
-	if err != nil {
-		return err
-	}
-	reg, ready, onBus := ep.Registry, ep.Ready, ep.Bus
-
-	store, err := o.storage.OpenWait(ctx, log, func(err error) {
-		ready.Set("storage", func() error { return fmt.Errorf("waiting for the object store: %w", err) })
-	})
-	if err != nil {
-		return err
-	}
-	defer storage.Close(store)
-	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
-	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	join := conn.Joiner(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
-	consumer, err := join(ctx)
-	if err != nil {
-		return err
-	}
-	stream, err := conn.JS.Stream(ctx, events.PackageStream)
-	if err != nil {
-		return fmt.Errorf("package stream: %w", err)
-	}
-	onBus.Up(conn)
-
-	janitor := &housekeeping.Janitor{
-		Store:      store,
-		StagingTTL: o.stagingTTL,
-		CacheTTL:   o.packager.ContentCacheTTL,
-		Pending:    housekeeping.StreamPending(stream, housekeeping.DefaultScanLimit),
-		Log:        log.WithName("housekeeping"),
-	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() { janitor.Run(ctx) })
-
-	p := packager.New(store, conn.NewPublisher(service), o.packager, packager.NewMetrics(reg))
-	worker := &bus.Worker{
-		Service:     service,
-		Consumer:    consumer,
-		Rejoin:      join,
-		Conn:        conn,
-		Concurrency: o.concurrency,
-		Handler:     p.Handle,
-		Report:      p.Report,
-		Metrics:     telemetry.NewJobMetrics(reg, service),
-		Log:         log,
-	}
-	log.Info("packaging", "concurrency", o.concurrency, "digest", o.packager.DigestAlgo,
-		"contentCacheTTL", o.packager.ContentCacheTTL.String())
-	return worker.Run(ctx)
-}
+func main() { role.Main(os.Args[1:]) }

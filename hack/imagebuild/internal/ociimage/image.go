@@ -228,18 +228,23 @@ func CheckStatic(bin string, p Platform) error {
 	return nil
 }
 
-// HeadwaterSpec is the image of one Headwater service: the binary at
-// /headwater, run as nonroot, labelled with the version and revision
-// stamped into it.
+// HeadwaterSpec is a Headwater image: the binary at /headwater, run as
+// nonroot, labelled with the version and revision stamped into it. The
+// image "headwater" holds every service (its -target picks one); any other
+// name is an image of that service alone.
 func HeadwaterSpec(ref, service, binary, version, revision string, created time.Time) Spec {
+	title, description := "headwater-"+service, "Headwater "+service+": a horizontally scalable Flux source-controller"
+	if service == "headwater" {
+		title, description = "headwater", "Headwater, every service in one image (-target picks one): a horizontally scalable Flux source-controller"
+	}
 	return Spec{
 		Ref:    ref,
 		Binary: binary,
 		Path:   "/headwater",
 		User:   strconv.Itoa(NonRoot) + ":" + strconv.Itoa(NonRoot),
 		Labels: map[string]string{
-			"org.opencontainers.image.title":       "headwater-" + service,
-			"org.opencontainers.image.description": "Headwater " + service + ": a horizontally scalable Flux source-controller",
+			"org.opencontainers.image.title":       title,
+			"org.opencontainers.image.description": description,
 			"org.opencontainers.image.source":      Source,
 			"org.opencontainers.image.url":         Source,
 			"org.opencontainers.image.version":     version,

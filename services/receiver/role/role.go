@@ -1,0 +1,45 @@
+// Package role is the receiver's main (Main), importable so that the receiver
+// command and the headwater command (headwater -target=receiver) run the same
+// service; the receiver command's documentation says what it does.
+package role
+
+import (
+	"context"
+	"flag"
+
+	"github.com/go-logr/logr"
+
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+)
+
+// service names the receiver on the bus, in logs and in metrics.
+const service = "receiver"
+
+// options are the receiver's flags; every flag can also be set from
+// HEADWATER_<FLAG> (see package flagenv).
+type options struct {
+	bus       bus.Options
+	telemetry telemetry.Options
+	// kubeconfig is the path to a kubeconfig; empty means $KUBECONFIG,
+	// then in-cluster.
+	kubeconfig string
+	// addr is the listen address of the webhook endpoint.
+	addr string
+}
+
+func (o *options) bindFlags(fs *flag.FlagSet) {
+	o.bus.BindFlags(fs)
+	o.telemetry.BindFlags(fs, ":9104")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
+	fs.StringVar(&o.addr, "receiver-addr", ":9292", "Address the webhook endpoint (/hook/<digest>) listens on (Flux's port).")
+}
+
+// Main runs the receiver with args, the command line after the program's
+// name (or after -target), and exits the process when it ends.
+func Main(args []string) {
+	var o options
+	command.MainArgs(service, args, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
+		func(ctx context.Context) error { return run(ctx, o) })
+}

@@ -1,0 +1,343 @@
+// Package role is the watcher's main (Main), importable so that the watcher
+// command and the headwater command (headwater -target=watcher) run the same
+// service; the watcher command's documentation says what it does.
+package role
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/runtime/jitter"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/fluxguard"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/subscriptions"
+)
+
+// service names the watcher on the bus, in logs and in metrics.
+const service = "watcher"
+
+// options are the watcher's flags; every flag can also be set from
+// HEADWATER_<FLAG> (see package flagenv).
+type options struct {
+	bus       bus.Options
+	telemetry telemetry.Options
+
+	kube                    kubeconfig.Options
+	healthAddr              string
+	leaderElect             bool
+	leaderElectionNamespace string
+	leaseDuration           time.Duration
+	renewDeadline           time.Duration
+	retryPeriod             time.Duration
+	concurrency             int
+	eventConcurrency        int
+	intervalJitter          float64
+	requeueDependency       time.Duration
+	jobKeyFile              string
+	eventsAddr              string
+	// receivers serves Flux's Receivers (the receivers component).
+	receivers             bool
+	hookMinInterval       time.Duration
+	sourceMetricsInterval time.Duration
+	announceInterval      time.Duration
+	alignRemotes          bool
+	// fluxNamespaces are where Flux's source-controller must not run
+	// (package fluxguard), comma-separated.
+	fluxNamespaces string
+}
+
+func (o *options) bindFlags(fs *flag.FlagSet) {
+	o.bus.BindFlags(fs)
+	o.telemetry.BindFlags(fs, ":9100")
+	o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
+	fs.StringVar(&o.healthAddr, "health-addr", ":9110", "Address serving /healthz and /readyz; empty or 0 serves none. Both answer from start-up, before NATS is reached.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader among replicas; only the leader reconciles.")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
+		"Namespace of the leader election lease; default: $POD_NAMESPACE, then \"default\".")
+	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 35*time.Second,
+		"How long a standby waits before taking over a lease its leader stopped renewing (a leader that stops cleanly releases it at once); as Flux.")
+	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 30*time.Second,
+		"How long the leader keeps trying to renew its lease before it gives up leading; as Flux.")
+	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 5*time.Second,
+		"How often the leader renews its lease, and a standby tries to take it: each renewal is a write to the API server; as Flux.")
+	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
+	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
+	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux), when -align-remotes is false.")
+	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
+		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
+	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
+		"File holding the secret (32 bytes or more) every watcher replica seals its jobs with; default: the bus identity's -nats-nkey, then -nats-creds.")
+	fs.StringVar(&o.eventsAddr, "events-addr", "",
+		"URL of Flux's notification-controller events receiver (as Flux's flag): every Event recorded is also posted there in Flux's format; empty posts none.")
+	fs.BoolVar(&o.receivers, "receivers", false,
+		"Serve Flux's Receivers (notification.toolkit.fluxcd.io/v1) with the receiver service: write their status and turn their hooks into fetch jobs. "+
+			"Needs the Receiver CRD (deploy/components/receivers); leave off where Flux's notification-controller serves them.")
+	fs.DurationVar(&o.hookMinInterval, "hook-min-interval", controller.DefaultHookInterval,
+		"Least time between two webhook-triggered fetches of one source; hooks within it are coalesced into one fetch at its end.")
+	fs.DurationVar(&o.announceInterval, "unchanged-announce-interval", controller.DefaultAnnounceInterval,
+		"Longest time between two reconciles of a steady source that are reported on the bus when nothing changed "+
+			"(an artifact.unchanged event, Flux's no-change trace Event); the others cost the fetch job alone. 0 reports every one.")
+	fs.BoolVar(&o.alignRemotes, "align-remotes", true,
+		"Check the sources that share a remote (URL and credentials) at the same moments of their interval, so that one listing answers them all; "+
+			"false spreads each source by -interval-jitter-percentage instead, as Flux.")
+	fs.DurationVar(&o.sourceMetricsInterval, "source-metrics-interval", 30*time.Second,
+		"How often the leader exports every source's Ready condition (headwater_source_condition), from its cache.")
+	fs.StringVar(&o.fluxNamespaces, "flux-source-controller-namespaces", "flux-system",
+		"Namespaces (comma-separated) where Flux's source-controller Deployment must be scaled to 0 before the watcher reconciles: "+
+			"it waits, not ready, until it is, and stops if it runs again. Empty checks none.")
+}
+
+// fluxGuardInterval is how often the watcher looks for Flux's
+// source-controller.
+const fluxGuardInterval = 30 * time.Second
+
+// namespaceList splits a comma-separated list, dropping empty and
+// repeated names.
+func namespaceList(s string) []string {
+	var out []string
+	for _, ns := range strings.Split(s, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" && !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
+// Main runs the watcher with args, the command line after the program's
+// name (or after -target), and exits the process when it ends.
+func Main(args []string) {
+	var o options
+	command.MainArgs(service, args, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
+		func(ctx context.Context) error { return run(ctx, o) })
+}
+
+// run builds the manager, its controllers and the results consumer, and
+// reconciles until ctx ends; it logs with ctx's logger.
+func run(ctx context.Context, o options) error {
+	log := logr.FromContextOrDiscard(ctx)
+	ctrl.SetLogger(log)
+	jitter.SetGlobalIntervalJitter(o.intervalJitter/100, rand.New(rand.NewSource(time.Now().UnixNano())))
+
+	// Every replica derives the same key from the same secret, so the
+	// outcomes of jobs issued before a restart or a failover are applied.
+	key, err := seal.LoadKey(o.jobKeyFile, o.bus.NKeyFile, o.bus.CredsFile)
+	if err != nil {
+		return err
+	}
+
+	// The endpoints answer before the watcher reaches Kubernetes and NATS:
+	// alive at once, ready once it is on the bus (see package telemetry).
+	// The telemetry address serves controller-runtime's registry, which
+	// the manager's own servers would serve only from mgr.Start, after
+	// NATS; -health-addr serves the probes alone. They stop when run
+	// returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	telemetry.RegisterBuildInfo(crmetrics.Registry, service)
+	onBus := bus.NewStatus()
+	onBus.Register(crmetrics.Registry, service)
+	var ready telemetry.Checks
+	ready.Set("nats", onBus.Check)
+	if err := telemetry.Serve(ctx, listenAddr(o.telemetry.Addr), crmetrics.Registry, &ready, log); err != nil {
+		return err
+	}
+	if err := telemetry.Serve(ctx, listenAddr(o.healthAddr), nil, &ready, log.WithName("health")); err != nil {
+		return err
+	}
+
+	cfg, err := o.kube.Load()
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := sourcev1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := eventsv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if o.receivers {
+		if err := notificationv1.AddToScheme(scheme); err != nil {
+			return err
+		}
+	}
+	ns := o.leaderElectionNamespace
+	if ns == "" {
+		ns = os.Getenv("POD_NAMESPACE")
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: scheme,
+		Logger: log,
+		// Metrics and probes are served above, before NATS.
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// The watcher never reads managedFields: keeping them out of the
+		// informer cache saves memory per object at thousands of sources.
+		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              "headwater-watcher",
+		LeaderElectionNamespace:       ns,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 positive(o.leaseDuration),
+		RenewDeadline:                 positive(o.renewDeadline),
+		RetryPeriod:                   positive(o.retryPeriod),
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+
+	// Flux's source-controller must not reconcile the same sources: say
+	// so on /readyz while waiting for it to be scaled to 0 (below).
+	guard := &fluxguard.Guard{Reader: mgr.GetAPIReader(), Namespaces: namespaceList(o.fluxNamespaces),
+		Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
+	ready.Set("flux-source-controller", guard.Ready)
+
+	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := conn.EnsureStreams(ctx); err != nil {
+		return err
+	}
+	onBus.Up(conn)
+	jobs := conn.NewPublisher(service)
+
+	// Every Event recorded is also posted to Flux's notification-controller
+	// when -events-addr is set, as Flux's source-controller does.
+	notifier, err := notify.New(notify.Options{Addr: o.eventsAddr, Scheme: scheme, Registerer: crmetrics.Registry,
+		Log: log.WithName("notify")})
+	if err != nil {
+		return err
+	}
+	if notifier != nil {
+		if err := mgr.Add(notifier); err != nil {
+			return err
+		}
+	}
+	jobMetrics := telemetry.NewJobMetrics(crmetrics.Registry, service)
+	reconcileMetrics := controller.NewMetrics(crmetrics.Registry)
+	if err := mgr.Add(controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
+		log.WithName("source-conditions"))); err != nil {
+		return err
+	}
+	steady := controller.NewSteady(o.announceInterval)
+	if _, err := steady.Listen(conn.NC, log.WithName("steady")); err != nil {
+		return err
+	}
+	triggers := map[string]*controller.Triggers{}
+	for _, kind := range source.Kinds() {
+		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
+			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
+			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes}
+		if o.receivers {
+			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
+			triggers[kind.Name] = r.Triggers
+		}
+		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
+			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
+		}
+	}
+	if o.receivers {
+		rr := &receiver.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("headwater-watcher")}
+		if err := rr.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("set up receiver controller: %w", err)
+		}
+		if err := mgr.Add(&receiver.Hooks{Conn: conn, Client: mgr.GetClient(), Scheme: scheme, Triggers: triggers,
+			Recorder: mgr.GetEventRecorder("headwater-watcher"), Metrics: jobMetrics, Log: log.WithName("hooks")}); err != nil {
+			return err
+		}
+	}
+	host, _ := os.Hostname()
+	instance := results.EventSource + "-" + host
+	if err := mgr.Add(&results.Consumer{
+		Conn:        conn,
+		Jobs:        jobs,
+		Seal:        key,
+		Client:      mgr.GetClient(),
+		Live:        mgr.GetAPIReader(),
+		Recorder:    &notify.Recorder{Recorder: mgr.GetEventRecorder(results.EventSource), Forwarder: notifier},
+		Notify:      notifier,
+		Instance:    instance,
+		Concurrency: o.eventConcurrency,
+		Metrics:     jobMetrics,
+		Forged:      results.NewForgedCounter(crmetrics.Registry),
+		Steady:      steady,
+		Log:         log.WithName("results"),
+	}); err != nil {
+		return err
+	}
+	// Subscriptions: the dispatcher reports, the watcher keeps status.
+	if err := mgr.Add(&subscriptions.Consumer{
+		Conn:        conn,
+		Client:      mgr.GetClient(),
+		Live:        mgr.GetAPIReader(),
+		Concurrency: 2,
+		Metrics:     jobMetrics,
+		Log:         log.WithName("subscriptions"),
+	}); err != nil {
+		return err
+	}
+	if len(guard.Namespaces) > 0 {
+		if err := guard.Wait(ctx); err != nil {
+			return err
+		}
+		if err := mgr.Add(guard); err != nil {
+			return err
+		}
+	}
+	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
+		"notifications", notifier != nil, "receivers", o.receivers)
+	return mgr.Start(ctx)
+}
+
+// positive is &d, or nil (controller-runtime's default) for a d that is
+// not positive.
+func positive(d time.Duration) *time.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return &d
+}
+
+// listenAddr is addr for telemetry.Serve: "0", which turns a
+// controller-runtime server off, is no address either.
+func listenAddr(addr string) string {
+	if addr == "0" {
+		return ""
+	}
+	return addr
+}
