@@ -396,11 +396,23 @@ func testAlert(t *testing.T, cl ctrlclient.Client) {
 			EventSources:  []notificationv1.CrossNamespaceObjectReference{{Kind: sourcev1.GitRepositoryKind, Name: "notified"}},
 		},
 	}
-	for _, o := range []ctrlclient.Object{provider, alert} {
+	for _, o := range []ctrlclient.Object{alert, provider} {
 		if err := cl.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// Alerts have no status: the Provider's finalizer, made after the
+	// Alert, says notification-controller's caches have both, so the
+	// Event below is not matched against a cache without the Alert.
+	eventually(t, time.Minute, "notification-controller's finalizer on the Provider", func(ctx context.Context) error {
+		if err := cl.Get(ctx, ctrlclient.ObjectKeyFromObject(provider), provider); err != nil {
+			return err
+		}
+		if !slices.Contains(provider.Finalizers, notificationv1.NotificationFinalizer) {
+			return fmt.Errorf("finalizers %v", provider.Finalizers)
+		}
+		return nil
+	})
 	_, head := newRepo(t, "flux-notified", map[string]string{"app.yaml": "notified\n"})
 	start := time.Now()
 	gitRepository(t, cl, "flux-system", "notified", "flux-notified", time.Hour)
