@@ -27,6 +27,8 @@ MINIO_VERSION          := v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION := v0.23.0
 REGISTRY_VERSION       := v3.1.2
 FLUX_SOURCE_CONTROLLER_VERSION := v1.9.1
+FLUX_KUSTOMIZE_CONTROLLER_VERSION    := v1.9.5
+FLUX_NOTIFICATION_CONTROLLER_VERSION := v1.9.3
 NATS_SERVER_VERSION    := v2.15.2
 COREDNS_VERSION        := v1.12.4
 
@@ -38,11 +40,18 @@ REGISTRY_BIN       := $(TOOLS_DIR)/registry-$(REGISTRY_VERSION)/registry
 NATS_SERVER        := $(TOOLS_DIR)/nats-server-$(NATS_SERVER_VERSION)/nats-server
 COREDNS            := $(TOOLS_DIR)/coredns-$(COREDNS_VERSION)/coredns
 FLUX_SOURCE_CONTROLLER := $(TOOLS_DIR)/flux-source-controller-$(FLUX_SOURCE_CONTROLLER_VERSION)/source-controller
+# Flux's kustomize- and notification-controller, each with its CRDs in crds/
+# beside the binary, for the cluster tests that run them beside Headwater.
+FLUX_KUSTOMIZE_CONTROLLER_DIR    := $(TOOLS_DIR)/flux-kustomize-controller-$(FLUX_KUSTOMIZE_CONTROLLER_VERSION)
+FLUX_NOTIFICATION_CONTROLLER_DIR := $(TOOLS_DIR)/flux-notification-controller-$(FLUX_NOTIFICATION_CONTROLLER_VERSION)
 
 # kubelet, kube-proxy, kube-scheduler and kube-controller-manager for the
 # cluster tests' node (e2e/cluster), and the images it runs.
 KUBE_NODE_DIR := $(TOOLS_DIR)/kube-node-$(KUBE_VERSION)
 IMAGE_ARCHIVE := $(BIN_DIR)/images/headwater-images.tar
+# Flux's kustomize- and notification-controller's images, in an archive of
+# their own: only the full cluster tests import it (TestFluxControllers).
+FLUX_IMAGE_ARCHIVE := $(BIN_DIR)/images/flux-images.tar
 
 export KUBEBUILDER_ASSETS
 export HEADWATER_KUBE_NODE_DIR := $(KUBE_NODE_DIR)
@@ -50,6 +59,9 @@ export HEADWATER_IMAGES := $(IMAGE_ARCHIVE)
 export HEADWATER_MINIO_BIN := $(MINIO)
 export HEADWATER_REGISTRY_BIN := $(REGISTRY_BIN)
 export HEADWATER_BIN_DIR   := $(BIN_DIR)
+# What TestFluxControllers imports and applies (make flux-image-archive).
+export HEADWATER_FLUX_IMAGES := $(FLUX_IMAGE_ARCHIVE)
+export HEADWATER_FLUX_CRDS   := $(FLUX_KUSTOMIZE_CONTROLLER_DIR)/crds:$(FLUX_NOTIFICATION_CONTROLLER_DIR)/crds
 
 GO_TEST_FLAGS ?= -count=1
 
@@ -102,6 +114,10 @@ THIRD_PARTY_IMAGES := \
 	minio=quay.io/minio/minio:RELEASE.2026-02-12T20-18-48Z@$(MINIO) \
 	pause=registry.k8s.io/pause:3.10@$(BIN_DIR)/{os}_{arch}/pause \
 	coredns=registry.k8s.io/coredns/coredns:$(COREDNS_VERSION)@$(COREDNS)
+# Flux's controllers, under the names `flux install` uses.
+FLUX_IMAGES := \
+	kustomize-controller=ghcr.io/fluxcd/kustomize-controller:$(FLUX_KUSTOMIZE_CONTROLLER_VERSION)@$(FLUX_KUSTOMIZE_CONTROLLER_DIR)/kustomize-controller \
+	notification-controller=ghcr.io/fluxcd/notification-controller:$(FLUX_NOTIFICATION_CONTROLLER_VERSION)@$(FLUX_NOTIFICATION_CONTROLLER_DIR)/notification-controller
 
 ##@ General
 
@@ -141,6 +157,14 @@ image-archive: $(if $(THIRD_PARTY),minio nats-server coredns) ## Write bin/image
 	@$(call build_images,$(or $(PLATFORMS),linux/amd64),-archive $(IMAGE_ARCHIVE),$(THIRD_PARTY))
 
 comma := ,
+
+.PHONY: flux-image-archive
+flux-image-archive: flux-controllers ## Write bin/images/flux-images.tar: Flux's kustomize- and notification-controller (linux/amd64), which the full cluster tests run beside Headwater.
+	@mkdir -p $(IMAGES_DIR)
+	@cd hack/imagebuild && GOWORK=off go build -trimpath -o $(BIN_DIR)/imagebuild .
+	$(BIN_DIR)/imagebuild -platforms linux/amd64 -source-date-epoch $(SOURCE_DATE_EPOCH) \
+		$(foreach i,$(FLUX_IMAGES),-third-party '$(i)') -archive $(FLUX_IMAGE_ARCHIVE)
+
 # build_images <platforms> <imagebuild output flags> <third party?>:
 # cross-compiles headwater (and the pause program) for each platform into
 # bin/<os>_<arch>/ with the flags of `make build` and the build date of
@@ -269,7 +293,7 @@ test: kube-tools minio registry build ## Run every test: unit, integration and e
 CLUSTER_TESTS ?= full
 
 .PHONY: test-cluster
-test-cluster: kube-tools kube-node cluster-deps image-archive ## Run Headwater's images on a real single-node cluster (containerd, kubelet, kube-proxy, DNS) through deploy/ as shipped: every overlay, scaling, faults, bad input (root).
+test-cluster: kube-tools kube-node cluster-deps image-archive $(if $(filter full,$(CLUSTER_TESTS)),flux-image-archive) ## Run Headwater's images on a real single-node cluster (containerd, kubelet, kube-proxy, DNS) through deploy/ as shipped: every overlay, scaling, faults, bad input (root).
 	cd e2e && HEADWATER_CLUSTER=$(CLUSTER_TESTS) go test $(GO_TEST_FLAGS) -v -timeout 80m ./clustertest/
 
 .PHONY: fuzz
@@ -304,6 +328,10 @@ bench: kube-tools registry minio build flux ## Run every scenario on Headwater a
 .PHONY: flux
 flux: ## Flux's source-controller, built from its module for the side-by-side benchmark (cached).
 	@hack/build-tools.sh $(TOOLS_DIR) flux
+
+.PHONY: flux-controllers
+flux-controllers: ## Flux's kustomize- and notification-controller, built from their modules for the cluster tests (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) kustomize-controller notification-controller
 
 ##@ Quality
 

@@ -4,7 +4,7 @@
 # server and the CNCF distribution registry -- from the Go module proxy, and
 # caches them by version.
 #
-# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|registry|controller-gen|flux|nats-server|coredns ...]
+# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|registry|controller-gen|flux|kustomize-controller|notification-controller|nats-server|coredns ...]
 #
 # nats-server and coredns are the binaries of the third-party images
 # hack/imagebuild assembles (`make image-archive`); CoreDNS comes from the
@@ -16,6 +16,12 @@
 # copied into this repository: the module zip leaves out the api/ directory
 # its go.mod replaces with ./api, so the API module of the same version is
 # put there first.
+#
+# kustomize-controller and notification-controller are Flux's consumers of
+# source artifacts and of source Events, built the same way from their
+# published modules, each with its CRDs in crds/ beside the binary; `make
+# flux-image-archive` makes them into the images the cluster tests run
+# beside Headwater (e2e/clustertest, TestFluxControllers).
 #
 # Binaries land in <tools-dir>/<name>-<version>/ and are reused when present,
 # so a warm run costs nothing. A cold run takes a few minutes on two cores.
@@ -35,6 +41,8 @@ MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION=v0.23.0
 REGISTRY_VERSION=v3.1.2
 FLUX_SOURCE_CONTROLLER_VERSION=v1.9.1
+FLUX_KUSTOMIZE_CONTROLLER_VERSION=v1.9.5
+FLUX_NOTIFICATION_CONTROLLER_VERSION=v1.9.3
 NATS_SERVER_VERSION=v2.15.2
 COREDNS_VERSION=v1.12.4
 
@@ -106,19 +114,23 @@ coredns() {
 	go build -trimpath -ldflags "-s -w" -o "$1/coredns" .
 }
 
-flux() {
-	local out=$1 src
-	local mod=github.com/fluxcd/source-controller
+# flux_controller <module> <version> <binary> <out>: builds a Flux controller
+# from its module zip, with the api/ submodule of the same version put where
+# its go.mod's replace expects it, and keeps the CRDs of its kinds
+# (config/crd/bases) beside the binary, in <out>/crds.
+flux_controller() {
+	local mod=$1 version=$2 bin=$3 out=$4 src
 	src=$(mktemp -d)
 	# shellcheck disable=SC2064
 	trap "chmod -R u+w '$src'; rm -rf '$src'" RETURN
-	cp -r "$(go mod download -json "$mod@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/." "$src/"
+	cp -r "$(go mod download -json "$mod@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/." "$src/"
 	chmod -R u+w "$src"
 	rm -rf "$src/api"
 	mkdir "$src/api"
-	cp -r "$(go mod download -json "$mod/api@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/." "$src/api/"
+	cp -r "$(go mod download -json "$mod/api@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/." "$src/api/"
 	chmod -R u+w "$src/api"
-	(cd "$src" && go build -trimpath -ldflags "-s -w" -o "$out/source-controller" .)
+	(cd "$src" && go build -trimpath -ldflags "-s -w" -o "$out/$bin" .)
+	cp -r "$src/config/crd/bases" "$out/crds"
 }
 
 for c in "${components[@]}"; do
@@ -128,7 +140,12 @@ for c in "${components[@]}"; do
 	etcd) build_once "$tools_dir/etcd-$ETCD_VERSION" "etcd $ETCD_VERSION" etcd ;;
 	minio) build_once "$tools_dir/minio-$MINIO_VERSION" "minio $MINIO_VERSION" minio ;;
 	registry) build_once "$tools_dir/registry-$REGISTRY_VERSION" "registry $REGISTRY_VERSION" registry ;;
-	flux) build_once "$tools_dir/flux-source-controller-$FLUX_SOURCE_CONTROLLER_VERSION" "Flux source-controller $FLUX_SOURCE_CONTROLLER_VERSION" flux ;;
+	flux) build_once "$tools_dir/flux-source-controller-$FLUX_SOURCE_CONTROLLER_VERSION" "Flux source-controller $FLUX_SOURCE_CONTROLLER_VERSION" \
+		flux_controller github.com/fluxcd/source-controller "$FLUX_SOURCE_CONTROLLER_VERSION" source-controller ;;
+	kustomize-controller) build_once "$tools_dir/flux-kustomize-controller-$FLUX_KUSTOMIZE_CONTROLLER_VERSION" "Flux kustomize-controller $FLUX_KUSTOMIZE_CONTROLLER_VERSION" \
+		flux_controller github.com/fluxcd/kustomize-controller "$FLUX_KUSTOMIZE_CONTROLLER_VERSION" kustomize-controller ;;
+	notification-controller) build_once "$tools_dir/flux-notification-controller-$FLUX_NOTIFICATION_CONTROLLER_VERSION" "Flux notification-controller $FLUX_NOTIFICATION_CONTROLLER_VERSION" \
+		flux_controller github.com/fluxcd/notification-controller "$FLUX_NOTIFICATION_CONTROLLER_VERSION" notification-controller ;;
 	nats-server) build_once "$tools_dir/nats-server-$NATS_SERVER_VERSION" "nats-server $NATS_SERVER_VERSION" nats_server ;;
 	coredns) build_once "$tools_dir/coredns-$COREDNS_VERSION" "CoreDNS $COREDNS_VERSION" coredns ;;
 	controller-gen) build_once "$tools_dir/controller-gen-$CONTROLLER_GEN_VERSION" "controller-gen $CONTROLLER_GEN_VERSION" controller_gen ;;

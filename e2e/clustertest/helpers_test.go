@@ -47,8 +47,8 @@ func useNamespace(t *testing.T, name string) {
 	ensureNamespace(t, name)
 }
 
-// eventually polls check every interval until it returns nil, failing t
-// with the last error after timeout.
+// eventually polls check every half second until it returns nil, failing
+// t with the last error after timeout.
 func eventually(t *testing.T, timeout time.Duration, what string, check func(ctx context.Context) error) {
 	t.Helper()
 	if err := poll(context.Background(), timeout, check); err != nil {
@@ -56,7 +56,20 @@ func eventually(t *testing.T, timeout time.Duration, what string, check func(ctx
 	}
 }
 
+// eventuallyEvery is eventually polling every interval: for a wait whose
+// duration the test reports.
+func eventuallyEvery(t *testing.T, timeout, interval time.Duration, what string, check func(ctx context.Context) error) {
+	t.Helper()
+	if err := pollEvery(context.Background(), timeout, interval, check); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
 func poll(ctx context.Context, timeout time.Duration, check func(ctx context.Context) error) error {
+	return pollEvery(ctx, timeout, 500*time.Millisecond, check)
+}
+
+func pollEvery(ctx context.Context, timeout, interval time.Duration, check func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last error
@@ -67,7 +80,7 @@ func poll(ctx context.Context, timeout time.Duration, check func(ctx context.Con
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("after %s: %w", timeout, last)
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 // Headwater's own, rebuilt here from its Go module so nothing is pulled.
 type thirdParty struct {
 	path, user, title, description, source, licenses string
+	env                                              []string
 }
 
 // thirdParties are the kinds ThirdPartySpec knows. Each puts its binary
@@ -27,6 +28,17 @@ var thirdParties = map[string]thirdParty{
 		source: Source},
 	"coredns": {path: "/coredns", user: "65532:65532", title: "coredns", description: "CoreDNS with the plugins a cluster DNS needs (hack/tools/coredns)",
 		source: "https://github.com/coredns/coredns", licenses: "Apache-2.0"},
+	// Flux's controllers run the cluster tests' consumers of Headwater's
+	// artifacts and Events (e2e/clustertest): their images put the binary
+	// in /usr/local/bin and run it as 65534 (Flux's Dockerfiles; the
+	// alpine base, tini, git and gnupg are left out: the controllers link
+	// what they use).
+	"kustomize-controller": {path: "/usr/local/bin/kustomize-controller", user: "65534:65534", env: []string{"GNUPGHOME=/tmp"},
+		title: "kustomize-controller", description: "Flux's kustomize-controller, built from github.com/fluxcd/kustomize-controller",
+		source: "https://github.com/fluxcd/kustomize-controller", licenses: "Apache-2.0"},
+	"notification-controller": {path: "/usr/local/bin/notification-controller", user: "65534:65534",
+		title: "notification-controller", description: "Flux's notification-controller, built from github.com/fluxcd/notification-controller",
+		source: "https://github.com/fluxcd/notification-controller", licenses: "Apache-2.0"},
 }
 
 // ThirdPartyKinds lists the kinds ThirdPartySpec accepts, sorted.
@@ -56,7 +68,7 @@ func ThirdPartySpec(kind, ref, binary string, created time.Time) (Spec, error) {
 	if tp.licenses != "" {
 		labels["org.opencontainers.image.licenses"] = tp.licenses
 	}
-	return Spec{Ref: ref, Binary: binary, Path: tp.path, User: tp.user, Labels: labels}, nil
+	return Spec{Ref: ref, Binary: binary, Path: tp.path, User: tp.user, Env: tp.env, Labels: labels}, nil
 }
 
 // refTag is the tag of a reference, "" without one.
