@@ -81,6 +81,7 @@ func TestReconciler(t *testing.T) {
 	testEnv := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "..", "..", "deploy", "crds")}, ErrorIfCRDPathMissing: true}
 	cfg, err := testEnv.Start()
 	if err != nil {
+		_ = testEnv.Stop() // what started before the failure (a CRD that did not install)
 		t.Fatalf("start control plane: %v", err)
 	}
 	t.Cleanup(func() { _ = testEnv.Stop() })

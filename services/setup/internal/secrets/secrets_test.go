@@ -36,6 +36,7 @@ func TestMain(m *testing.M) {
 		env := &envtest.Environment{}
 		cfg, err := env.Start()
 		if err != nil {
+			_ = env.Stop() // what started before the failure
 			fmt.Fprintln(os.Stderr, "start control plane:", err)
 			return 1
 		}

@@ -88,6 +88,7 @@ func controlPlane(t *testing.T) (*rest.Config, *runtime.Scheme, client.Client) {
 	}
 	cfg, err := testEnv.Start()
 	if err != nil {
+		_ = testEnv.Stop() // what started before the failure (a CRD that did not install)
 		t.Fatalf("start control plane: %v", err)
 	}
 	t.Cleanup(func() { _ = testEnv.Stop() })

@@ -61,6 +61,7 @@ func TestGuard(t *testing.T) {
 	env := &envtest.Environment{}
 	cfg, err := env.Start()
 	if err != nil {
+		_ = env.Stop() // what started before the failure (a CRD that did not install)
 		t.Fatalf("start control plane: %v", err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
