@@ -18,10 +18,13 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -31,6 +34,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/crdwait"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/fluxguard"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
@@ -225,6 +229,12 @@ func run(ctx context.Context, o options) error {
 		Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
 	ready.Set("flux-source-controller", guard.Ready)
 
+	crds, err := kindsWaiter(cfg, scheme, o.receivers, log.WithName("crds"))
+	if err != nil {
+		return err
+	}
+	ready.Set("crds", crds.Ready)
+
 	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err
@@ -311,6 +321,11 @@ func run(ctx context.Context, o options) error {
 	}); err != nil {
 		return err
 	}
+	// The kinds must be served before the manager starts its informers,
+	// which would otherwise give up after two minutes and exit.
+	if err := crds.Wait(ctx); err != nil {
+		return err
+	}
 	if len(guard.Namespaces) > 0 {
 		if err := guard.Wait(ctx); err != nil {
 			return err
@@ -322,6 +337,37 @@ func run(ctx context.Context, o options) error {
 	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
 		"notifications", notifier != nil, "receivers", o.receivers)
 	return mgr.Start(ctx)
+}
+
+// crdInterval is how often a watcher whose kinds are not served yet looks
+// again.
+const crdInterval = 10 * time.Second
+
+// kindsWaiter is a crdwait.Waiter for the kinds the watcher reconciles:
+// every source kind, and Flux's Receiver with receivers.
+func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, receivers bool, log logr.Logger) (*crdwait.Waiter, error) {
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("discovery client: %w", err)
+	}
+	objs := []runtime.Object{}
+	for _, kind := range source.Kinds() {
+		objs = append(objs, kind.New())
+	}
+	hint := "install the CRDs (kubectl apply -k deploy/crds, or Flux's own)"
+	if receivers {
+		objs = append(objs, &notificationv1.Receiver{})
+		hint = "install the CRDs (kubectl apply -k deploy/crds, or Flux's own; the Receiver's with components/receivers)"
+	}
+	w := &crdwait.Waiter{Discovery: disco, Hint: hint, Interval: crdInterval, Log: log}
+	for _, obj := range objs {
+		gvk, err := apiutil.GVKForObject(obj, scheme)
+		if err != nil {
+			return nil, err
+		}
+		w.Kinds = append(w.Kinds, gvk)
+	}
+	return w, nil
 }
 
 // positive is &d, or nil (controller-runtime's default) for a d that is
