@@ -49,8 +49,9 @@ FLUX_NOTIFICATION_CONTROLLER_DIR := $(TOOLS_DIR)/flux-notification-controller-$(
 # cluster tests' node (e2e/cluster), and the images it runs.
 KUBE_NODE_DIR := $(TOOLS_DIR)/kube-node-$(KUBE_VERSION)
 IMAGE_ARCHIVE := $(BIN_DIR)/images/headwater-images.tar
-# Flux's kustomize- and notification-controller's images, in an archive of
-# their own: only the full cluster tests import it (TestFluxControllers).
+# Flux's source-, kustomize- and notification-controller's images, in an
+# archive of their own: only the full cluster tests import it
+# (TestFluxControllers, TestFluxMigration).
 FLUX_IMAGE_ARCHIVE := $(BIN_DIR)/images/flux-images.tar
 
 export KUBEBUILDER_ASSETS
@@ -116,6 +117,7 @@ THIRD_PARTY_IMAGES := \
 	coredns=registry.k8s.io/coredns/coredns:$(COREDNS_VERSION)@$(COREDNS)
 # Flux's controllers, under the names `flux install` uses.
 FLUX_IMAGES := \
+	source-controller=ghcr.io/fluxcd/source-controller:$(FLUX_SOURCE_CONTROLLER_VERSION)@$(FLUX_SOURCE_CONTROLLER) \
 	kustomize-controller=ghcr.io/fluxcd/kustomize-controller:$(FLUX_KUSTOMIZE_CONTROLLER_VERSION)@$(FLUX_KUSTOMIZE_CONTROLLER_DIR)/kustomize-controller \
 	notification-controller=ghcr.io/fluxcd/notification-controller:$(FLUX_NOTIFICATION_CONTROLLER_VERSION)@$(FLUX_NOTIFICATION_CONTROLLER_DIR)/notification-controller
 
@@ -159,7 +161,7 @@ image-archive: $(if $(THIRD_PARTY),minio nats-server coredns) ## Write bin/image
 comma := ,
 
 .PHONY: flux-image-archive
-flux-image-archive: flux-controllers ## Write bin/images/flux-images.tar: Flux's kustomize- and notification-controller (linux/amd64), which the full cluster tests run beside Headwater.
+flux-image-archive: flux flux-controllers ## Write bin/images/flux-images.tar: Flux's source-, kustomize- and notification-controller (linux/amd64), which the full cluster tests run beside Headwater and switch from and back to.
 	@mkdir -p $(IMAGES_DIR)
 	@cd hack/imagebuild && GOWORK=off go build -trimpath -o $(BIN_DIR)/imagebuild .
 	$(BIN_DIR)/imagebuild -platforms linux/amd64 -source-date-epoch $(SOURCE_DATE_EPOCH) \

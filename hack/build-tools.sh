@@ -12,7 +12,8 @@
 # DNS needs.
 #
 # flux is Flux's source-controller, the peer `make bench` measures Headwater
-# against side by side. It is built from its module as published, never
+# against side by side, and the controller the cluster tests switch from and
+# back to (`make flux-image-archive` makes it an image). It is built from its module as published, never
 # copied into this repository: the module zip leaves out the api/ directory
 # its go.mod replaces with ./api, so the API module of the same version is
 # put there first.

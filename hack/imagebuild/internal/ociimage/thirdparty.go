@@ -29,7 +29,8 @@ var thirdParties = map[string]thirdParty{
 	"coredns": {path: "/coredns", user: "65532:65532", title: "coredns", description: "CoreDNS with the plugins a cluster DNS needs (hack/tools/coredns)",
 		source: "https://github.com/coredns/coredns", licenses: "Apache-2.0"},
 	// Flux's controllers run the cluster tests' consumers of Headwater's
-	// artifacts and Events (e2e/clustertest): their images put the binary
+	// artifacts and Events, and the source-controller it replaces
+	// (e2e/clustertest): their images put the binary
 	// in /usr/local/bin and run it as 65534 (Flux's Dockerfiles; the
 	// alpine base, tini, git and gnupg are left out: the controllers link
 	// what they use).
@@ -39,6 +40,11 @@ var thirdParties = map[string]thirdParty{
 	"notification-controller": {path: "/usr/local/bin/notification-controller", user: "65534:65534",
 		title: "notification-controller", description: "Flux's notification-controller, built from github.com/fluxcd/notification-controller",
 		source: "https://github.com/fluxcd/notification-controller", licenses: "Apache-2.0"},
+	// Flux's own source-controller, which the migration test switches
+	// from and back to (e2e/clustertest, TestFluxMigration).
+	"source-controller": {path: "/usr/local/bin/source-controller", user: "65534:65534",
+		title: "source-controller", description: "Flux's source-controller, built from github.com/fluxcd/source-controller",
+		source: "https://github.com/fluxcd/source-controller", licenses: "Apache-2.0"},
 }
 
 // ThirdPartyKinds lists the kinds ThirdPartySpec accepts, sorted.
