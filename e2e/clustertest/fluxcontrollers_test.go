@@ -136,6 +136,17 @@ func checkImages(t *testing.T, manifest string) {
 // kustomize and notification kinds.
 func fluxClient(t *testing.T) ctrlclient.Client {
 	t.Helper()
+	cl, err := ctrlclient.New(env.c.Config, ctrlclient.Options{Scheme: fluxScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// fluxScheme knows the built-in kinds and the source, kustomize and
+// notification kinds.
+func fluxScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		clientgoscheme.AddToScheme, sourcev1.AddToScheme, kustomizev1.AddToScheme,
@@ -145,11 +156,7 @@ func fluxClient(t *testing.T) ctrlclient.Client {
 			t.Fatal(err)
 		}
 	}
-	cl, err := ctrlclient.New(env.c.Config, ctrlclient.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cl
+	return scheme
 }
 
 // deleteFluxObjects deletes the Kustomizations (pruning what they
@@ -164,12 +171,13 @@ func deleteFluxObjects(t *testing.T) {
 }
 
 // fluxLogsOnFailure logs the last lines of Flux's controllers when t
-// failed.
+// failed (under app=source-controller, Flux's or the drop-in's
+// artifact-servers, whichever run).
 func fluxLogsOnFailure(t *testing.T) {
 	if !t.Failed() {
 		return
 	}
-	for _, app := range []string{"kustomize-controller", "notification-controller"} {
+	for _, app := range []string{"kustomize-controller", "notification-controller", "source-controller"} {
 		list, err := env.c.Client.CoreV1().Pods("flux-system").List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
 		if err != nil {
 			t.Logf("%s pods: %v", app, err)
@@ -189,13 +197,20 @@ func configMap(name, value string) string {
 }
 
 // kustomization creates a Kustomization in flux-system that applies path
-// of the source kind/name into appsNamespace, pruning what leaves it.
+// of the source kind/name into appsNamespace, pruning what leaves it,
+// every 10 minutes (`flux install`'s flux-system Kustomization's interval).
 func kustomization(t *testing.T, cl ctrlclient.Client, name, kind, source, path string) *kustomizev1.Kustomization {
+	t.Helper()
+	return kustomizationEvery(t, cl, name, kind, source, path, 10*time.Minute)
+}
+
+// kustomizationEvery is kustomization with the given interval.
+func kustomizationEvery(t *testing.T, cl ctrlclient.Client, name, kind, source, path string, interval time.Duration) *kustomizev1.Kustomization {
 	t.Helper()
 	ks := &kustomizev1.Kustomization{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "flux-system"},
 		Spec: kustomizev1.KustomizationSpec{
-			Interval:        metav1.Duration{Duration: 10 * time.Minute},
+			Interval:        metav1.Duration{Duration: interval},
 			Path:            path,
 			Prune:           true,
 			TargetNamespace: appsNamespace,
