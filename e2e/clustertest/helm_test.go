@@ -86,6 +86,7 @@ func TestHelmInstall(t *testing.T) {
 	install.Namespace = ns
 	install.CreateNamespace = true
 	install.Version = version
+	install.PlainHTTP = true
 	install.Wait = true
 	install.WaitForJobs = true
 	install.Timeout = 8 * time.Minute
@@ -94,7 +95,7 @@ func TestHelmInstall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm install: locate %s: %v", chartRef, err)
 	}
-	if reg.CountRequests("GET", "/blobs/") == before {
+	if reg.WaitRequests("GET", "/blobs/", before+1, 10*time.Second) <= before {
 		t.Fatalf("helm install located %s at %s without downloading it from the registry", chartRef, path)
 	}
 	chrt, err := loader.Load(path)
