@@ -140,7 +140,8 @@ var rolledDeployments = []string{"watcher", "fetcher", "packager", "artifact-ser
 
 // testHelmUpgrade upgrades the release with rolled while it watches the
 // source installed before: Ready throughout, the same artifact, served
-// throughout; then a new commit is fetched.
+// throughout; four more sources, reconciled every 30 s through the
+// upgrade, keep their artifacts; then a new commit is fetched.
 func testHelmUpgrade(t *testing.T, h *helmClient, cl ctrlclient.Client, chrt *chart.Chart, gr *sourcev1.GitRepository) {
 	ctx := context.Background()
 	old := map[string]bool{}
@@ -148,6 +149,15 @@ func testHelmUpgrade(t *testing.T, h *helmClient, cl ctrlclient.Client, chrt *ch
 		for _, p := range pods(t, d) {
 			old[p.Name] = true
 		}
+	}
+	// More sources, due every 30 s, so that jobs flow through the
+	// fetchers, packagers and artifact-servers while they are replaced.
+	busy := map[string]*sourcev1.GitRepository{}
+	for i := range 4 {
+		name := fmt.Sprintf("helm-busy-%d", i)
+		_, head := newRepo(t, name, map[string]string{"app.yaml": name + "\n"})
+		gitRepository(t, cl, "default", name, name, 30*time.Second)
+		busy[name] = readyAt(t, cl, "default", name, head, 3*time.Minute)
 	}
 	w := watchSource(t, cl, gr, true)
 	upgrade := action.NewUpgrade(h.cfg)
@@ -192,6 +202,18 @@ func testHelmUpgrade(t *testing.T, h *helmClient, cl ctrlclient.Client, chrt *ch
 	}
 	noRestarts(t, "the upgrade")
 	seen.check(t)
+	// The busy sources went on being reconciled through the upgrade and
+	// kept their artifacts: the same commit, the same digest.
+	for name, before := range busy {
+		after := readyAt(t, cl, "default", name, commitOfRevision(before.Status.Artifact.Revision), time.Minute)
+		if after.Status.Artifact.Digest != before.Status.Artifact.Digest || after.Status.Artifact.URL != before.Status.Artifact.URL {
+			t.Errorf("GitRepository %s: artifact %s %s after the upgrade, %s %s before", name,
+				after.Status.Artifact.URL, after.Status.Artifact.Digest, before.Status.Artifact.URL, before.Status.Artifact.Digest)
+		}
+		if d, err := fetchArtifact(ctx, after.Status.Artifact); err != nil || d != after.Status.Artifact.Digest {
+			t.Errorf("GitRepository %s: artifact after the upgrade: %s, %v; want %s", name, d, err, after.Status.Artifact.Digest)
+		}
+	}
 
 	// The source survived as it was, and Headwater goes on fetching.
 	readyAt(t, cl, gr.Namespace, gr.Name, commitOfRevision(gr.Status.Artifact.Revision), time.Minute)
