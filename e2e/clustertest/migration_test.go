@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -27,10 +28,14 @@ import (
 // GitRepository's artifact: Flux's source-controller v1.9.1, kustomize-
 // and notification-controller run as `flux install` runs them, a
 // Kustomization applies two ConfigMaps, then
-//   - to Headwater: source-controller scaled to 0, its Service deleted,
-//     deploy/overlays/flux-system applied;
-//   - back: the overlay deleted, source-controller's Deployment and Service
-//     applied again.
+//   - to Headwater: source-controller scaled to 0,
+//     deploy/overlays/flux-system applied (which takes Flux's Service
+//     source-controller over);
+//   - back: the overlay but its Service deleted, source-controller's
+//     Deployment and Service applied again.
+//
+// The Service stays the same object with the same cluster IP throughout:
+// the consumers' cluster DNS answers (cached for up to 30 s) stay right.
 //
 // Each way the artifact is rebuilt under the same URL at the same
 // revision and served by the new controller, the Kustomization is never
@@ -100,11 +105,12 @@ func TestFluxMigration(t *testing.T) {
 	t.Logf("Flux: both ConfigMaps applied, Kustomization Ready at %s, %s after it was created; artifact %s %s",
 		rev, time.Since(start).Round(10*time.Millisecond), gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
 
-	m := &migration{t: t, cl: cl, wcl: wcl, key: key, ks: ks, repo: repo}
+	m := &migration{t: t, cl: cl, wcl: wcl, key: key, ks: ks, repo: repo, serviceIP: serviceIP(t)}
 	m.switchTo("Headwater", func() {
 		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
 		m.waitGone("app=source-controller")
-		kubectl(t, "-n", "flux-system", "delete", "service", "source-controller")
+		// kubectl apply takes Flux's Service over: the same object, the
+		// same cluster IP, which the consumers' DNS answers still name.
 		kubectl(t, "apply", "-k", deployPath("overlays/flux-system"))
 		waitPodsReady(t, 8*time.Minute)
 	}, func(s *switchSeen) {
@@ -127,7 +133,9 @@ func TestFluxMigration(t *testing.T) {
 	m.newCommit("Headwater", "2")
 
 	m.switchTo("Flux's source-controller", func() {
-		kubectl(t, "delete", "-k", deployPath("overlays/flux-system"), "--wait=true", "--timeout=5m")
+		// Everything of the overlay but the Service, which Flux's
+		// manifest takes back.
+		kubectl(t, "delete", "-k", withoutService(t), "--wait=true", "--timeout=5m")
 		m.waitGone("app.kubernetes.io/part-of=headwater")
 		kubectl(t, "apply", "-f", manifest)
 		if err := env.c.WaitRollout(ctx, "flux-system", "deployment/source-controller", 5*time.Minute); err != nil {
@@ -154,6 +162,48 @@ type migration struct {
 	key  types.NamespacedName
 	ks   *kustomizev1.Kustomization
 	repo *gitserver.Repo
+	// serviceIP is the cluster IP of the Service source-controller
+	// before the first switch.
+	serviceIP string
+}
+
+// serviceIP is the cluster IP of the Service source-controller in
+// flux-system.
+func serviceIP(t *testing.T) string {
+	t.Helper()
+	svc, err := env.c.Client.CoreV1().Services("flux-system").Get(context.Background(), "source-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc.Spec.ClusterIP
+}
+
+// withoutService is a kustomization of the test's own: the flux-system
+// overlay without its Service source-controller, what a user deletes to
+// switch back while the Service keeps its address (docs/migrate-from-flux.md).
+func withoutService(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	overlay, err := filepath.Rel(dir, deployPath("overlays/flux-system"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%q]
+patches:
+  - target: {kind: Service, name: source-controller}
+    patch: |
+      $patch: delete
+      apiVersion: v1
+      kind: Service
+      metadata:
+        name: source-controller
+`, overlay)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // applyState is what must not change across a switch: the source's
@@ -275,7 +325,12 @@ func (m *migration) switchTo(to string, do func(), check func(*switchSeen)) {
 		return nil
 	})
 	rebuilt := time.Since(start)
+	servedAt := time.Now()
 	stop()
+	if seen.availableAt.IsZero() {
+		// The wait saw the artifact before the probe's next download.
+		seen.availableAt = servedAt
+	}
 	after, err := m.state(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -283,8 +338,13 @@ func (m *migration) switchTo(to string, do func(), check func(*switchSeen)) {
 	seen.kustomizationReconciles = after.reconciles - before.reconciles
 
 	t.Logf("switch to %s: done in %s; the artifact served again, by %s, %s after the switch began", to, switched.Round(100*time.Millisecond), to, rebuilt.Round(100*time.Millisecond))
-	if !seen.unavailableFrom.IsZero() {
+	if seen.unavailableFrom.IsZero() {
+		t.Logf("  the artifact's URL never failed to answer")
+	} else {
 		t.Logf("  the artifact's URL answered no artifact for %s (%s)", seen.availableAt.Sub(seen.unavailableFrom).Round(100*time.Millisecond), strings.Join(seen.served, "; "))
+	}
+	if ip := serviceIP(t); ip != m.serviceIP {
+		t.Errorf("the Service source-controller's cluster IP went from %s to %s: the consumers' cluster DNS answers name the old one for up to its TTL", m.serviceIP, ip)
 	}
 	t.Logf("  artifact before %s %s, after %s %s (digest %s)", before.artifact.Revision, before.artifact.Digest, after.artifact.Revision, after.artifact.Digest,
 		map[bool]string{true: "the same", false: "differs: another archive of the same tree"}[before.artifact.Digest == after.artifact.Digest])
@@ -440,7 +500,11 @@ func (m *migration) probeArtifact(ctx context.Context, a fluxmeta.Artifact, seen
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		d, err := fetchArtifact(ctx, &a)
+		// A Service deleted under a connection attempt leaves it
+		// hanging: 2 s is an answer.
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		d, err := fetchArtifact(fctx, &a)
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
