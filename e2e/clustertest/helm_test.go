@@ -228,9 +228,10 @@ func testHelmUpgrade(t *testing.T, h *helmClient, cl ctrlclient.Client, chrt *ch
 	start = time.Now()
 	requestReconcile(t, cl, gr)
 	after := readyAt(t, cl, gr.Namespace, gr.Name, head, 2*time.Minute)
+	took = time.Since(start)
 	download(t, after.Status.Artifact.URL, after.Status.Artifact.Digest)
 	t.Logf("after the upgrade: a new commit Ready at %s %s after the reconcile request, its artifact downloaded from a pod",
-		after.Status.Artifact.Revision, time.Since(start).Round(10*time.Millisecond))
+		after.Status.Artifact.Revision, took.Round(10*time.Millisecond))
 }
 
 // testHelmUninstall uninstalls the release: the workloads go, the CRDs
@@ -255,7 +256,8 @@ func testHelmUninstall(t *testing.T, h *helmClient, cl ctrlclient.Client, gr *so
 		}
 		return nil
 	})
-	t.Logf("helm uninstall: %s; every pod gone %s after it began", res.Info, time.Since(start).Round(100*time.Millisecond))
+	t.Logf("helm uninstall: every pod gone %s after it began; Helm says: %s", time.Since(start).Round(100*time.Millisecond),
+		strings.Join(strings.Fields(res.Info), " "))
 	if _, err := action.NewStatus(h.cfg).Run(release); !errors.Is(err, driver.ErrReleaseNotFound) {
 		t.Errorf("helm status after the uninstall: %v, want %v", err, driver.ErrReleaseNotFound)
 	}
