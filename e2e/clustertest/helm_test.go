@@ -266,7 +266,7 @@ func testHelmUninstall(t *testing.T, h *helmClient, cl ctrlclient.Client, gr *so
 			t.Errorf("pod %s left by the uninstall", list[0].Name)
 		}
 	}
-	crds, err := h.apiextensions(ctx)
+	crds, err := headwaterCRDs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,9 +325,9 @@ func newHelm(t *testing.T, namespace string) *helmClient {
 	return h
 }
 
-// apiextensions lists the names of the CRDs of Headwater's chart that the
-// cluster has.
-func (h *helmClient) apiextensions(ctx context.Context) (map[string]bool, error) {
+// headwaterCRDs lists the names of the CRDs of Headwater's chart (Flux's
+// source kinds and events.headwater.dev) that the cluster has.
+func headwaterCRDs(ctx context.Context) (map[string]bool, error) {
 	out, err := env.c.Kubectl(ctx, "get", "crd", "-o", "name").Run()
 	if err != nil {
 		return nil, fmt.Errorf("kubectl get crd: %w: %s", err, out)
@@ -358,7 +358,7 @@ func helmCleanup(t *testing.T, h *helmClient) {
 	}
 	dropSources(t)
 	removeNamespace(t, ns)
-	crds, err := h.apiextensions(ctx)
+	crds, err := headwaterCRDs(ctx)
 	if err != nil {
 		t.Error(err)
 		return
