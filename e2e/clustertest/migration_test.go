@@ -310,7 +310,11 @@ func (m *migration) switchTo(to string, do func(), check func(*switchSeen)) {
 		if err := isReadyAt(ctx, m.cl, m.key, commitOfRevision(before.artifact.Revision), &gr); err != nil {
 			return err
 		}
-		d, err := fetchArtifact(ctx, gr.Status.Artifact)
+		// As the probe: a connection hung by the switch is an answer
+		// after 2 s, not after the HTTP client's 30.
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		d, err := fetchArtifact(fctx, gr.Status.Artifact)
 		if err != nil {
 			return err
 		}
