@@ -160,25 +160,7 @@ func uninstall(t *testing.T, dir string) {
 	}
 	// An overlay that installs into a namespace it does not own (Flux's
 	// flux-system) leaves the namespace: the test made it, and removes it.
-	if err := env.c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("uninstall %s: delete namespace %s: %v", dir, ns, err)
-	}
-	err := poll(ctx, 5*time.Minute, func(ctx context.Context) error {
-		if _, err := env.c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("namespace %s still there (%v)", ns, err)
-		}
-		pvs, err := env.c.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		for _, pv := range pvs.Items {
-			_ = env.c.Client.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{})
-		}
-		return nil
-	})
-	if err != nil {
-		t.Errorf("uninstall %s: %v", dir, err)
-	}
+	removeNamespace(t, ns)
 }
 
 // waitPodsReady waits until the namespace has pods and every one is Ready
