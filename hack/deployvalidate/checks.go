@@ -196,12 +196,10 @@ func checkContainer(pod corev1.PodSpec, c corev1.Container, volumes map[string]b
 		report("overrides the image's entrypoint with %v", c.Command)
 	}
 	problems = append(problems, CheckEnv(service, fs, names)...)
-	args := c.Args
 	// The image holds every service: the first argument picks this one.
-	if target := "-target=" + service; len(args) == 0 || args[0] != target {
-		report("args %q do not start with %s (the headwater image runs the service -target names)", args, target)
-	} else {
-		args = args[1:]
+	args, ok := TargetArgs(service, c.Args)
+	if !ok {
+		report("args %q do not start with -target=%s (the headwater image runs the service -target names)", c.Args, service)
 	}
 	if slices.Contains(Commands, service) && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		// A command's first argument names what it does (setup ensure).

@@ -47,11 +47,9 @@ func CheckComposeService(s types.ServiceConfig, service string, flags FlagSet) [
 	}
 	slices.Sort(names)
 	problems := CheckEnv("compose "+s.Name, flags, names)
-	args := []string(s.Command)
-	if target := "-target=" + service; len(args) == 0 || args[0] != target {
-		problems = append(problems, fmt.Sprintf("compose %s: command %q does not start with %s", s.Name, args, target))
-	} else {
-		args = args[1:]
+	args, ok := TargetArgs(service, s.Command)
+	if !ok {
+		problems = append(problems, fmt.Sprintf("compose %s: command %q does not start with -target=%s", s.Name, []string(s.Command), service))
 	}
 	problems = append(problems, CheckArgs("compose "+s.Name, flags, args)...)
 	if len(s.Entrypoint) > 0 {

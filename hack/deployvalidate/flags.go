@@ -227,6 +227,17 @@ func CheckArgs(service string, flags FlagSet, args []string) []string {
 	return problems
 }
 
+// TargetArgs splits a Headwater container's arguments: the first must be
+// -target=<service> (the one image runs the service it names), and the rest
+// are the service's own. ok is false, and rest all of args, when args do
+// not start so.
+func TargetArgs(service string, args []string) (rest []string, ok bool) {
+	if len(args) == 0 || args[0] != "-target="+service {
+		return args, false
+	}
+	return args[1:], true
+}
+
 // ArgValue returns the value args give flag name, if any: the last of
 // -name=v, --name=v, -name v and --name v.
 func ArgValue(args []string, name string) (string, bool) {
