@@ -115,11 +115,14 @@ THIRD_PARTY_IMAGES := \
 	minio=quay.io/minio/minio:RELEASE.2026-02-12T20-18-48Z@$(MINIO) \
 	pause=registry.k8s.io/pause:3.10@$(BIN_DIR)/{os}_{arch}/pause \
 	coredns=registry.k8s.io/coredns/coredns:$(COREDNS_VERSION)@$(COREDNS)
-# Flux's controllers, under the names `flux install` uses.
+# Flux's controllers, under the names `flux install` uses, and what
+# helm-controller does with a HelmChart's artifact (e2e/cmd/helmrelease:
+# helm-controller's module is not served by the Go module proxy).
 FLUX_IMAGES := \
 	source-controller=ghcr.io/fluxcd/source-controller:$(FLUX_SOURCE_CONTROLLER_VERSION)@$(FLUX_SOURCE_CONTROLLER) \
 	kustomize-controller=ghcr.io/fluxcd/kustomize-controller:$(FLUX_KUSTOMIZE_CONTROLLER_VERSION)@$(FLUX_KUSTOMIZE_CONTROLLER_DIR)/kustomize-controller \
-	notification-controller=ghcr.io/fluxcd/notification-controller:$(FLUX_NOTIFICATION_CONTROLLER_VERSION)@$(FLUX_NOTIFICATION_CONTROLLER_DIR)/notification-controller
+	notification-controller=ghcr.io/fluxcd/notification-controller:$(FLUX_NOTIFICATION_CONTROLLER_VERSION)@$(FLUX_NOTIFICATION_CONTROLLER_DIR)/notification-controller \
+	helmrelease=ghcr.io/headwater-gitops/e2e-helmrelease:test@$(BIN_DIR)/linux_amd64/helmrelease
 
 ##@ General
 
@@ -161,8 +164,9 @@ image-archive: $(if $(THIRD_PARTY),minio nats-server coredns) ## Write bin/image
 comma := ,
 
 .PHONY: flux-image-archive
-flux-image-archive: flux flux-controllers ## Write bin/images/flux-images.tar: Flux's source-, kustomize- and notification-controller (linux/amd64), which the full cluster tests run beside Headwater and switch from and back to.
+flux-image-archive: flux flux-controllers ## Write bin/images/flux-images.tar: Flux's source-, kustomize- and notification-controller (linux/amd64), which the full cluster tests run beside Headwater and switch from and back to, and the helmrelease Job (e2e/cmd/helmrelease).
 	@mkdir -p $(IMAGES_DIR)
+	@cd e2e && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags '-s -w' -o $(BIN_DIR)/linux_amd64/helmrelease ./cmd/helmrelease
 	@cd hack/imagebuild && GOWORK=off go build -trimpath -o $(BIN_DIR)/imagebuild .
 	$(BIN_DIR)/imagebuild -platforms linux/amd64 -source-date-epoch $(SOURCE_DATE_EPOCH) \
 		$(foreach i,$(FLUX_IMAGES),-third-party '$(i)') -archive $(FLUX_IMAGE_ARCHIVE)

@@ -47,14 +47,55 @@ import (
 // empties it for a moment, which kustomize-controller ignores.
 func TestFluxMigration(t *testing.T) {
 	requireFull(t)
+	manifest := fluxSourceControllerManifest()
+	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() {
+		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
+			t.Errorf("delete the overlay: %v\n%s", err, out)
+		}
+	})
+	m.switchTo("Headwater", func() {
+		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
+		m.waitGone("app=source-controller")
+		// kubectl apply takes Flux's Service over: the same object, the
+		// same cluster IP, which the consumers' DNS answers still name.
+		kubectl(t, "apply", "-k", deployPath("overlays/flux-system"))
+		waitPodsReady(t, 8*time.Minute)
+	}, m.rebuiltByHeadwater)
+	m.newCommit("Headwater", "2")
+
+	m.switchTo("Flux's source-controller", func() {
+		// Everything of the overlay but the Service, which Flux's
+		// manifest takes back.
+		kubectl(t, "delete", "-k", withoutService(t), "--wait=true", "--timeout=5m")
+		m.waitGone("app.kubernetes.io/part-of=headwater")
+		kubectl(t, "apply", "-f", manifest)
+		m.waitFluxRollout()
+	}, m.rebuiltByFlux)
+	m.newCommit("Flux's source-controller", "3")
+}
+
+// fluxSourceControllerManifest is Flux's source-controller as `flux
+// install` lays it out.
+func fluxSourceControllerManifest() string {
+	return filepath.Join(env.deploy, "..", "e2e", "cluster", "manifests", "flux-source-controller.yaml")
+}
+
+// fromFlux makes what every switch starts from: Flux's CRDs and
+// kustomize- and notification-controller, Flux's source-controller
+// installed by installFlux (and removed at the end with the manifest),
+// and a Kustomization that has applied two ConfigMaps from a
+// GitRepository's artifact served by Flux. removeHeadwater removes
+// Headwater at the end, if the test stopped while it ran.
+func fromFlux(t *testing.T, installFlux, removeHeadwater func()) *migration {
+	t.Helper()
 	fluxInstalled(t)
 	t.Cleanup(func() { removeNamespace(t, "flux-system") })
 	fluxControllers(t)
 	ctx := context.Background()
-	manifest := filepath.Join(env.deploy, "..", "e2e", "cluster", "manifests", "flux-source-controller.yaml")
+	manifest := fluxSourceControllerManifest()
 	checkImages(t, manifest)
 	start := time.Now()
-	kubectl(t, "apply", "-f", manifest)
+	installFlux()
 	t.Cleanup(func() {
 		if out, err := env.c.Kubectl(context.Background(), "delete", "-f", manifest, "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
 			t.Errorf("delete Flux's source-controller: %v\n%s", err, out)
@@ -75,9 +116,7 @@ func TestFluxMigration(t *testing.T) {
 		// controller is left; then Headwater, if the test stopped on it.
 		deleteFluxObjects(t)
 		dropSources(t)
-		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
-			t.Errorf("delete the overlay: %v\n%s", err, out)
-		}
+		removeHeadwater()
 	})
 	t.Cleanup(func() { fluxLogsOnFailure(t) })
 	ensureNamespace(t, appsNamespace)
@@ -103,49 +142,42 @@ func TestFluxMigration(t *testing.T) {
 		gitReadyAt(cl, key, head, &gr), revision, applied(cl, ks, &rev), configMapIs("one", "1"), configMapIs("two", "1")))
 	t.Logf("Flux: both ConfigMaps applied, Kustomization Ready at %s, %s after it was created; artifact %s %s",
 		rev, time.Since(start).Round(10*time.Millisecond), gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
+	return &migration{t: t, cl: cl, wcl: wcl, key: key, ks: ks, repo: repo, serviceIP: serviceIP(t)}
+}
 
-	m := &migration{t: t, cl: cl, wcl: wcl, key: key, ks: ks, repo: repo, serviceIP: serviceIP(t)}
-	m.switchTo("Headwater", func() {
-		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
-		m.waitGone("app=source-controller")
-		// kubectl apply takes Flux's Service over: the same object, the
-		// same cluster IP, which the consumers' DNS answers still name.
-		kubectl(t, "apply", "-k", deployPath("overlays/flux-system"))
-		waitPodsReady(t, 8*time.Minute)
-	}, func(s *switchSeen) {
-		// Headwater keeps the artifact in status while it rebuilds it.
-		if s.artifactCleared {
-			t.Error("Headwater emptied status.artifact during the switch")
-		}
-		missing := events(t, "flux-system", "migrate", "ArtifactMissing")
-		if len(missing) == 0 {
-			t.Error("no Warning ArtifactMissing Event on the GitRepository: docs/migrate-from-flux.md says Headwater records one as it rebuilds Flux's artifact")
-		} else {
-			t.Logf("Event %s %s: %s", missing[0].Type, missing[0].Reason, missing[0].Message)
-		}
-	})
-	m.newCommit("Headwater", "2")
+// rebuiltByHeadwater checks a switch to Headwater: it keeps the artifact
+// in status while it rebuilds it, and says so with an Event.
+func (m *migration) rebuiltByHeadwater(s *switchSeen) {
+	t := m.t
+	t.Helper()
+	if s.artifactCleared {
+		t.Error("Headwater emptied status.artifact during the switch")
+	}
+	missing := events(t, "flux-system", m.key.Name, "ArtifactMissing")
+	if len(missing) == 0 {
+		t.Error("no Warning ArtifactMissing Event on the GitRepository: docs/migrate-from-flux.md says Headwater records one as it rebuilds Flux's artifact")
+	} else {
+		t.Logf("Event %s %s: %s", missing[0].Type, missing[0].Reason, missing[0].Message)
+	}
+}
 
-	m.switchTo("Flux's source-controller", func() {
-		// Everything of the overlay but the Service, which Flux's
-		// manifest takes back.
-		kubectl(t, "delete", "-k", withoutService(t), "--wait=true", "--timeout=5m")
-		m.waitGone("app.kubernetes.io/part-of=headwater")
-		kubectl(t, "apply", "-f", manifest)
-		if err := env.c.WaitRollout(ctx, "flux-system", "deployment/source-controller", 5*time.Minute); err != nil {
-			t.Fatalf("%v\n%s", err, diagnose())
-		}
-	}, func(s *switchSeen) {
-		// Flux's source-controller finds the artifact of the status
-		// missing from its (empty) storage and empties status.artifact
-		// before it rebuilds it (its reconcileStorage): Flux's way, which
-		// kustomize-controller ignores (it reconciles a Kustomization
-		// only for a revision it has not applied).
-		if s.artifactCleared {
-			t.Logf("  Flux's source-controller emptied status.artifact while it rebuilt the artifact, as it does")
-		}
-	})
-	m.newCommit("Flux's source-controller", "3")
+// rebuiltByFlux notes how Flux's source-controller rebuilt the artifact:
+// it finds the artifact of the status missing from its (empty) storage
+// and empties status.artifact before it rebuilds it (its
+// reconcileStorage), which kustomize-controller ignores (it reconciles a
+// Kustomization only for a revision it has not applied).
+func (m *migration) rebuiltByFlux(s *switchSeen) {
+	if s.artifactCleared {
+		m.t.Logf("  Flux's source-controller emptied status.artifact while it rebuilt the artifact, as it does")
+	}
+}
+
+// waitFluxRollout waits until Flux's source-controller is rolled out.
+func (m *migration) waitFluxRollout() {
+	m.t.Helper()
+	if err := env.c.WaitRollout(context.Background(), "flux-system", "deployment/source-controller", 5*time.Minute); err != nil {
+		m.t.Fatalf("%v\n%s", err, diagnose())
+	}
 }
 
 // migration is the state TestFluxMigration carries from one switch to the

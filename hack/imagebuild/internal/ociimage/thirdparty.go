@@ -40,6 +40,12 @@ var thirdParties = map[string]thirdParty{
 	"notification-controller": {path: "/usr/local/bin/notification-controller", user: "65534:65534",
 		title: "notification-controller", description: "Flux's notification-controller, built from github.com/fluxcd/notification-controller",
 		source: "https://github.com/fluxcd/notification-controller", licenses: "Apache-2.0"},
+	// What helm-controller does with a HelmChart's artifact, written with
+	// the Helm v3 SDK (e2e/cmd/helmrelease): helm-controller's module is
+	// not served by the Go module proxy these images are built from.
+	"helmrelease": {path: "/usr/local/bin/helmrelease", user: "65534:65534", env: []string{"HELM_CACHE_HOME=/tmp", "HELM_CONFIG_HOME=/tmp", "HELM_DATA_HOME=/tmp"},
+		title: "helmrelease", description: "Installs a Helm release from a HelmChart's artifact as helm-controller does (e2e/cmd/helmrelease)",
+		source: Source},
 	// Flux's own source-controller, which the migration test switches
 	// from and back to (e2e/clustertest, TestFluxMigration).
 	"source-controller": {path: "/usr/local/bin/source-controller", user: "65534:65534",
