@@ -154,7 +154,7 @@ func TestVerify(t *testing.T) {
 		{name: "unsigned", scope: scope, level: "strict", digest: f.unsigned, handling: failure.Final,
 			wantErr: fmt.Sprintf("no signature is associated with %q, make sure the artifact was signed successfully", f.ref(t, f.unsigned).Name())},
 		{name: "signed by a CA not in the trust store", scope: scope, level: "strict", digest: f.foreign, handling: failure.Final,
-			wantErr: "signature is not produced by a trusted signer"},
+			wantErr: "the signature's certificate chain does not contain any trusted certificate"},
 		{name: "trust policy for another scope", scope: "registry.example.com/app", level: "strict", digest: f.signed, handling: failure.Stalling,
 			wantErr: fmt.Sprintf("artifact %q has no applicable trust policy statement", f.ref(t, f.signed).Name())},
 		{name: "level skip", scope: scope, level: "skip", digest: f.unsigned, want: Ignored},
