@@ -206,6 +206,12 @@ func (v *Verifier) Verify(ctx context.Context, ref name.Digest, reg Registry) (R
 	// pull of the repository.
 	rt, err := transport.NewWithContext(ctx, repoName.Registry, auth, rt, []string{repoName.Scope(transport.PullScope)})
 	if err != nil {
+		// Credentials the registry or its token service refuse fail
+		// again; anything else may pass.
+		var terr *transport.Error
+		if errors.As(err, &terr) && (terr.StatusCode == http.StatusUnauthorized || terr.StatusCode == http.StatusForbidden) {
+			return 0, err
+		}
 		return 0, &RegistryError{Err: err}
 	}
 	repo, err := orasremote.NewRepository(ref.Name())
