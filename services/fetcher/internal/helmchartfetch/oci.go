@@ -126,7 +126,8 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 
 // chartVerifier reads spec.verify's cosign public keys, as Flux's
 // makeVerifiers; a failure sets SourceVerified=False only. Keyless cosign
-// and notation stall with a clear message.
+// and providers other than cosign stall with a clear message (notation is
+// notationVerifier's).
 func (s *Source) chartVerifier(ctx context.Context, namespace string, v *sourcev1.HelmChartVerification) (*cosign.Verifier, error) {
 	fail := func(h failure.Handling, provider string, err error) error {
 		return source.VerificationFailed(v.Provider, h, sourcev1.VerificationError,
