@@ -41,7 +41,10 @@ func (s *Source) verification(ctx context.Context, namespace string, v *sourcev1
 	case v.Provider != cosign.Provider:
 		return nil, stall("verification with provider '%s' is not supported yet", v.Provider)
 	case v.SecretRef == nil:
-		return nil, stall("keyless verification (no spec.verify.secretRef) is not supported yet")
+		// Flux names the mode "cosign keyless" in its messages. Why it is
+		// not supported: docs/design.md, "Notation verification".
+		return nil, source.VerificationFailed(v.Provider, failure.Stalling, sourcev1.VerificationError,
+			errors.New("failed to verify the signature using provider 'cosign keyless': keyless verification (no spec.verify.secretRef) is not supported yet"))
 	}
 	data, err := s.secret(ctx, namespace, v.SecretRef.Name)
 	if err != nil {
