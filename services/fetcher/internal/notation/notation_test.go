@@ -282,7 +282,7 @@ func BenchmarkVerify(b *testing.B) {
 	b.StopTimer()
 	elapsed := time.Since(start)
 	requests := f.reg.Settle(b)[before:]
-	// The two Settle markers are not the verifier's.
+	// The closing Settle marker is not the verifier's.
 	n := len(requests) - 1
 	b.ReportMetric(float64(n)/float64(b.N), "requests/op")
 	if b.N > 0 {
