@@ -28,6 +28,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/notation"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -51,6 +52,11 @@ type ociResolved struct {
 	// verifier checks the chart's cosign signature; nil without
 	// spec.verify.
 	verifier *cosign.Verifier
+	// notation checks the chart's notation signatures; nil without
+	// spec.verify with provider notation.
+	notation *notation.Verifier
+	// access is how the registry is reached, for notation's requests.
+	access *ociAccess
 }
 
 // resolveOCI picks the chart version in an OCI HelmRepository, as Flux's
@@ -67,7 +73,7 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 	if err != nil {
 		return nil, err
 	}
-	r := &ociResolved{src: s, spec: spec, remote: access.options()}
+	r := &ociResolved{src: s, spec: spec, remote: access.options(), access: access}
 	ref := strings.TrimSuffix(strings.TrimPrefix(repoSpec.URL, "oci://"), "/") + "/" + spec.Chart
 	var nameOpts []name.Option
 	if repoSpec.Insecure {
@@ -77,7 +83,11 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 		return nil, buildFailure(failure.Stalling, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
 			fmt.Errorf("invalid OCI chart reference '%s': %w", "oci://"+ref, err))
 	}
-	if v := spec.Verify; v != nil && v.Provider != "" {
+	if v := spec.Verify; v != nil && v.Provider == notation.Provider {
+		if r.notation, err = s.notationVerifier(ctx, namespace, req.Job.Object.Name, v); err != nil {
+			return nil, err
+		}
+	} else if v != nil && v.Provider != "" {
 		if r.verifier, err = s.chartVerifier(ctx, namespace, v); err != nil {
 			return nil, err
 		}
@@ -116,7 +126,8 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 
 // chartVerifier reads spec.verify's cosign public keys, as Flux's
 // makeVerifiers; a failure sets SourceVerified=False only. Keyless cosign
-// and notation stall with a clear message.
+// and providers other than cosign stall with a clear message (notation is
+// notationVerifier's).
 func (s *Source) chartVerifier(ctx context.Context, namespace string, v *sourcev1.HelmChartVerification) (*cosign.Verifier, error) {
 	fail := func(h failure.Handling, provider string, err error) error {
 		return source.VerificationFailed(v.Provider, h, sourcev1.VerificationError,
@@ -193,6 +204,9 @@ func (r *ociResolved) Download(ctx context.Context, dir string) (*source.Content
 // signed fails with BuildFailed (ChartVerificationError) and
 // SourceVerified=False (VerificationError).
 func (r *ociResolved) verify(ctx context.Context, digest v1.Hash, opts []remote.Option) (*events.Verification, error) {
+	if r.notation != nil {
+		return r.verifyNotation(ctx, digest)
+	}
 	if r.verifier == nil {
 		return nil, nil
 	}
@@ -302,11 +316,15 @@ type ociAccess struct {
 
 // options are go-containerregistry's options for the access.
 func (a *ociAccess) options() []remote.Option {
-	auth := authn.Anonymous
+	return []remote.Option{remote.WithAuth(a.auth()), remote.WithTransport(a.transport), remote.WithUserAgent(userAgent)}
+}
+
+// auth are the access's credentials for go-containerregistry.
+func (a *ociAccess) auth() authn.Authenticator {
 	if a.username != "" || a.password != "" {
-		auth = &authn.Basic{Username: a.username, Password: a.password}
+		return &authn.Basic{Username: a.username, Password: a.password}
 	}
-	return []remote.Option{remote.WithAuth(auth), remote.WithTransport(a.transport), remote.WithUserAgent(userAgent)}
+	return authn.Anonymous
 }
 
 // ociAccess reads an OCI HelmRepository's access with Flux's rules: basic

@@ -93,8 +93,8 @@ func TestFetchChartOCI(t *testing.T) {
 // public keys of spec.verify.secretRef, as Flux: a chart signed by one of
 // the keys is pulled with SourceVerified=True; an unsigned chart, or one
 // signed by another key, fails with BuildFailed (ChartVerificationError)
-// and SourceVerified=False (VerificationError); keyless cosign and
-// notation stall.
+// and SourceVerified=False (VerificationError); keyless cosign stalls, and
+// so does notation with a Secret that holds no trust policy.
 func TestFetchChartOCIVerify(t *testing.T) {
 	srv := registryserver.New(t, registryserver.Options{})
 	push, err := registry.NewClient(registry.ClientOptPlainHTTP(), registry.ClientOptWriter(io.Discard),
@@ -164,8 +164,12 @@ func TestFetchChartOCIVerify(t *testing.T) {
 		{name: "keyless", version: "1.0.0", verify: verify("cosign", ""), atResolve: true,
 			reason: sourcev1.VerificationError, handling: failure.Stalling,
 			message: "failed to verify the signature using provider 'cosign keyless': keyless verification (no spec.verify.secretRef) is not supported yet"},
-		{name: "notation", version: "1.0.0", verify: verify("notation", "cosign"), atResolve: true,
-			reason: sourcev1.VerificationError, handling: failure.Stalling, message: "verification with provider 'notation' is not supported yet"},
+		{name: "notation without a trust policy", version: "1.0.0", verify: verify("notation", "cosign"), atResolve: true,
+			reason: sourcev1.VerificationError, handling: failure.Stalling,
+			message: "failed to verify the signature using provider 'notation': 'trustpolicy.json' not found in secret 'default/cosign'"},
+		{name: "notation without a secret", version: "1.0.0", verify: verify("notation", ""), atResolve: true,
+			reason: sourcev1.VerificationError, handling: failure.Stalling,
+			message: "failed to verify the signature using provider 'notation': verification secret cannot be empty: '"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := s.Resolve(ctx, request(sourcev1.HelmChartSpec{Chart: "podinfo", Version: tc.version, Verify: tc.verify}, cs))

@@ -380,8 +380,10 @@ func TestBadInput(t *testing.T) {
 			reason: source.UnsupportedProviderReason, handling: failure.Stalling, message: "OCI provider 'aws' is not supported yet"},
 		{name: "keyless verification", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Verify: &sourcev1.OCIRepositoryVerification{Provider: "cosign"}},
 			reason: sourcev1.VerificationError, handling: failure.Stalling, message: "keyless verification (no spec.verify.secretRef) is not supported yet"},
-		{name: "notation", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Verify: &sourcev1.OCIRepositoryVerification{Provider: "notation"}},
-			reason: sourcev1.VerificationError, handling: failure.Stalling, message: "verification with provider 'notation' is not supported yet"},
+		{name: "notation without a secret", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("no-layers"), Reference: tag,
+			Verify: &sourcev1.OCIRepositoryVerification{Provider: "notation"}},
+			reason: sourcev1.VerificationError, handling: failure.Stalling,
+			message: "failed to verify the signature using provider 'notation': verification secret cannot be empty: '" + reg.Host + "/no-layers@sha256:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
