@@ -15,10 +15,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
@@ -42,6 +46,9 @@ var env struct {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// The tests' clients log errors only (controller-runtime prints a
+	// stack when no logger is set).
+	ctrllog.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 	os.Exit(run(m))
 }
 
