@@ -16,6 +16,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
@@ -34,6 +35,8 @@ type providerCase struct {
 	provider string
 	url      string
 	secret   map[string]string // nil for no secretRef
+	// proxySecret is spec.proxySecretRef's data; nil for none.
+	proxySecret map[string]string
 	// reason is the failure's reason, "" for a fetch that works; handling
 	// its handling and message part of its message.
 	reason   string
@@ -47,9 +50,17 @@ func (c providerCase) run(t *testing.T, src *Source, commit string) {
 	t.Helper()
 	req := request(c.url, &sourcev1.GitRepositoryRef{Branch: "master"})
 	req.GitRepository.Provider = c.provider
+	var objs []*corev1.Secret
 	if c.secret != nil {
 		req.GitRepository.SecretRef = &meta.LocalObjectReference{Name: "auth"}
-		src.Secrets = secretSource(t, newSecret("auth", c.secret)).Secrets
+		objs = append(objs, newSecret("auth", c.secret))
+	}
+	if c.proxySecret != nil {
+		req.GitRepository.ProxySecretRef = &meta.LocalObjectReference{Name: "proxy"}
+		objs = append(objs, newSecret("proxy", c.proxySecret))
+	}
+	if objs != nil {
+		src.Secrets = secretSource(t, objs...).Secrets
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -162,6 +173,35 @@ func TestGitHubApp(t *testing.T) {
 		reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
 		message: "failed to configure authentication options: POST " + tokens + ": 401 A JSON web token could not be decoded []"}
 	stranger.run(t, src, f.commit)
+}
+
+func TestGitHubAppOverTLSThroughAProxy(t *testing.T) {
+	// A GitHub Enterprise Server whose certificate only the Secret's
+	// ca.crt vouches for, reached through spec.proxySecretRef's proxy.
+	f := newGitHubFixture(t, 0)
+	key, keyPEM := newAppKey(t)
+	api := &tokenserver.GitHubApp{AppID: 4242, PublicKey: &key.PublicKey, InstallationID: 77, Prefix: "/api/v3", TLS: true}
+	must(t, api.Start("127.0.0.1:0"))
+	t.Cleanup(func() { _ = api.Stop() })
+	f.api, f.key = api, keyPEM
+	proxy := &gitserver.Proxy{Username: "proxy", Password: "pr0xy"}
+	must(t, proxy.Start("127.0.0.1:0"))
+	t.Cleanup(func() { _ = proxy.Stop() })
+	proxySecret := map[string]string{"address": proxy.URL(), "username": "proxy", "password": "pr0xy"}
+	url := f.git.RepoURL("repo")
+
+	withCA := providerCase{provider: sourcev1.GitProviderGitHub, url: url, proxySecret: proxySecret,
+		secret: f.secret("ca.crt", string(api.CACert()))}
+	withCA.run(t, &Source{}, f.commit)
+	host := strings.TrimPrefix(api.URL(), "https://")
+	if reqs := proxy.Requests(); len(reqs) == 0 || reqs[0] != "CONNECT "+host {
+		t.Errorf("the proxy relayed %q, want the token request's tunnel to %s first", reqs, host)
+	}
+
+	withoutCA := providerCase{provider: sourcev1.GitProviderGitHub, url: url, proxySecret: proxySecret, secret: f.secret(),
+		reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient,
+		message: "x509: certificate signed by unknown authority"}
+	withoutCA.run(t, &Source{}, f.commit)
 }
 
 func TestGitHubAppTokenRenewedBeforeExpiry(t *testing.T) {
