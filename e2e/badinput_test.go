@@ -325,6 +325,31 @@ func TestBadInput(t *testing.T) {
 			inMsg: "failed to configure proxy options: secret 'default/git-proxy-no-address': key 'address' not found",
 		},
 		{
+			name: "git-github-app-key-not-pem", kind: kind,
+			input: func(t *testing.T, name string) *meta.Artifact {
+				createSecret(t, name, map[string]string{"githubAppID": "4242", "githubAppInstallationID": "77",
+					"githubAppPrivateKey": "s3cr3t-not-a-key"})
+				createSource(t, name, "https://"+closed+"/acme/repo.git", branch, withSecret(name), func(o *sourcev1.GitRepository) {
+					o.Spec.Provider = sourcev1.GitProviderGitHub
+				})
+				return nil
+			},
+			cond: sourcev1.FetchFailedCondition, reason: sourcev1.AuthenticationFailedReason, stalled: true,
+			inMsg: "could not parse private key: invalid key: Key must be a PEM encoded PKCS1 or PKCS8 key",
+		},
+		{
+			name: "git-github-app-no-private-key", kind: kind,
+			input: func(t *testing.T, name string) *meta.Artifact {
+				createSecret(t, name, map[string]string{"githubAppID": "4242", "githubAppInstallationID": "77"})
+				createSource(t, name, "https://"+closed+"/acme/repo.git", branch, withSecret(name), func(o *sourcev1.GitRepository) {
+					o.Spec.Provider = sourcev1.GitProviderGitHub
+				})
+				return nil
+			},
+			cond: sourcev1.FetchFailedCondition, reason: sourcev1.AuthenticationFailedReason, stalled: true,
+			inMsg: "secret 'default/git-github-app-no-private-key': key 'githubAppPrivateKey' not found",
+		},
+		{
 			name: "bucket-secret-no-secretkey", kind: sourcev1.BucketKind,
 			input: func(t *testing.T, name string) *meta.Artifact {
 				createSecret(t, name, map[string]string{"accesskey": s3.AccessKey})
@@ -347,15 +372,26 @@ func TestBadInput(t *testing.T) {
 			cond: sourcev1.FetchFailedCondition, reason: sourcev1.URLInvalidReason, stalled: true, inMsg: "no host",
 		},
 		{
-			name: "git-provider-azure", kind: kind,
+			name: "git-provider-aws", kind: kind,
 			input: func(t *testing.T, name string) *meta.Artifact {
-				createSource(t, name, "https://dev.azure.com/acme/repo/_git/repo", branch, func(o *sourcev1.GitRepository) {
-					o.Spec.Provider = sourcev1.GitProviderAzure
+				createSource(t, name, "https://git-codecommit.us-east-1.amazonaws.com/v1/repos/repo", branch, func(o *sourcev1.GitRepository) {
+					o.Spec.Provider = sourcev1.GitProviderAWS
 				})
 				return nil
 			},
 			cond: sourcev1.FetchFailedCondition, reason: "UnsupportedProvider", stalled: true,
-			inMsg: "git provider 'azure' is not supported yet",
+			inMsg: "git provider 'aws' is not supported yet",
+		},
+		{
+			name: "git-provider-github-no-secret", kind: kind,
+			input: func(t *testing.T, name string) *meta.Artifact {
+				createSource(t, name, "https://"+closed+"/acme/repo.git", branch, func(o *sourcev1.GitRepository) {
+					o.Spec.Provider = sourcev1.GitProviderGitHub
+				})
+				return nil
+			},
+			cond: sourcev1.FetchFailedCondition, reason: sourcev1.InvalidProviderConfigurationReason, stalled: true,
+			inMsg: "secretRef with github app data must be specified when provider is set to github",
 		},
 		{
 			name: "helmrepo-oci-scheme", kind: sourcev1.HelmRepositoryKind,

@@ -1,8 +1,13 @@
 package e2e
 
 import (
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -16,12 +21,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+	"github.com/headwater-gitops/headwater/testsupport/tokenserver"
 )
 
 // TestGitAuth fetches GitRepositories whose spec.secretRef and
 // spec.proxySecretRef name Secrets in the API server, from servers the test
 // runs: basic auth over http, https with a CA of its own, SSH, a bearer
-// token, and a forward proxy. The fetcher reads the Secrets itself.
+// token, a GitHub App, and a forward proxy. The fetcher reads the Secrets
+// itself.
 func TestGitAuth(t *testing.T) {
 	requireEnv(t)
 	t.Parallel()
@@ -150,6 +157,39 @@ func TestGitAuth(t *testing.T) {
 		authSecret(t, name, map[string]string{"bearerToken": "t0ken"})
 		createSource(t, name, srv.RepoURL(name), branch, withSecret(name))
 		checkAuthContent(t, waitArtifact(t, name, revision(c)), name)
+	})
+
+	// A GitHub App (spec.provider github) on a GitHub Enterprise Server
+	// URL: the fetcher signs the App's JWT with the Secret's key, trades it
+	// at the App's API for an installation token and clones with it as
+	// x-access-token; the reconcile after a push reuses the token.
+	t.Run("auth-github-app", func(t *testing.T) {
+		t.Parallel()
+		const name = "auth-github-app"
+		key, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			t.Fatal(err)
+		}
+		api := authServe(t, &tokenserver.GitHubApp{AppID: 4242, PublicKey: &key.PublicKey, InstallationID: 77, Prefix: "/api/v3"})
+		srv := authServe(t, &gitserver.Server{Root: t.TempDir(), Authorize: func(r *http.Request) bool {
+			u, p, ok := r.BasicAuth()
+			return ok && u == "x-access-token" && api.Valid(p)
+		}})
+		repo, c1 := authRepo(t, srv.Root, name)
+		authSecret(t, name, map[string]string{"githubAppID": "4242", "githubAppInstallationID": "77",
+			"githubAppPrivateKey": string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})),
+			"githubAppBaseURL":    api.APIURL()})
+		createSource(t, name, srv.RepoURL(name), branch, withSecret(name), func(o *sourcev1.GitRepository) {
+			o.Spec.Provider = sourcev1.GitProviderGitHub
+		})
+		checkAuthContent(t, waitArtifact(t, name, revision(c1)), name)
+
+		c2 := commit(t, repo, map[string]string{"README.md": "# " + name + "\n"}, "Second commit")
+		requestReconcile(t, name)
+		waitArtifact(t, name, revision(c2))
+		if n := api.Minted(); n != 1 {
+			t.Errorf("installation tokens minted for two reconciles: %d, want 1 (the fetcher keeps it)", n)
+		}
 	})
 
 	// Fetches through a forward proxy that requires its own credentials:

@@ -32,6 +32,10 @@ type Server struct {
 	// BearerToken, when set, requires an "Authorization: Bearer" header
 	// with it (basic auth is then accepted as well if Username is set).
 	BearerToken string
+	// Authorize, when set, decides which requests are let in, instead of
+	// Username, Password and BearerToken: say, only those carrying a
+	// token a token server issued and that has not expired.
+	Authorize func(*http.Request) bool
 
 	srv *http.Server
 	url string
@@ -116,7 +120,7 @@ func (s *Server) handler() (http.Handler, error) {
 		// with a 404; the status is what clients see.
 		Stderr: io.Discard,
 	}
-	if s.Username == "" && s.BearerToken == "" {
+	if s.Username == "" && s.BearerToken == "" && s.Authorize == nil {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.count(r)
 			backend.ServeHTTP(w, r)
@@ -135,6 +139,9 @@ func (s *Server) handler() (http.Handler, error) {
 
 // authorized reports whether r carries the configured credentials.
 func (s *Server) authorized(r *http.Request) bool {
+	if s.Authorize != nil {
+		return s.Authorize(r)
+	}
 	if s.BearerToken != "" && r.Header.Get("Authorization") == "Bearer "+s.BearerToken {
 		return true
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmchartfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ocifetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/workdir"
@@ -48,6 +49,8 @@ type options struct {
 	bucketConcurrency int
 	// refCacheTTL is how long a Git remote's reference listing is shared.
 	refCacheTTL time.Duration
+	// tokenCacheSize bounds the provider access tokens kept; 0 keeps none.
+	tokenCacheSize int
 	// contentCache reuses the artifacts of identical content.
 	contentCache bool
 	// verifyInterval is how long a verified stored artifact is trusted.
@@ -75,6 +78,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.bucketConcurrency, "bucket-concurrency", bucketfetch.DefaultConcurrency, "Objects of one Bucket downloaded at once.")
 	fs.DurationVar(&o.refCacheTTL, "ref-cache-ttl", gitfetch.DefaultRefCacheTTL,
 		"How long a Git remote's reference listing answers other fetches of the same remote with the same credentials; 0 disables sharing.")
+	fs.IntVar(&o.tokenCacheSize, "token-cache-max-size", providertoken.DefaultCacheEntries,
+		"Most access tokens of Git providers (GitHub App installations, the Azure workload identity) kept until shortly before they expire, as Flux's flag of that name; 0 mints a token for every fetch.")
 	fs.DurationVar(&o.verifyInterval, "artifact-verify-interval", fetch.DefaultVerifyInterval,
 		"How long an unchanged reconcile trusts a stored artifact this fetcher read and found intact, while storage reports the same size and modification time (ETag); 0 reads it through on every reconcile, as Flux.")
 	fs.BoolVar(&o.contentCache, "content-cache", true,
@@ -111,6 +116,9 @@ func run(ctx context.Context, o options) error {
 	helmchartfetch.SetMaxChartFileSize(o.helmChartFileMaxSize)
 	if o.refCacheTTL < 0 {
 		return errors.New("--ref-cache-ttl must not be negative")
+	}
+	if o.tokenCacheSize < 0 {
+		return errors.New("--token-cache-max-size must not be negative")
 	}
 	if o.verifyInterval < 0 {
 		return errors.New("--artifact-verify-interval must not be negative")
@@ -186,6 +194,10 @@ func run(ctx context.Context, o options) error {
 		leases = &fetch.Leases{KV: kv, Holder: fmt.Sprintf("%s/%d", host, os.Getpid())}
 	}
 
+	var tokens *providertoken.Cache // nil mints a token for every fetch
+	if o.tokenCacheSize > 0 {
+		tokens = providertoken.NewCache(o.tokenCacheSize, reg)
+	}
 	helmSource := helmfetch.NewSource(secretReader, o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
 	if helmSource.Recent, err = helmfetch.NewRecent("", helmfetch.DefaultRecentTTL, helmfetch.DefaultRecentEntries); err != nil {
 		return err
@@ -194,7 +206,7 @@ func run(ctx context.Context, o options) error {
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
 			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
-				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg)},
+				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
 				MaxFileSize: o.maxFileSize},
 			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -63,11 +64,20 @@ func (c *credentials) proxyFor(ctx context.Context) transport.ProxyOptions {
 
 // authenticate reads the Secrets req names, if any, and builds the
 // credentials for u with Flux's rules (see credentialsFor and
-// proxyOptions). A Secret that cannot be read is a transient failure; one
-// whose content cannot work stalls the source.
+// proxyOptions); for provider github or azure it adds the provider's token
+// (see providerToken). A Secret that cannot be read is a transient
+// failure; one whose content cannot work stalls the source.
 func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u *url.URL) (*credentials, error) {
 	spec := req.GitRepository
 	ns := req.Job.Object.Namespace
+	provider := spec.Provider
+	if provider == "" {
+		provider = sourcev1.GitProviderGeneric
+	}
+	if provider != sourcev1.GitProviderGeneric && u.Scheme == "ssh" {
+		return nil, source.StalledError(sourcev1.InvalidProviderConfigurationReason,
+			"provider '%s' authenticates over HTTP(S) only: use an https URL or provider 'generic' with an SSH key", provider)
+	}
 	var proxy transport.ProxyOptions
 	var proxyData map[string][]byte
 	if spec.ProxySecretRef != nil {
@@ -87,12 +97,24 @@ func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u
 		if err != nil {
 			return nil, source.Failed(sourcev1.AuthenticationFailedReason, "%w", err)
 		}
-		if u.Scheme != "ssh" && !hasAnyKey(d, keyUsername, keyPassword, keyBearerToken, keyCA, keyCAFile, keyTLSCert, keyTLSKey) {
+		switch {
+		case provider == sourcev1.GitProviderGeneric && providertoken.HasGitHubAppData(d):
+			return nil, source.StalledError(sourcev1.InvalidProviderConfigurationReason,
+				"secretRef '%s/%s' has github app data but provider is not set to github", ns, name)
+		case provider == sourcev1.GitProviderGeneric && u.Scheme != "ssh" &&
+			!hasAnyKey(d, keyUsername, keyPassword, keyBearerToken, keyCA, keyCAFile, keyTLSCert, keyTLSKey):
 			return nil, source.StalledError(sourcev1.AuthenticationFailedReason,
 				"failed to configure authentication options: secret '%s/%s' has none of the keys '%s', '%s', '%s', '%s' or '%s'",
 				ns, name, keyUsername, keyPassword, keyBearerToken, keyCA, keyTLSCert)
 		}
 		data = d
+	}
+	var app *providertoken.GitHubApp
+	if provider == sourcev1.GitProviderGitHub {
+		var err error
+		if app, err = gitHubApp(spec, ns, data); err != nil {
+			return nil, err
+		}
 	}
 	c, err := credentialsFor(u, data)
 	if err != nil {
@@ -100,7 +122,129 @@ func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u
 	}
 	c.proxy = proxy
 	c.fingerprint = secrets.Fingerprint(data, proxyData)
+	if provider != sourcev1.GitProviderGeneric {
+		// A listing obtained with a provider's token never answers a
+		// source without it, even with the same Secrets (or none).
+		c.fingerprint = secrets.Fingerprint(data, proxyData, map[string][]byte{"provider": []byte(provider)})
+		if err := s.providerToken(ctx, provider, spec, app, c); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// gitHubApp reads the GitHub App of spec.secretRef's data with Flux's
+// rules; every fault stalls the source.
+func gitHubApp(spec *sourcev1.GitRepositorySpec, ns string, data map[string][]byte) (*providertoken.GitHubApp, error) {
+	if spec.SecretRef == nil {
+		return nil, source.StalledError(sourcev1.InvalidProviderConfigurationReason, "%w", providertoken.ErrNoGitHubAppData)
+	}
+	app, err := providertoken.GitHubAppFromSecret(data, ns+"/"+spec.SecretRef.Name)
+	switch {
+	case errors.Is(err, providertoken.ErrNoGitHubAppData):
+		return nil, source.StalledError(sourcev1.InvalidProviderConfigurationReason, "%w", err)
+	case err != nil:
+		return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to configure authentication options: %w", err)
+	}
+	return app, nil
+}
+
+// providerToken obtains the token of provider github (a GitHub App
+// installation token, sent as the password of user x-access-token) or
+// azure (a Microsoft Entra ID token for Azure DevOps from the fetcher's
+// workload identity, sent as a bearer token) and makes it c's
+// authentication, as Flux does. Token endpoints are reached through
+// spec.proxySecretRef's proxy; a GitHub App's also with its Secret's TLS
+// settings (ca.crt, tls.crt and tls.key).
+func (s *Source) providerToken(ctx context.Context, provider string, spec *sourcev1.GitRepositorySpec,
+	app *providertoken.GitHubApp, c *credentials) error {
+	if provider == sourcev1.GitProviderAzure && spec.ServiceAccountName != "" {
+		return source.StalledError(source.UnsupportedProviderReason,
+			"object-level workload identity (spec.serviceAccountName with provider 'azure') is not supported yet: "+
+				"remove serviceAccountName to authenticate with the fetcher's own workload identity")
+	}
+	client, err := s.tokenClient(c, provider == sourcev1.GitProviderGitHub)
+	if err != nil {
+		return source.StalledError(sourcev1.AuthenticationFailedReason, "failed to configure authentication options: %w", err)
+	}
+	defer client.CloseIdleConnections()
+	switch provider {
+	case sourcev1.GitProviderGitHub:
+		token, err := app.Token(ctx, client, s.Tokens)
+		if err != nil {
+			return tokenFailure(err, "failed to configure authentication options: %w")
+		}
+		c.method = &githttp.BasicAuth{Username: providertoken.GitHubAppUsername, Password: token.Value}
+	case sourcev1.GitProviderAzure:
+		// Flux's words for a failed token, through its provider chain.
+		const format = "failed to configure authentication options: failed to get access token for Git repository: " +
+			"failed to create provider access token for the controller: %w"
+		id, err := providertoken.AzureWorkloadIdentityFromEnv(s.Getenv)
+		if err != nil {
+			return tokenFailure(err, format)
+		}
+		token, err := id.Token(ctx, client, s.Tokens, providertoken.ScopeAzureDevOps)
+		if err != nil {
+			return tokenFailure(err, format)
+		}
+		c.method = &githttp.TokenAuth{Token: token.Value}
+	}
+	return nil
+}
+
+// tokenFailure classifies a token that could not be obtained: an endpoint
+// refusing the request (a 4xx) or a fetcher without a workload identity
+// fails for good in this job, but not the source (the next interval tries
+// again, and the installation or the deployment may have changed by
+// then); anything else (a 5xx, an endpoint that cannot be reached) may
+// pass, and is retried.
+func tokenFailure(err error, format string) error {
+	var cfg *providertoken.ConfigError
+	if providertoken.Refused(err) || errors.As(err, &cfg) {
+		return source.FailedWith(failure.Final, sourcev1.AuthenticationFailedReason, format, err)
+	}
+	return source.Failed(sourcev1.AuthenticationFailedReason, format, err)
+}
+
+// tokenClient is an HTTP client for a token endpoint: through c's proxy,
+// trusting s.TokenRootCAs or the system's authorities, and, with
+// secretTLS, the Secret's ca.crt too and its client certificate.
+func (s *Source) tokenClient(c *credentials, secretTLS bool) (*http.Client, error) {
+	roots := s.TokenRootCAs
+	if roots == nil {
+		var err error
+		if roots, err = x509.SystemCertPool(); err != nil {
+			roots = x509.NewCertPool()
+		}
+	} else {
+		roots = roots.Clone()
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
+	if secretTLS {
+		if len(c.ca) > 0 && !roots.AppendCertsFromPEM(c.ca) {
+			return nil, fmt.Errorf("failed to parse CA certificate in '%s'", keyCA)
+		}
+		if len(c.cert) > 0 {
+			pair, err := tls.X509KeyPair(c.cert, c.key)
+			if err != nil {
+				return nil, fmt.Errorf("invalid TLS certificate and key pair: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{pair}
+		}
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = cfg
+	if c.proxy.URL != "" {
+		p, err := url.Parse(c.proxy.URL)
+		if err != nil {
+			return nil, errors.New("failed to parse proxy address")
+		}
+		if c.proxy.Username != "" {
+			p.User = url.UserPassword(c.proxy.Username, c.proxy.Password)
+		}
+		tr.Proxy = http.ProxyURL(p)
+	}
+	return &http.Client{Transport: tr}, nil
 }
 
 // secret reads the data of the Secret namespace/name, with Flux's words

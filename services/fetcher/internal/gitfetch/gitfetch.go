@@ -9,6 +9,7 @@ package gitfetch
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +35,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -66,6 +68,16 @@ type Source struct {
 	// RefCache shares reference listings between fetches; nil shares
 	// none.
 	RefCache *RefCache
+	// Tokens keeps the access tokens of providers github and azure until
+	// shortly before they expire; nil mints one for every fetch.
+	Tokens *providertoken.Cache
+	// TokenRootCAs, when set, are the certificate authorities trusted by
+	// the token endpoints' TLS instead of the system's (a GitHub App
+	// Secret's ca.crt is trusted as well). Tests set it.
+	TokenRootCAs *x509.CertPool
+	// Getenv looks up the workload identity's environment (provider
+	// azure); nil reads the process's.
+	Getenv func(string) (string, bool)
 }
 
 var (
@@ -101,12 +113,13 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if u.Host == "" {
 		return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': no host", spec.URL)
 	}
-	if p := spec.Provider; p != "" && p != sourcev1.GitProviderGeneric {
-		// Cloud and GitHub App credentials (spec.provider, and the
-		// serviceAccountName that goes with it) are not implemented: say
-		// so rather than try anonymous access and fail obscurely.
+	switch p := spec.Provider; p {
+	case "", sourcev1.GitProviderGeneric, sourcev1.GitProviderGitHub, sourcev1.GitProviderAzure:
+	default:
+		// AWS CodeCommit credentials are not implemented: say so rather
+		// than try anonymous access and fail obscurely.
 		return nil, source.StalledError(source.UnsupportedProviderReason,
-			"git provider '%s' is not supported yet: use provider 'generic' with a secretRef", p)
+			"git provider '%s' is not supported yet: use provider 'generic' with a secretRef, 'github' or 'azure'", p)
 	}
 	r, err := newRef(spec.Reference)
 	if err != nil {

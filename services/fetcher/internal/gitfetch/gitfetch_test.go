@@ -185,16 +185,23 @@ func TestResolveFailures(t *testing.T) {
 			reason: sourcev1.URLInvalidReason, stalled: true, message: "failed to parse url 'http://127.0.0.1:bad/repo.git'"},
 		{name: "unsupported scheme", url: "ftp://example.com/repo.git",
 			reason: sourcev1.URLInvalidReason, stalled: true, message: "unsupported scheme 'ftp'"},
-		{name: "github provider", url: f.url, provider: sourcev1.GitProviderGitHub,
-			reason: source.UnsupportedProviderReason, stalled: true,
-			message: "git provider 'github' is not supported yet: use provider 'generic' with a secretRef"},
-		{name: "azure provider", url: f.url, provider: sourcev1.GitProviderAzure,
-			reason: source.UnsupportedProviderReason, stalled: true, message: "git provider 'azure' is not supported yet"},
+		{name: "github provider without a secret", url: f.url, provider: sourcev1.GitProviderGitHub,
+			reason: sourcev1.InvalidProviderConfigurationReason, stalled: true,
+			message: "secretRef with github app data must be specified when provider is set to github"},
+		{name: "azure provider without a workload identity", url: f.url, provider: sourcev1.GitProviderAzure,
+			reason: sourcev1.AuthenticationFailedReason, message: "failed to configure authentication options: " +
+				"failed to get access token for Git repository: failed to create provider access token for the controller: " +
+				"Workload Identity: missing environment variables for workload identity. Check webhook and pod configuration"},
+		{name: "github provider over ssh", url: "ssh://git@example.com/repo.git", provider: sourcev1.GitProviderGitHub,
+			reason: sourcev1.InvalidProviderConfigurationReason, stalled: true, message: "provider 'github' authenticates over HTTP(S) only"},
+		{name: "aws provider", url: f.url, provider: sourcev1.GitProviderAWS,
+			reason: source.UnsupportedProviderReason, stalled: true, message: "git provider 'aws' is not supported yet"},
 		{name: "ssh without a secret", url: "ssh://git@example.com/repo.git",
 			reason: sourcev1.AuthenticationFailedReason, stalled: true,
 			message: "failed to configure authentication options: invalid 'ssh' auth option: 'identity' is required"},
 	}
-	src := &Source{}
+	// A fetcher without the environment of a workload identity.
+	src := &Source{Getenv: func(string) (string, bool) { return "", false }}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			req := request(tc.url, tc.ref)

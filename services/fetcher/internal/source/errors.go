@@ -14,7 +14,7 @@ const (
 	// InvalidSpecReason: the job carries no usable spec for its kind.
 	InvalidSpecReason = "InvalidSpec"
 	// UnsupportedProviderReason: a provider Headwater cannot authenticate
-	// with yet (a GitRepository's github, azure or aws).
+	// with yet (a GitRepository's aws, or azure with serviceAccountName).
 	UnsupportedProviderReason = "UnsupportedProvider"
 	// EmptyGitRepositoryReason: the repository has no commits (Flux's reason).
 	EmptyGitRepositoryReason = "EmptyGitRepository"
