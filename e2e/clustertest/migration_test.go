@@ -127,11 +127,14 @@ func fromFlux(t *testing.T, installFlux, removeHeadwater func()) *migration {
 	// Flux alone: a GitRepository and a Kustomization of it, both with an
 	// hour's interval, so that nothing but the switch and the test's
 	// reconcile requests makes either controller work.
-	repo, head := newRepo(t, "migrate", map[string]string{
+	// A repository of the test's own on the shared git server; the
+	// GitRepository is "migrate" in every test.
+	repoName := "migrate-" + strings.ToLower(t.Name())
+	repo, head := newRepo(t, repoName, map[string]string{
 		"apps/one.yaml": configMap("one", "1"),
 		"apps/two.yaml": configMap("two", "1"),
 	})
-	gitRepository(t, cl, "flux-system", "migrate", "migrate", time.Hour)
+	gitRepository(t, cl, "flux-system", "migrate", repoName, time.Hour)
 	start = time.Now()
 	ks := kustomizationEvery(t, cl, "migrate", sourcev1.GitRepositoryKind, "migrate", "./apps", time.Hour)
 	key := types.NamespacedName{Namespace: "flux-system", Name: "migrate"}

@@ -229,13 +229,25 @@ func randomText(n int) string {
 // fluxInstalled makes what `flux install` leaves for the flux-system
 // overlay: the namespace flux-system and Flux's source CRDs (the overlay
 // installs neither; Headwater's deploy/crds are generated from the same
-// API module), removed when the test ends.
+// API module), removed when the test ends. Headwater's own Subscription
+// CRD is not among them: the overlay and the chart install it.
 func fluxInstalled(t *testing.T) {
 	t.Helper()
 	useNamespace(t, "flux-system")
-	kubectl(t, "apply", "-k", deployPath("crds"))
+	files, err := filepath.Glob(filepath.Join(env.deploy, "crds", "source.toolkit.fluxcd.io_*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("Flux's source CRDs in deploy/crds: %v (%d files)", err, len(files))
+	}
+	args := func(verb string, more ...string) []string {
+		a := []string{verb}
+		for _, f := range files {
+			a = append(a, "-f", f)
+		}
+		return append(a, more...)
+	}
+	kubectl(t, args("apply")...)
 	t.Cleanup(func() {
-		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("crds"), "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
+		if out, err := env.c.Kubectl(context.Background(), args("delete", "--ignore-not-found", "--wait=true", "--timeout=3m")...).Run(); err != nil {
 			t.Errorf("delete the CRDs: %v\n%s", err, out)
 		}
 	})

@@ -30,8 +30,10 @@ import (
 //   - to Headwater: Flux's source-controller scaled to 0, its Service
 //     marked for adoption by the release, `helm install headwater
 //     charts/headwater -n flux-system --set fluxDropIn.enabled=true`;
-//   - back: the Service annotated helm.sh/resource-policy=keep, `helm
-//     uninstall`, Flux's manifest applied again.
+//   - back: `helm uninstall` (the Service stays: the drop-in's template
+//     says helm.sh/resource-policy: keep), Flux's manifest applied again
+//     server-side, as `flux install` does, which gives the Service Flux's
+//     selector back.
 func TestFluxHelmSwitch(t *testing.T) {
 	requireFull(t)
 	manifest := fluxSourceControllerManifest()
@@ -79,8 +81,8 @@ func TestFluxHelmSwitch(t *testing.T) {
 	m.newCommit("Headwater", "2")
 
 	m.switchTo("Flux's source-controller (helm uninstall)", func() {
-		// The Service outlives the release, so it keeps its cluster IP.
-		kubectl(t, "-n", "flux-system", "annotate", "service", "source-controller", "helm.sh/resource-policy=keep")
+		// The Service outlives the release (the drop-in's template says
+		// helm.sh/resource-policy: keep), so it keeps its cluster IP.
 		u := action.NewUninstall(h.cfg)
 		u.Wait = true
 		u.Timeout = 5 * time.Minute
@@ -91,9 +93,13 @@ func TestFluxHelmSwitch(t *testing.T) {
 			t.Errorf("helm status after the uninstall: %v, want %v", err, driver.ErrReleaseNotFound)
 		}
 		m.waitGone("app.kubernetes.io/part-of=headwater")
-		kubectl(t, "apply", "-f", manifest)
+		// Server-side, as `flux install` applies: the Service's selector
+		// is an atomic map, so the forced apply sets Flux's alone (a
+		// client-side apply would keep the key Helm's adoption added,
+		// which Flux's pods lack).
+		kubectl(t, "apply", "--server-side", "--force-conflicts", "-f", manifest)
 		m.waitFluxRollout()
-		t.Logf("  the Service source-controller selects %v", serviceSelector(t))
+		fluxSelector(t)
 	}, m.rebuiltByFlux)
 	m.newCommit("Flux's source-controller", "3")
 }
@@ -164,7 +170,7 @@ func TestFluxBootstrapSwitch(t *testing.T) {
 		}, []string{"clusters/test/headwater/headwater.yaml"})
 		m.waitGone("app.kubernetes.io/part-of=headwater")
 		m.waitFluxRollout()
-		t.Logf("  the Service source-controller selects %v", serviceSelector(t))
+		fluxSelector(t)
 	}, m.rebuiltByFlux)
 	m.newCommit("Flux's source-controller", "3")
 }
@@ -292,6 +298,18 @@ func (f fleetSync) applied(what string) {
 	eventuallyEvery(t, 5*time.Minute, fine, "the fleet's commit applied: "+what, allOf(
 		gitReadyAt(f.cl, key, head, &gr), revision, applied(f.cl, ks, &rev)))
 	t.Logf("%s: the Kustomization flux-system applied %s %s after the reconcile request", what, rev, time.Since(start).Round(10*time.Millisecond))
+}
+
+// fluxSelector checks that the Service source-controller in flux-system
+// selects Flux's pods as Flux's manifest says, and nothing else.
+func fluxSelector(t *testing.T) {
+	t.Helper()
+	got := serviceSelector(t)
+	if len(got) != 1 || got["app"] != "source-controller" {
+		t.Errorf("the Service source-controller selects %v after the switch back, want Flux's map[app:source-controller]", got)
+		return
+	}
+	t.Logf("  the Service source-controller selects %v", got)
 }
 
 // serviceSelector is the selector of the Service source-controller in
