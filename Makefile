@@ -3,10 +3,11 @@
 #   make run    the whole system on the embedded default
 #   make test   every test (unit, integration and end-to-end)
 #
-# Real components (kube-apiserver, etcd, kubectl, MinIO, the distribution
-# registry, controller-gen, nats-server and CoreDNS for the images) are
-# built once from the Go module proxy by hack/build-tools.sh and cached by
-# version under TOOLS_DIR, outside the clone, so fresh clones reuse them.
+# Real components (kube-apiserver, etcd, kubectl, MinIO, fake-gcs-server,
+# the distribution registry, controller-gen, nats-server and CoreDNS for the
+# images) are built once from the Go module proxy, and Azurite installed
+# from the npm registry, by hack/build-tools.sh and cached by version under
+# TOOLS_DIR, outside the clone, so fresh clones reuse them.
 
 SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
@@ -26,6 +27,8 @@ ETCD_VERSION           := v3.6.16
 MINIO_VERSION          := v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION := v0.23.0
 REGISTRY_VERSION       := v3.1.2
+FAKE_GCS_SERVER_VERSION := v1.56.1
+AZURITE_VERSION        := 3.37.0
 FLUX_SOURCE_CONTROLLER_VERSION := v1.9.1
 FLUX_KUSTOMIZE_CONTROLLER_VERSION    := v1.9.5
 FLUX_NOTIFICATION_CONTROLLER_VERSION := v1.9.3
@@ -37,6 +40,8 @@ KUBEBUILDER_ASSETS := $(BIN_DIR)/k8s
 CONTROLLER_GEN     := $(TOOLS_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 MINIO              := $(TOOLS_DIR)/minio-$(MINIO_VERSION)/minio
 REGISTRY_BIN       := $(TOOLS_DIR)/registry-$(REGISTRY_VERSION)/registry
+FAKE_GCS_SERVER    := $(TOOLS_DIR)/fake-gcs-server-$(FAKE_GCS_SERVER_VERSION)/fake-gcs-server
+AZURITE_BLOB       := $(TOOLS_DIR)/azurite-$(AZURITE_VERSION)/azurite-blob
 NATS_SERVER        := $(TOOLS_DIR)/nats-server-$(NATS_SERVER_VERSION)/nats-server
 COREDNS            := $(TOOLS_DIR)/coredns-$(COREDNS_VERSION)/coredns
 FLUX_SOURCE_CONTROLLER := $(TOOLS_DIR)/flux-source-controller-$(FLUX_SOURCE_CONTROLLER_VERSION)/source-controller
@@ -59,6 +64,8 @@ export HEADWATER_KUBE_NODE_DIR := $(KUBE_NODE_DIR)
 export HEADWATER_IMAGES := $(IMAGE_ARCHIVE)
 export HEADWATER_MINIO_BIN := $(MINIO)
 export HEADWATER_REGISTRY_BIN := $(REGISTRY_BIN)
+export HEADWATER_FAKE_GCS_SERVER_BIN := $(FAKE_GCS_SERVER)
+export HEADWATER_AZURITE_BIN := $(AZURITE_BLOB)
 export HEADWATER_BIN_DIR   := $(BIN_DIR)
 # What TestFluxControllers imports and applies (make flux-image-archive).
 export HEADWATER_FLUX_IMAGES := $(FLUX_IMAGE_ARCHIVE)
@@ -192,7 +199,7 @@ define build_images
 endef
 
 .PHONY: tools
-tools: kube-tools minio registry controller-gen ## Build and cache every real component used by tests.
+tools: kube-tools minio bucket-emulators registry controller-gen ## Build and cache every real component used by tests.
 
 .PHONY: kube-tools
 kube-tools: ## kube-apiserver, etcd and kubectl for envtest (cached).
@@ -213,6 +220,17 @@ cluster-deps: ## containerd, runc, the CNI plugins and iptables from Debian's pa
 .PHONY: minio
 minio: ## The MinIO server for S3 tests (cached).
 	@hack/build-tools.sh $(TOOLS_DIR) minio
+
+.PHONY: bucket-emulators
+bucket-emulators: fake-gcs-server azurite ## The emulators of the gcp and azure Bucket providers' tests (cached).
+
+.PHONY: fake-gcs-server
+fake-gcs-server: ## fake-gcs-server, the Google Cloud Storage emulator for gcp Bucket tests (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) fake-gcs-server
+
+.PHONY: azurite
+azurite: ## Azurite, the Azure Blob Storage emulator for azure Bucket tests, from the npm registry (needs node; cached).
+	@hack/build-tools.sh $(TOOLS_DIR) azurite
 
 .PHONY: registry
 registry: ## The CNCF distribution registry for OCI tests (cached).
@@ -281,7 +299,7 @@ crds-kustomization:
 ##@ Test
 
 .PHONY: test
-test: kube-tools minio registry build ## Run every test: unit, integration and end-to-end.
+test: kube-tools minio bucket-emulators registry build ## Run every test: unit, integration and end-to-end.
 	@for m in $(MODULES); do \
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(GO_TEST_FLAGS) ./...) || exit 1; \

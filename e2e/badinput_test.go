@@ -486,13 +486,19 @@ func TestBadInput(t *testing.T) {
 			cond: sourcev1.FetchFailedCondition, reason: sourcev1.BucketOperationFailedReason, inMsg: "'hostile'", check: messageNames(closed),
 		},
 		{
-			name: "bucket-provider-gcp", kind: sourcev1.BucketKind,
+			// A credential configuration that is no service account key
+			// (it could make the fetcher read its own files) is refused.
+			name: "bucket-provider-gcp-external-account", kind: sourcev1.BucketKind,
 			input: func(t *testing.T, name string) *meta.Artifact {
-				createBucket(t, name, s3.Endpoint, "hostile", func(b *sourcev1.Bucket) { b.Spec.Provider = sourcev1.BucketProviderGoogle })
+				createSecret(t, name, map[string]string{"serviceaccount": `{"type":"external_account","credential_source":{"file":"/var/run/secrets/kubernetes.io/serviceaccount/token"}}`})
+				createBucket(t, name, s3.Endpoint, "hostile", func(b *sourcev1.Bucket) {
+					b.Spec.Provider = sourcev1.BucketProviderGoogle
+					b.Spec.SecretRef = &meta.LocalObjectReference{Name: name}
+				})
 				return nil
 			},
-			cond: sourcev1.FetchFailedCondition, reason: sourcev1.InvalidProviderConfigurationReason, stalled: true,
-			inMsg: "the 'gcp' Bucket provider is not supported yet",
+			cond: sourcev1.FetchFailedCondition, reason: sourcev1.AuthenticationFailedReason, stalled: true,
+			inMsg: "'serviceaccount' is not a service account key: type 'external_account', want 'service_account'",
 		},
 		{
 			name: "bucket-huge-object", kind: sourcev1.BucketKind,

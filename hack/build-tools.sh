@@ -4,7 +4,12 @@
 # server and the CNCF distribution registry -- from the Go module proxy, and
 # caches them by version.
 #
-# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|registry|controller-gen|flux|kustomize-controller|notification-controller|nats-server|coredns ...]
+# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|fake-gcs-server|azurite|registry|controller-gen|flux|kustomize-controller|notification-controller|nats-server|coredns ...]
+#
+# fake-gcs-server (Google Cloud Storage's JSON API, built from its Go module)
+# and Azurite (Azure Blob Storage, installed from the npm registry; it needs
+# node) are the emulators the gcp and azure Bucket providers are tested
+# against.
 #
 # nats-server and coredns are the binaries of the third-party images
 # hack/imagebuild assembles (`make image-archive`); CoreDNS comes from the
@@ -34,13 +39,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 tools_dir=${1:?usage: build-tools.sh <tools-dir> [component...]}
 shift
 components=("$@")
-[ ${#components[@]} -gt 0 ] || components=(kube etcd minio registry controller-gen)
+[ ${#components[@]} -gt 0 ] || components=(kube etcd minio fake-gcs-server azurite registry controller-gen)
 
 KUBE_VERSION=v1.34.4
 ETCD_VERSION=v3.6.16
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 CONTROLLER_GEN_VERSION=v0.23.0
 REGISTRY_VERSION=v3.1.2
+FAKE_GCS_SERVER_VERSION=v1.56.1
+AZURITE_VERSION=3.37.0
 FLUX_SOURCE_CONTROLLER_VERSION=v1.9.1
 FLUX_KUSTOMIZE_CONTROLLER_VERSION=v1.9.5
 FLUX_NOTIFICATION_CONTROLLER_VERSION=v1.9.3
@@ -98,6 +105,19 @@ minio() {
 	GOBIN=$1 go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION"
 }
 
+fake_gcs_server() {
+	GOBIN=$1 go install -trimpath -ldflags "-s -w" "github.com/fsouza/fake-gcs-server@$FAKE_GCS_SERVER_VERSION"
+}
+
+# azurite installs the Azure Storage emulator and its dependencies into
+# <out>/node_modules; <out>/azurite-blob runs its Blob service.
+azurite() {
+	local out=$1
+	command -v node >/dev/null || { echo "azurite needs node (apt-get install nodejs npm)" >&2; return 1; }
+	npm install --prefix "$out" --no-audit --no-fund --no-save --loglevel=error "azurite@$AZURITE_VERSION" >&2
+	ln -s node_modules/.bin/azurite-blob "$out/azurite-blob"
+}
+
 registry() {
 	GOBIN=$1 go install -trimpath -ldflags "-s -w" "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
 }
@@ -141,6 +161,8 @@ for c in "${components[@]}"; do
 	etcd) build_once "$tools_dir/etcd-$ETCD_VERSION" "etcd $ETCD_VERSION" etcd ;;
 	minio) build_once "$tools_dir/minio-$MINIO_VERSION" "minio $MINIO_VERSION" minio ;;
 	registry) build_once "$tools_dir/registry-$REGISTRY_VERSION" "registry $REGISTRY_VERSION" registry ;;
+	fake-gcs-server) build_once "$tools_dir/fake-gcs-server-$FAKE_GCS_SERVER_VERSION" "fake-gcs-server $FAKE_GCS_SERVER_VERSION" fake_gcs_server ;;
+	azurite) build_once "$tools_dir/azurite-$AZURITE_VERSION" "Azurite $AZURITE_VERSION" azurite ;;
 	flux) build_once "$tools_dir/flux-source-controller-$FLUX_SOURCE_CONTROLLER_VERSION" "Flux source-controller $FLUX_SOURCE_CONTROLLER_VERSION" \
 		flux_controller github.com/fluxcd/source-controller "$FLUX_SOURCE_CONTROLLER_VERSION" source-controller ;;
 	kustomize-controller) build_once "$tools_dir/flux-kustomize-controller-$FLUX_KUSTOMIZE_CONTROLLER_VERSION" "Flux kustomize-controller $FLUX_KUSTOMIZE_CONTROLLER_VERSION" \

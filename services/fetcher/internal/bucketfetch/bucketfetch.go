@@ -1,11 +1,16 @@
-// Package bucketfetch fetches Bucket sources from S3-compatible object
-// storage (providers generic and aws) with minio-go, as Flux's Bucket
-// controller does: resolving lists the objects under spec.prefix, filters
+// Package bucketfetch fetches Bucket sources as Flux's Bucket controller
+// does, from S3-compatible object storage (providers generic and aws, with
+// minio-go), Google Cloud Storage (provider gcp, through its JSON API) and
+// Azure Blob Storage (provider azure, with azblob): resolving lists the objects under spec.prefix, filters
 // them with the ignore rules and digests their keys and ETags into the
 // revision, so an unchanged bucket costs a listing and no download; a
 // download fetches the listed objects concurrently, with a bound, each
 // streamed to its file, and never writes outside the download directory.
 // Revisions, reasons and messages are Flux's.
+//
+// Each provider is a store (list, get, exists); what they share lives in
+// resolved, so a bucket holding the same keys and ETags has the same
+// revision whatever serves it.
 package bucketfetch
 
 import (
@@ -30,8 +35,6 @@ import (
 	"github.com/fluxcd/pkg/sourceignore"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/s3utils"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -65,12 +68,24 @@ type Source struct {
 	// MaxFileSize, when positive, fails a download with a larger object
 	// before fetching it.
 	MaxFileSize int64
-	// MaxRetries bounds the attempts of one S3 request; minio-go's
-	// default (10) when zero.
+	// MaxRetries bounds the attempts of one request to the bucket's
+	// server; when zero, each client's default: 10 for S3 (minio-go), 4
+	// for Azure (azcore), and for Google Cloud Storage retries until the
+	// job's timeout, as its SDK does.
 	MaxRetries int
 
+	// listPageSize, when positive, bounds the objects of one listing
+	// page of Google Cloud Storage and Azure (tests make listings of
+	// several pages with it).
+	listPageSize int
+	// gcsBackoff, when positive, replaces the first wait between the
+	// attempts of a Google Cloud Storage request (gcsInitialBackoff;
+	// tests shorten it).
+	gcsBackoff time.Duration
+
 	mu         sync.Mutex
-	transports map[bool]http.RoundTripper // shared transports, by secure
+	transports map[bool]http.RoundTripper // shared S3 transports, by secure
+	cloud      http.RoundTripper          // shared GCS and Azure transport
 }
 
 var (
@@ -97,14 +112,11 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if err := checkSpec(spec); err != nil {
 		return nil, err
 	}
-	if err := s3utils.CheckValidBucketName(spec.BucketName); err != nil {
-		return nil, source.StalledError(sourcev1.BucketOperationFailedReason, "invalid bucket name '%s': %w", spec.BucketName, err)
-	}
-	client, access, err := s.newClient(ctx, req.Job.Object.Namespace, spec)
+	st, access, err := s.open(ctx, req.Job.Object.Namespace, spec)
 	if err != nil {
 		return nil, err
 	}
-	r := &resolved{src: s, client: client, bucket: spec.BucketName, prefix: spec.Prefix, ignore: spec.Ignore,
+	r := &resolved{src: s, store: st, bucket: spec.BucketName, prefix: spec.Prefix, ignore: spec.Ignore,
 		identity: identity(req.Job.Object.Namespace, spec, access)}
 	if err := r.list(ctx); err != nil {
 		return nil, err
@@ -115,7 +127,7 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 // resolved is a bucket listing, filtered by the ignore rules.
 type resolved struct {
 	src    *Source
-	client *minio.Client
+	store  store
 	bucket string
 	prefix string
 	ignore *string
@@ -199,35 +211,29 @@ func (r *resolved) etags() map[string]string {
 // directory markers (keys ending in "/") and the ignore rules object, and
 // does not apply the default exclusions of Git sources.
 func (r *resolved) list(ctx context.Context) error {
-	exists, err := r.client.BucketExists(ctx, r.bucket)
+	exists, err := r.store.exists(ctx)
 	if err != nil {
-		return source.Failed(sourcev1.BucketOperationFailedReason, "failed to confirm existence of '%s' bucket: %w", r.bucket, err)
+		return source.FailedWith(handlingOf(err), sourcev1.BucketOperationFailedReason, "failed to confirm existence of '%s' bucket: %w", r.bucket, err)
 	}
 	if !exists {
 		return source.Failed(sourcev1.BucketOperationFailedReason, "bucket '%s' not found", r.bucket)
 	}
 
-	// Stop the lister if the listing fails half-way.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	listed := map[string]object{}
 	hasRules := false
-	for o := range r.client.ListObjects(ctx, r.bucket, minio.ListObjectsOptions{
-		Prefix:    r.prefix,
-		Recursive: true,
-		UseV1:     s3utils.IsGoogleEndpoint(*r.client.EndpointURL()),
-	}) {
-		if o.Err != nil {
-			return source.Failed(sourcev1.BucketOperationFailedReason,
-				"indexation of objects from bucket '%s' failed: listing objects from bucket '%s' failed: %w", r.bucket, r.bucket, o.Err)
-		}
+	err = r.store.list(ctx, r.prefix, func(key string, o object) error {
 		switch {
-		case o.Key == ignoreFile:
+		case key == ignoreFile:
 			hasRules = true
-		case strings.HasSuffix(o.Key, "/"):
+		case strings.HasSuffix(key, "/"):
 		default:
-			listed[o.Key] = object{etag: o.ETag, size: o.Size}
+			listed[key] = o
 		}
+		return nil
+	})
+	if err != nil {
+		return source.FailedWith(handlingOf(err), sourcev1.BucketOperationFailedReason,
+			"indexation of objects from bucket '%s' failed: listing objects from bucket '%s' failed: %w", r.bucket, r.bucket, err)
 	}
 	// The listing tells whether the rules object exists unless a prefix
 	// kept it out.
@@ -252,12 +258,12 @@ func (r *resolved) list(ctx context.Context) error {
 
 // getRules reads the ignore rules object, if there is one.
 func (r *resolved) getRules(ctx context.Context) error {
-	body, _, _, err := minio.Core{Client: r.client}.GetObject(ctx, r.bucket, ignoreFile, minio.GetObjectOptions{})
-	if isNoSuchKey(err) {
+	body, _, err := r.store.get(ctx, ignoreFile)
+	if errors.Is(err, errNoSuchObject) {
 		return nil
 	}
 	if err != nil {
-		return source.Failed(sourcev1.BucketOperationFailedReason, "failed to get Etag for '%s' object: %w", ignoreFile, err)
+		return source.FailedWith(handlingOf(err), sourcev1.BucketOperationFailedReason, "failed to get Etag for '%s' object: %w", ignoreFile, err)
 	}
 	defer body.Close()
 	data, err := io.ReadAll(io.LimitReader(body, maxIgnoreFileSize+1))
@@ -379,8 +385,8 @@ feed:
 // fetch streams one object to its file. A missing object is left out of
 // the listing; a changed one is recorded with its new ETag.
 func (r *resolved) fetch(ctx context.Context, root *os.Root, key, rel string) error {
-	body, info, _, err := minio.Core{Client: r.client}.GetObject(ctx, r.bucket, key, minio.GetObjectOptions{})
-	if isNoSuchKey(err) {
+	body, info, err := r.store.get(ctx, key)
+	if errors.Is(err, errNoSuchObject) {
 		logr.FromContextOrDiscard(ctx).Info("indexed object disappeared from the bucket", "bucket", r.bucket, "key", key)
 		r.mu.Lock()
 		delete(r.objects, key)
@@ -392,8 +398,8 @@ func (r *resolved) fetch(ctx context.Context, root *os.Root, key, rel string) er
 	}
 	defer body.Close()
 	limit := r.src.MaxFileSize
-	if limit > 0 && info.Size > limit {
-		return r.fetchError(tooLarge(key, info.Size, limit))
+	if limit > 0 && info.size > limit {
+		return r.fetchError(tooLarge(key, info.size, limit))
 	}
 	if dir := filepath.Dir(rel); dir != "." {
 		if err := root.MkdirAll(dir, 0o755); err != nil {
@@ -419,8 +425,8 @@ func (r *resolved) fetch(ctx context.Context, root *os.Root, key, rel string) er
 		return r.fetchError(tooLarge(key, n, limit))
 	}
 	r.mu.Lock()
-	if o := r.objects[key]; o.etag != info.ETag {
-		r.objects[key] = object{etag: info.ETag, size: n}
+	if o := r.objects[key]; o.etag != info.etag {
+		r.objects[key] = object{etag: info.etag, size: n}
 	}
 	r.mu.Unlock()
 	return nil
@@ -428,9 +434,10 @@ func (r *resolved) fetch(ctx context.Context, root *os.Root, key, rel string) er
 
 // fetchError is a download failure in Flux's words. The bucket's content
 // fails the same way again (until it changes) when a key is unsafe or an
-// object too large: such failures are final.
+// object too large, and so do refused credentials (until the Secret
+// changes): such failures are final.
 func (r *resolved) fetchError(err error) *failure.Error {
-	handling := failure.Transient
+	handling := handlingOf(err)
 	if errors.Is(err, errUnsafeKey) || errors.Is(err, archive.ErrTooLarge) {
 		handling = failure.Final
 	}
@@ -453,7 +460,12 @@ func tooLarge(key string, size, limit int64) error {
 	return fmt.Errorf("%w: object '%s' is %d bytes, over the limit of %d", archive.ErrTooLarge, key, size, limit)
 }
 
-// isNoSuchKey tells whether err says the object does not exist.
-func isNoSuchKey(err error) bool {
-	return err != nil && minio.ToErrorResponse(err).Code == minio.NoSuchKey
+// handlingOf is the handling of a store's error: final when the server
+// refused the credentials (trying again in this job fails the same way;
+// the next interval tries again), transient otherwise.
+func handlingOf(err error) failure.Handling {
+	if errors.Is(err, errDenied) {
+		return failure.Final
+	}
+	return failure.Transient
 }

@@ -331,18 +331,6 @@ func TestFailures(t *testing.T) {
 			message: "failed to get proxy URL: secret 'default/proxy' has no 'address' key",
 		},
 		{
-			name:   "gcp",
-			spec:   sourcev1.BucketSpec{Provider: sourcev1.BucketProviderGoogle},
-			reason: sourcev1.InvalidProviderConfigurationReason, handling: failure.Stalling,
-			message: "the 'gcp' Bucket provider is not supported yet: use 'generic' or 'aws'",
-		},
-		{
-			name:   "azure",
-			spec:   sourcev1.BucketSpec{Provider: sourcev1.BucketProviderAzure},
-			reason: sourcev1.InvalidProviderConfigurationReason, handling: failure.Stalling,
-			message: "the 'azure' Bucket provider is not supported yet: use 'generic' or 'aws'",
-		},
-		{
 			name:   "sts",
 			spec:   sourcev1.BucketSpec{STS: &sourcev1.BucketSTSSpec{Provider: sourcev1.STSProviderLDAP, Endpoint: "https://sts.example.com"}},
 			reason: sourcev1.InvalidSTSConfigurationReason, handling: failure.Stalling,
@@ -463,7 +451,7 @@ func TestUnsafeKeys(t *testing.T) {
 	parent := t.TempDir()
 	dir := filepath.Join(parent, "download")
 	must(t, os.Mkdir(dir, 0o755))
-	r := &resolved{src: &Source{}, client: client, bucket: "hostile", objects: map[string]object{
+	r := &resolved{src: &Source{}, store: &s3Store{client: client, bucket: "hostile"}, bucket: "hostile", objects: map[string]object{
 		"fine.yaml": {etag: "1"}, "../escape.yaml": {etag: "2"},
 	}}
 	_, err = r.Download(context.Background(), dir)

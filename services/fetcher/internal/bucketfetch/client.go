@@ -11,6 +11,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
 
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -30,13 +31,11 @@ const customIdleTimeout = 10 * time.Second
 // serve whatever the bucket holds.
 func checkSpec(spec *sourcev1.BucketSpec) error {
 	switch spec.Provider {
-	case "", sourcev1.BucketProviderGeneric, sourcev1.BucketProviderAmazon:
-	case sourcev1.BucketProviderGoogle, sourcev1.BucketProviderAzure:
-		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
-			"the '%s' Bucket provider is not supported yet: use 'generic' or 'aws'", spec.Provider)
+	case "", sourcev1.BucketProviderGeneric, sourcev1.BucketProviderAmazon,
+		sourcev1.BucketProviderGoogle, sourcev1.BucketProviderAzure:
 	default:
 		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
-			"unsupported Bucket provider '%s': use 'generic' or 'aws'", spec.Provider)
+			"unsupported Bucket provider '%s': use 'generic', 'aws', 'gcp' or 'azure'", spec.Provider)
 	}
 	if spec.STS != nil {
 		return source.StalledError(sourcev1.InvalidSTSConfigurationReason,
@@ -49,6 +48,27 @@ func checkSpec(spec *sourcev1.BucketSpec) error {
 	return nil
 }
 
+// open validates the bucket name for the spec's provider and builds the
+// provider's store. It also returns a fingerprint of the Secrets' data it
+// read (see secrets.Fingerprint), which names the access in the content
+// identity.
+func (s *Source) open(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (store, string, error) {
+	switch spec.Provider {
+	case sourcev1.BucketProviderGoogle:
+		return s.newGCSStore(ctx, namespace, spec)
+	case sourcev1.BucketProviderAzure:
+		return s.newAzureStore(ctx, namespace, spec)
+	}
+	if err := s3utils.CheckValidBucketName(spec.BucketName); err != nil {
+		return nil, "", source.StalledError(sourcev1.BucketOperationFailedReason, "invalid bucket name '%s': %w", spec.BucketName, err)
+	}
+	client, access, err := s.newClient(ctx, namespace, spec)
+	if err != nil {
+		return nil, "", err
+	}
+	return &s3Store{client: client, bucket: spec.BucketName}, access, nil
+}
+
 // newClient builds the S3 client of a spec as Flux does: keys from
 // spec.secretRef; without them, the AWS credential chain for provider aws
 // and anonymous access for generic; TLS settings from spec.certSecretRef
@@ -57,11 +77,11 @@ func checkSpec(spec *sourcev1.BucketSpec) error {
 // It also returns a fingerprint of the Secrets' data it read (see
 // secrets.Fingerprint), which names the access in the content identity.
 func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (*minio.Client, string, error) {
-	var keys, proxyData, certData map[string][]byte
+	var keys, certData map[string][]byte
 	if ref := spec.SecretRef; ref != nil {
-		data, err := s.secret(ctx, namespace, ref.Name)
+		data, err := s.authSecret(ctx, namespace, spec)
 		if err != nil {
-			return nil, "", source.Failed(sourcev1.AuthenticationFailedReason, "failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+			return nil, "", err
 		}
 		_, hasAccess := data[keyAccessKey]
 		_, hasSecret := data[keySecretKey]
@@ -71,17 +91,9 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 		}
 		keys = data
 	}
-	var proxy *url.URL
-	if ref := spec.ProxySecretRef; ref != nil {
-		data, err := s.secret(ctx, namespace, ref.Name)
-		if err != nil {
-			return nil, "", source.Failed(sourcev1.AuthenticationFailedReason,
-				"failed to get proxy URL: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
-		}
-		proxyData = data
-		if proxy, err = secrets.ProxyURL(data, namespace+"/"+ref.Name); err != nil {
-			return nil, "", source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get proxy URL: %w", err)
-		}
+	proxy, proxyData, err := s.proxyURL(ctx, namespace, spec)
+	if err != nil {
+		return nil, "", err
 	}
 	secure := !spec.Insecure
 	var tlsConfig *tls.Config
@@ -125,6 +137,38 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 	return client, secrets.Fingerprint(keys, proxyData, certData), nil
 }
 
+// proxyURL reads the proxy of spec.proxySecretRef, with the Secret's data;
+// nil without one.
+func (s *Source) proxyURL(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (*url.URL, map[string][]byte, error) {
+	ref := spec.ProxySecretRef
+	if ref == nil {
+		return nil, nil, nil
+	}
+	data, err := s.secret(ctx, namespace, ref.Name)
+	if err != nil {
+		return nil, nil, source.Failed(sourcev1.AuthenticationFailedReason,
+			"failed to get proxy URL: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+	}
+	proxy, err := secrets.ProxyURL(data, namespace+"/"+ref.Name)
+	if err != nil {
+		return nil, nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get proxy URL: %w", err)
+	}
+	return proxy, data, nil
+}
+
+// authSecret reads the Secret of spec.secretRef; nil without one.
+func (s *Source) authSecret(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (map[string][]byte, error) {
+	ref := spec.SecretRef
+	if ref == nil {
+		return nil, nil
+	}
+	data, err := s.secret(ctx, namespace, ref.Name)
+	if err != nil {
+		return nil, source.Failed(sourcev1.AuthenticationFailedReason, "failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+	}
+	return data, nil
+}
+
 // secret reads a Secret's data.
 func (s *Source) secret(ctx context.Context, namespace, name string) (map[string][]byte, error) {
 	if s.Secrets == nil {
@@ -165,6 +209,26 @@ func (s *Source) transport(secure bool, tlsConfig *tls.Config, proxy *url.URL) (
 		t.Proxy = http.ProxyURL(proxy)
 	}
 	return t, nil
+}
+
+// cloudTransport returns the HTTP transport of a Google Cloud Storage or
+// Azure client: a shared one without a proxy, so connections are reused
+// across jobs, and a job's own one with a proxy.
+func (s *Source) cloudTransport(proxy *url.URL) http.RoundTripper {
+	if proxy == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.cloud == nil {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.MaxIdleConnsPerHost = 16
+			s.cloud = t
+		}
+		return s.cloud
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.IdleConnTimeout = customIdleTimeout
+	t.Proxy = http.ProxyURL(proxy)
+	return t
 }
 
 // awsCredentials finds credentials with the AWS chain minio-go provides:

@@ -256,10 +256,12 @@ func TestBucketFailures(t *testing.T) {
 				Message: "bucket 'nope' not found"},
 		},
 		{
-			name:   "unsupported provider",
-			mutate: func(s *sourcev1.BucketSpec) { s.Provider = sourcev1.BucketProviderAzure },
-			failure: events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.InvalidProviderConfigurationReason,
-				Message: "the 'azure' Bucket provider is not supported yet: use 'generic' or 'aws'", Stalled: true},
+			name: "azure endpoint that is no URL",
+			mutate: func(s *sourcev1.BucketSpec) {
+				s.Provider, s.Endpoint = sourcev1.BucketProviderAzure, "account.blob.core.windows.net"
+			},
+			failure: events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.URLInvalidReason,
+				Message: "invalid endpoint 'account.blob.core.windows.net': want the account's blob service URL, https://<account>.blob.core.windows.net", Stalled: true},
 		},
 	}
 	for i, tc := range cases {
