@@ -226,16 +226,32 @@ func podLogs(t *testing.T, pod string, previous bool) string {
 // readyz is the body of a pod's /readyz.
 func readyz(t *testing.T, ip string, port int) string {
 	t.Helper()
-	resp, err := env.c.HTTPClient().Get(fmt.Sprintf("http://%s:%d/readyz", ip, port))
+	body, err := readyzBody(context.Background(), ip, port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode == http.StatusOK {
-		return "ok"
+	return body
+}
+
+// readyzBody is the body of a pod's /readyz, "ok" when it answers 200.
+func readyzBody(ctx context.Context, ip string, port int) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s:%d/readyz", ip, port), nil)
+	if err != nil {
+		return "", err
 	}
-	return string(b)
+	resp, err := env.c.HTTPClient().Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode == http.StatusOK {
+		return "ok", nil
+	}
+	return string(b), nil
 }
 
 func firstLine(s string) string {

@@ -322,3 +322,77 @@ func serviceSelector(t *testing.T) map[string]string {
 	}
 	return svc.Spec.Selector
 }
+
+// TestDropInBesideFlux applies the drop-in while Flux's source-controller
+// still runs, the order docs/migrate-from-flux.md warns against: the
+// watcher does not reconcile, its /readyz (so its pod's readiness) says
+// what to do, and it writes no source's status and records no Event; once
+// Flux's controller is scaled to 0 it takes over, with the checks of
+// TestFluxMigration.
+func TestDropInBesideFlux(t *testing.T) {
+	requireFull(t)
+	manifest := fluxSourceControllerManifest()
+	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() {
+		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
+			t.Errorf("delete the overlay: %v\n%s", err, out)
+		}
+	})
+	var flux sourcev1.GitRepository
+	if err := m.cl.Get(context.Background(), m.key, &flux); err != nil {
+		t.Fatal(err)
+	}
+
+	m.switchTo("Headwater (applied first, Flux scaled to 0 after)", func() {
+		kubectl(t, "apply", "-k", deployPath("overlays/flux-system"))
+		const want = "Flux's source-controller Deployment is running in flux-system (1 replicas); scale it to 0"
+		var said string
+		eventually(t, 5*time.Minute, "the watcher's /readyz saying Flux's controller runs", func(ctx context.Context) error {
+			list := pods(t, "watcher")
+			if len(list) == 0 {
+				return errors.New("no watcher pod")
+			}
+			for _, p := range list {
+				if podReady(&p) {
+					t.Fatalf("watcher pod %s is Ready while Flux's source-controller runs", p.Name)
+				}
+				if p.Status.PodIP == "" {
+					return fmt.Errorf("watcher pod %s has no IP yet", p.Name)
+				}
+				body, err := readyzBody(ctx, p.Status.PodIP, 9110)
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(body, want) {
+					return fmt.Errorf("watcher pod %s /readyz: %q", p.Name, body)
+				}
+				said = firstLine(body)
+			}
+			return nil
+		})
+		t.Logf("  beside Flux's running controller the watcher is not Ready; /readyz: %s", said)
+		// Every other service is up, and the watcher has had its start:
+		// a reconcile would have written the source by now.
+		for _, name := range []string{"fetcher", "packager", "artifact-server"} {
+			eventually(t, 3*time.Minute, name+" Ready", func(context.Context) error {
+				if len(readyPods(t, name)) == 0 {
+					return fmt.Errorf("no %s pod Ready", name)
+				}
+				return nil
+			})
+		}
+		var gr sourcev1.GitRepository
+		if err := m.cl.Get(context.Background(), m.key, &gr); err != nil {
+			t.Fatal(err)
+		}
+		if gr.Status.Artifact == nil || gr.Status.Artifact.Digest != flux.Status.Artifact.Digest {
+			t.Errorf("the GitRepository's artifact changed while Flux's controller ran beside the waiting watcher: %+v, Flux's was %+v", gr.Status.Artifact, flux.Status.Artifact)
+		}
+		if list := events(t, "flux-system", m.key.Name, "ArtifactMissing"); len(list) > 0 {
+			t.Errorf("the waiting watcher recorded %s: %s", list[0].Reason, list[0].Message)
+		}
+		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
+		m.waitGone("app=source-controller,!app.kubernetes.io/part-of")
+		waitPodsReady(t, 5*time.Minute)
+	}, m.rebuiltByHeadwater)
+	m.newCommit("Headwater", "2")
+}
