@@ -370,6 +370,11 @@ func (w *Worker) settle(ctx context.Context, log logr.Logger, msg jetstream.Msg,
 		return "rejected"
 	}
 	f := failure.As(err)
+	if f != nil {
+		// The report says whether the bus tries the job again, so the
+		// watcher makes no job of its own for it meanwhile.
+		f.Retrying = f.Handling == failure.Transient && !d.Last
+	}
 	if f != nil && w.Report != nil && m != nil {
 		if rerr := w.Report(ctx, m, f); rerr != nil {
 			err, f = fmt.Errorf("report failure %q: %w", f.Error(), rerr), nil

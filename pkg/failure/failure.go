@@ -89,6 +89,10 @@ type Error struct {
 	// an Event of their own (a stored artifact found corrupt while the
 	// upstream was unreachable); the outcome carries them.
 	Notices []events.Notice
+	// Retrying is set by the bus worker when it delivers the job again
+	// after reporting this failure (a transient failure before the last
+	// attempt): the report is not the job's last word.
+	Retrying bool
 }
 
 // New returns an *Error with the given handling, condition, reason and a
@@ -135,17 +139,22 @@ func (e *Error) Stalled() bool { return e.Handling == Stalling }
 
 // Data returns the failure as it travels on the bus.
 func (e *Error) Data() *events.Failure {
-	return &events.Failure{Condition: e.Condition, Reason: e.Reason, Message: e.Error(), Stalled: e.Stalled()}
+	return &events.Failure{Condition: e.Condition, Reason: e.Reason, Message: e.Error(), Stalled: e.Stalled(),
+		Transient: e.Handling == Transient, Retrying: e.Retrying}
 }
 
 // FromData returns the failure a bus message describes, for the service
-// that writes it into conditions. Its handling is Stalling or Transient.
+// that writes it into conditions. Its handling is Stalling, Transient or
+// Final (a failure neither stalled nor transient).
 func FromData(f *events.Failure) *Error {
-	h := Transient
-	if f.Stalled {
+	h := Final
+	switch {
+	case f.Stalled:
 		h = Stalling
+	case f.Transient:
+		h = Transient
 	}
-	return &Error{Handling: h, Condition: f.Condition, Reason: f.Reason, Err: errors.New(f.Message)}
+	return &Error{Handling: h, Condition: f.Condition, Reason: f.Reason, Err: errors.New(f.Message), Retrying: f.Retrying}
 }
 
 // urlPattern finds URLs in free text; quotes and whitespace end them, as in

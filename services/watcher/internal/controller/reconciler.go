@@ -65,6 +65,10 @@ type Reconciler struct {
 	// Triggers, when set, are the reconciles webhooks ask for (see
 	// Triggers); their jobs are fresh.
 	Triggers *Triggers
+	// Retries, when set, brings the reconcile of a source whose fetch
+	// failed for a reason that passes forward from its next interval (see
+	// Retries); the results consumer schedules them.
+	Retries *Retries
 	// Metrics, when set, records reconcile durations.
 	Metrics *Metrics
 	// Steady, when set, makes the jobs of steady sources quiet (see
@@ -92,6 +96,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 	}
 	if r.Triggers != nil {
 		b = b.WatchesRawSource(r.Triggers.Source())
+	}
+	if r.Retries != nil {
+		b = b.WatchesRawSource(r.Retries.Source())
 	}
 	return b.Complete(r)
 }
