@@ -398,6 +398,11 @@ func (w *Worker) settle(ctx context.Context, log logr.Logger, msg jetstream.Msg,
 		log.Info("waiting", append(kv, "delay", f.RetryAfter.String())...)
 		_ = msg.NakWithDelay(f.RetryAfter)
 		return "waiting"
+	case f.Handling == failure.Throttled:
+		// The watcher makes the next job when the host allows.
+		log.Info("throttled", append(kv, "retryAfter", f.RetryAfter.String())...)
+		_ = msg.Term()
+		return "throttled"
 	case f.Handling == failure.Transient && !d.Last:
 		delay := Backoff(d.Attempt)
 		log.Info("failed; retrying", append(kv, "delay", delay.String())...)

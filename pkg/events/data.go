@@ -303,6 +303,12 @@ type Failure struct {
 	// backoff: this outcome is not the job's last, and the watcher does
 	// not make a new job for it.
 	Retrying bool `json:"retrying,omitempty"`
+	// RetryAfterMilliseconds, when positive, says the upstream host asked
+	// to be left alone (a 429 or 503 with Retry-After) or the fetcher's
+	// limit for it is spent: no request was sent, and the watcher makes
+	// the source's next job after this many milliseconds, not on a
+	// backoff (condition reason RateLimited, Reconciling True).
+	RetryAfterMilliseconds int64 `json:"retryAfterMs,omitempty"`
 }
 
 // Notice is something worth a Kubernetes Event that is not the job's outcome.

@@ -13,6 +13,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/minio/minio-go/v7/pkg/s3utils"
 
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -116,7 +117,7 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 	opts := &minio.Options{
 		Region:     spec.Region,
 		Secure:     secure,
-		Transport:  transport,
+		Transport:  hostlimit.Wrap(transport, s.Limiter),
 		MaxRetries: s.MaxRetries,
 	}
 	switch {

@@ -206,6 +206,12 @@ func (c *Consumer) retry(ctx context.Context, log logr.Logger, key types.Namespa
 		r.Succeeded(key)
 	case events.TypeArtifactFailed:
 		f := o.Failure
+		if f != nil && f.RetryAfterMilliseconds > 0 && !f.Stalled {
+			// The host said when: then, and the backoff is not counted.
+			delay := r.Failed(ctx, key, time.Duration(f.RetryAfterMilliseconds)*time.Millisecond)
+			log.V(1).Info("rate limited: next attempt when the host allows", "delay", delay.String())
+			return
+		}
 		if f == nil || !f.Transient || f.Retrying || f.Stalled {
 			return
 		}

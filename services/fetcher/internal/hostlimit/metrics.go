@@ -1,0 +1,78 @@
+package hostlimit
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
+)
+
+// Metrics are the per-host families:
+// headwater_fetch_host_requests_total{host} (requests sent),
+// headwater_fetch_host_throttled_total{host,by} (requests not sent: by
+// "host" while it is held, by "limit" when its bucket has no slot within
+// the wait), headwater_fetch_host_retry_after_total{host,code} (answers
+// asking to wait: the hold, and the retry after it, that follow) and
+// headwater_fetch_host_wait_seconds_total{host} (time requests waited for
+// a slot). A nil *Metrics records nothing.
+type Metrics struct {
+	requests    *prometheus.CounterVec
+	throttles   *prometheus.CounterVec
+	retryAfters *prometheus.CounterVec
+	wait        *prometheus.CounterVec
+}
+
+// NewMetrics registers the families on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_host_requests_total",
+			Help: "HTTP requests sent to upstream hosts, by host.",
+		}, []string{"host"}),
+		throttles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_host_throttled_total",
+			Help: "HTTP requests not sent, by host and by what held them: host (it asked to wait with Retry-After) or limit (the fetcher's token bucket for it).",
+		}, []string{"host", "by"}),
+		retryAfters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_host_retry_after_total",
+			Help: "Answers of upstream hosts asking to wait (429, or 503 with Retry-After), by host and status code; the source is retried when the host allows.",
+		}, []string{"host", "code"}),
+		wait: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_host_wait_seconds_total",
+			Help: "Seconds HTTP requests waited for a slot of their host's token bucket, by host.",
+		}, []string{"host"}),
+	}
+	reg.MustRegister(m.requests, m.throttles, m.retryAfters, m.wait)
+	return m
+}
+
+func (m *Metrics) request(host string) {
+	if m != nil {
+		m.requests.WithLabelValues(host).Inc()
+	}
+}
+
+func (m *Metrics) throttled(host string, byHost bool) {
+	if m == nil {
+		return
+	}
+	by := "limit"
+	if byHost {
+		by = "host"
+	}
+	m.throttles.WithLabelValues(host, by).Inc()
+}
+
+func (m *Metrics) retryAfter(host string, code int) {
+	if m != nil {
+		m.retryAfters.WithLabelValues(host, strconv.Itoa(code)).Inc()
+	}
+}
+
+func (m *Metrics) waited(host string, d time.Duration) {
+	if m != nil {
+		m.wait.WithLabelValues(host).Add(d.Seconds())
+	}
+}
