@@ -11,8 +11,8 @@ import (
 
 // TestRetriesBackoff checks the per-source backoff: each failure doubles
 // the delay from Base (plus at most a tenth of jitter) up to Max, another
-// source keeps its own count, a host's own delay is taken as it is and
-// not counted, and a success starts the count again.
+// source keeps its own count, a host's own delay is taken as it is (plus
+// jitter) and not counted, and a success starts the count again.
 func TestRetriesBackoff(t *testing.T) {
 	r := &Retries{Base: time.Hour, Max: 8 * time.Hour, New: func() client.Object { return &sourcev1.GitRepository{} }}
 	a := types.NamespacedName{Namespace: "ns", Name: "a"}
@@ -31,8 +31,8 @@ func TestRetriesBackoff(t *testing.T) {
 	if d := r.Failed(t.Context(), b, 0); !within(d, time.Hour) {
 		t.Errorf("another source's first failure: delay %v, want %v", d, time.Hour)
 	}
-	if d := r.Failed(t.Context(), b, 40*time.Second); d != 40*time.Second {
-		t.Errorf("the host's own delay: %v, want 40s", d)
+	if d := r.Failed(t.Context(), b, 40*time.Second); !within(d, 40*time.Second) {
+		t.Errorf("the host's own delay: %v, want 40s plus at most 10%%", d)
 	}
 	if got := r.Failures(b); got != 1 {
 		t.Errorf("failures of b = %d, want 1 (a host's delay is not counted)", got)
@@ -74,4 +74,51 @@ func TestRetriesFire(t *testing.T) {
 	if pending != 0 {
 		t.Errorf("%d retries still scheduled after the success", pending)
 	}
+}
+
+// TestRetriesAttempt checks the numbers retries give their jobs: none
+// before a retry fires, a new one for every retry fired (so no retry's
+// job repeats an earlier job's ID), kept until that retry's job is
+// published, and not cleared by the publication of an older one.
+func TestRetriesAttempt(t *testing.T) {
+	r := &Retries{Base: time.Millisecond, New: func() client.Object { return &sourcev1.GitRepository{} }}
+	r.init()
+	a := types.NamespacedName{Namespace: "ns", Name: "a"}
+	if n := r.Attempt(a); n != 0 {
+		t.Fatalf("attempt before any retry = %d, want 0", n)
+	}
+	fired := func() uint64 {
+		t.Helper()
+		r.Failed(t.Context(), a, time.Millisecond)
+		select {
+		case <-r.ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the retry was not enqueued")
+		}
+		return r.Attempt(a)
+	}
+	first := fired()
+	if first == 0 {
+		t.Fatal("a fired retry has no attempt number")
+	}
+	if again := r.Attempt(a); again != first {
+		t.Errorf("attempt read twice: %d then %d", first, again)
+	}
+	second := fired()
+	if second == first {
+		t.Errorf("two retries share attempt %d", first)
+	}
+	r.Published(a, first)
+	if n := r.Attempt(a); n != second {
+		t.Errorf("after the older retry's job: attempt %d, want %d kept", n, second)
+	}
+	r.Published(a, second)
+	if n := r.Attempt(a); n != 0 {
+		t.Errorf("after its job was published: attempt %d, want 0", n)
+	}
+	var nilRetries *Retries
+	if n := nilRetries.Attempt(a); n != 0 {
+		t.Errorf("nil Retries: attempt %d", n)
+	}
+	nilRetries.Published(a, 1)
 }
