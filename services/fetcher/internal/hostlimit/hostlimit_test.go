@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -267,6 +268,90 @@ func TestTransport(t *testing.T) {
 	}
 	if n := served.Load(); n != 3 {
 		t.Errorf("the server saw %d requests, want 3: none while it is held", n)
+	}
+}
+
+// TestLimiterWaitsForHold checks a request to a host held for less than
+// MaxWait waits for the hold to end and goes, while one held for longer
+// is refused at once.
+func TestLimiterWaitsForHold(t *testing.T) {
+	l := &Limiter{Rules: Rules{}, Store: &MemoryStore{}, MaxWait: time.Minute}
+	ctx := t.Context()
+	must(t, l.Hold(ctx, "short", time.Now().Add(20*time.Millisecond)))
+	must(t, l.Acquire(ctx, "short"))
+	must(t, l.Hold(ctx, "long", time.Now().Add(time.Hour)))
+	if err := l.Acquire(ctx, "long"); !errors.As(err, new(*HeldError)) {
+		t.Errorf("request to a host held beyond MaxWait: %v, want a *HeldError", err)
+	}
+	// A frozen clock: the hold's end is taken as passed once waited for.
+	now := time.Now()
+	frozen := &Limiter{Rules: Rules{}, Store: &MemoryStore{}, MaxWait: time.Minute, Now: func() time.Time { return now }}
+	must(t, frozen.Hold(ctx, "h", now.Add(10*time.Millisecond)))
+	must(t, frozen.Acquire(ctx, "h"))
+}
+
+// TestTransportResends checks that a request the host refuses with a
+// hold shorter than MaxWait is sent again, body included, once the hold
+// ends, and the caller sees only the answer to the second; a request
+// whose body cannot be read again gets the host's answer, and the fetch
+// learns of the hold.
+func TestTransportResends(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		n := len(bodies)
+		mu.Unlock()
+		if n%2 == 1 {
+			// In the past: the shortest hold.
+			w.Header().Set("Retry-After", time.Now().Add(-time.Hour).Format(http.TimeFormat))
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(srv.Close)
+	l := &Limiter{Rules: Rules{}, Store: &MemoryStore{}, MaxWait: time.Minute}
+	c := &http.Client{Transport: &Transport{Limiter: l}}
+
+	ctx, tracker := Track(t.Context())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("want"))
+	must(t, err)
+	resp, err := c.Do(req)
+	must(t, err)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("status %d, want 200 from the request sent again", resp.StatusCode)
+	}
+	mu.Lock()
+	got := slices.Clone(bodies)
+	mu.Unlock()
+	if !slices.Equal(got, []string{"want", "want"}) {
+		t.Errorf("the server got bodies %q, want the request twice", got)
+	}
+	if h := tracker.Held(); h != nil {
+		t.Errorf("the fetch learnt of a hold it waited out: %v", h)
+	}
+
+	ctx, tracker = Track(t.Context())
+	req, err = http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, io.NopCloser(strings.NewReader("once")))
+	must(t, err)
+	resp, err = c.Do(req)
+	must(t, err)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("a body that cannot be read again: status %d, want the host's 429", resp.StatusCode)
+	}
+	mu.Lock()
+	n := len(bodies)
+	mu.Unlock()
+	if n != 3 {
+		t.Errorf("the server got %d requests, want 3: a body read once is not sent again", n)
+	}
+	if h := tracker.Held(); h == nil || !h.ByHost {
+		t.Errorf("held %v, want the host's hold known to the fetch", h)
 	}
 }
 

@@ -65,22 +65,65 @@ func (l *Limiter) now() time.Time {
 }
 
 // Acquire takes a request slot for host: at once, or after a wait of at
-// most MaxWait (a timer, not a loop). It returns a *HeldError, without
-// taking a slot, while the host is held or when the next slot is further
-// than MaxWait; ctx's error if ctx ends while it waits. A store that
-// fails lets the request go.
+// most MaxWait (a timer, not a loop), for a hold of the host to end or
+// for a slot of its bucket. It returns a *HeldError, without taking a
+// slot, while the host is held beyond MaxWait or when the next slot is
+// further than MaxWait; ctx's error if ctx ends while it waits. A store
+// that fails lets the request go.
 func (l *Limiter) Acquire(ctx context.Context, host string) error {
-	host = strings.ToLower(host)
+	return l.acquire(ctx, strings.ToLower(host), l.now().Add(l.MaxWait))
+}
+
+// acquire is Acquire with a wait that ends by deadline.
+func (l *Limiter) acquire(ctx context.Context, host string, deadline time.Time) error {
+	var notBefore time.Time
+	for {
+		at, slot, err := l.take(ctx, host, deadline, notBefore)
+		if err != nil {
+			return err
+		}
+		if wait := at.Sub(l.now()); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			l.Metrics.waited(host, wait)
+		}
+		if slot {
+			l.Metrics.request(host)
+			return nil
+		}
+		// The hold has ended (or was made longer meanwhile): look again,
+		// at its end at the earliest, whatever the clock says.
+		notBefore = at
+	}
+}
+
+// take looks at host's state once, at the time of the clock or at
+// notBefore, whichever is later. It takes a slot of the host's bucket,
+// usable at at (slot true), or says the host is held until at, to look
+// again then (slot false); a *HeldError when either is beyond deadline.
+func (l *Limiter) take(ctx context.Context, host string, deadline, notBefore time.Time) (at time.Time, slot bool, err error) {
 	rule := l.Rules.For(host)
 	now := l.now()
-	var wait time.Duration
+	if notBefore.After(now) {
+		now = notBefore
+	}
 	var held *HeldError
-	_, err := l.Store.Update(ctx, host, func(s State) (State, bool) {
-		wait, held = 0, nil
+	_, err = l.Store.Update(ctx, host, func(s State) (State, bool) {
+		at, slot, held = now, false, nil
 		if s.HeldUntil.After(now) {
-			held = &HeldError{Host: host, Until: s.HeldUntil, ByHost: true}
+			if s.HeldUntil.After(deadline) {
+				held = &HeldError{Host: host, Until: s.HeldUntil, ByHost: true}
+			} else {
+				at = s.HeldUntil
+			}
 			return s, false
 		}
+		slot = true
 		if rule.Rate <= 0 {
 			return s, false
 		}
@@ -90,39 +133,26 @@ func (l *Limiter) Acquire(ctx context.Context, host string) error {
 			tat = now
 		}
 		next := tat.Add(interval)
-		at := next.Add(-time.Duration(rule.Burst) * interval)
-		if d := at.Sub(now); d > 0 {
-			if d > l.MaxWait {
-				held = &HeldError{Host: host, Until: at}
+		if free := next.Add(-time.Duration(rule.Burst) * interval); free.After(now) {
+			if free.After(deadline) {
+				slot, held = false, &HeldError{Host: host, Until: free}
 				return s, false
 			}
-			wait = d
+			at = free
 		}
 		s.TAT = next
 		return s, true
 	})
 	if err != nil {
 		l.Log.Error(err, "host limits cannot be read: the request goes unlimited", "host", host)
-		l.Metrics.request(host)
-		return nil
+		return now, true, nil
 	}
 	if held != nil {
 		l.Metrics.throttled(host, held.ByHost)
 		noteHeld(ctx, held)
-		return held
+		return now, false, held
 	}
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-		l.Metrics.waited(host, wait)
-	}
-	l.Metrics.request(host)
-	return nil
+	return at, slot, nil
 }
 
 // Hold records that host asked to be left alone until until; every

@@ -16,12 +16,15 @@ import (
 // the wait), headwater_fetch_host_retry_after_total{host,code} (answers
 // asking to wait: the hold, and the retry after it, that follow) and
 // headwater_fetch_host_wait_seconds_total{host} (time requests waited for
-// a slot). A nil *Metrics records nothing.
+// a slot or for a hold to end) and headwater_fetch_host_resent_total{host}
+// (requests sent again after a short hold the host asked for). A nil
+// *Metrics records nothing.
 type Metrics struct {
 	requests    *prometheus.CounterVec
 	throttles   *prometheus.CounterVec
 	retryAfters *prometheus.CounterVec
 	wait        *prometheus.CounterVec
+	resends     *prometheus.CounterVec
 }
 
 // NewMetrics registers the families on reg.
@@ -41,10 +44,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"host", "code"}),
 		wait: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Name: "fetch_host_wait_seconds_total",
-			Help: "Seconds HTTP requests waited for a slot of their host's token bucket, by host.",
+			Help: "Seconds HTTP requests waited for a slot of their host's token bucket or for its hold to end, by host.",
+		}, []string{"host"}),
+		resends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_host_resent_total",
+			Help: "HTTP requests sent again, by host, after the host asked to wait (429, or 503 with Retry-After) for less than the fetcher's -rate-limit-max-wait.",
 		}, []string{"host"}),
 	}
-	reg.MustRegister(m.requests, m.throttles, m.retryAfters, m.wait)
+	reg.MustRegister(m.requests, m.throttles, m.retryAfters, m.wait, m.resends)
 	return m
 }
 
@@ -74,5 +81,11 @@ func (m *Metrics) retryAfter(host string, code int) {
 func (m *Metrics) waited(host string, d time.Duration) {
 	if m != nil {
 		m.wait.WithLabelValues(host).Add(d.Seconds())
+	}
+}
+
+func (m *Metrics) resent(host string) {
+	if m != nil {
+		m.resends.WithLabelValues(host).Inc()
 	}
 }
