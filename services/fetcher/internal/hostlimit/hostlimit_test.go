@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -384,5 +385,28 @@ func BenchmarkAcquire(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// TestMetricsSeries checks that every per-host family has the series of
+// a host once one request to it went, before any refusal.
+func TestMetricsSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	l := &Limiter{Rules: Rules{}, Store: &MemoryStore{}, Metrics: NewMetrics(reg)}
+	must(t, l.Acquire(t.Context(), "example.com"))
+	families, err := reg.Gather()
+	must(t, err)
+	got := map[string]int{}
+	for _, f := range families {
+		got[f.GetName()] = len(f.GetMetric())
+	}
+	for name, want := range map[string]int{
+		"headwater_fetch_host_requests_total": 1, "headwater_fetch_host_throttled_total": 2,
+		"headwater_fetch_host_retry_after_total": 2, "headwater_fetch_host_wait_seconds_total": 1,
+		"headwater_fetch_host_resent_total": 1,
+	} {
+		if got[name] != want {
+			t.Errorf("%s: %d series, want %d", name, got[name], want)
+		}
 	}
 }

@@ -1,7 +1,9 @@
 package hostlimit
 
 import (
+	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +27,8 @@ type Metrics struct {
 	retryAfters *prometheus.CounterVec
 	wait        *prometheus.CounterVec
 	resends     *prometheus.CounterVec
+	// seen holds the hosts whose series exist.
+	seen sync.Map
 }
 
 // NewMetrics registers the families on reg.
@@ -58,7 +62,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) request(host string) {
 	if m != nil {
 		m.requests.WithLabelValues(host).Inc()
+		m.see(host)
 	}
+}
+
+// see makes every series of host, at zero, the first time a request to
+// it goes: a dashboard or an alert then reads a rate from the start, not
+// from the first refusal.
+func (m *Metrics) see(host string) {
+	if _, loaded := m.seen.LoadOrStore(host, true); loaded {
+		return
+	}
+	m.throttles.WithLabelValues(host, "host")
+	m.throttles.WithLabelValues(host, "limit")
+	m.retryAfters.WithLabelValues(host, strconv.Itoa(http.StatusTooManyRequests))
+	m.retryAfters.WithLabelValues(host, strconv.Itoa(http.StatusServiceUnavailable))
+	m.wait.WithLabelValues(host)
+	m.resends.WithLabelValues(host)
 }
 
 func (m *Metrics) throttled(host string, byHost bool) {

@@ -54,6 +54,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// initRetried makes kind's retry series, at zero, so that they are served
+// before the first retry.
+func (m *Metrics) initRetried(kind string) {
+	if m != nil && kind != "" {
+		m.retries.WithLabelValues(kind, retriedAfterFailure)
+		m.retries.WithLabelValues(kind, retriedAfterRateLimited)
+	}
+}
+
 // retried counts a retry of a source of kind that fired.
 func (m *Metrics) retried(kind, after string) {
 	if m != nil {

@@ -76,6 +76,7 @@ func (r *Retries) init() {
 		r.limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](base, maxDelay)
 		r.timers = map[types.NamespacedName]*time.Timer{}
 		r.attempts = map[types.NamespacedName]uint64{}
+		r.Metrics.initRetried(r.Kind)
 	})
 }
 
