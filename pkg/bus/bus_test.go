@@ -902,13 +902,15 @@ func TestWorkerAttemptsAndReports(t *testing.T) {
 		attempts []uint64
 		last     []bool
 		reports  int
+		// retrying is what each report says of the bus trying again.
+		retrying []bool
 		result   string
 	}{
-		{"transient until the last attempt", transient, []uint64{1, 2, 3}, []bool{false, false, true}, 3, "failed"},
+		{"transient until the last attempt", transient, []uint64{1, 2, 3}, []bool{false, false, true}, 3, []bool{true, true, false}, "failed"},
 		{"final", failure.New(failure.Final, "StorageOperationFailed", "ArchiveOperationFailed", "file too large"),
-			[]uint64{1}, []bool{false}, 1, "failed"},
-		{"stalling", failure.New(failure.Stalling, "FetchFailed", "URLInvalid", "invalid url"), []uint64{1}, []bool{false}, 1, "failed"},
-		{"platform", errors.New("storage unreachable"), []uint64{1, 2, 3}, []bool{false, false, true}, 0, "dropped"},
+			[]uint64{1}, []bool{false}, 1, []bool{false}, "failed"},
+		{"stalling", failure.New(failure.Stalling, "FetchFailed", "URLInvalid", "invalid url"), []uint64{1}, []bool{false}, 1, []bool{false}, "failed"},
+		{"platform", errors.New("storage unreachable"), []uint64{1, 2, 3}, []bool{false, false, true}, 0, nil, "dropped"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -921,6 +923,7 @@ func TestWorkerAttemptsAndReports(t *testing.T) {
 			var mu sync.Mutex
 			var lasts []bool
 			var reported []*failure.Error
+			var retrying []bool
 			runWorker(t, &bus.Worker{
 				Service: "test", Consumer: cons, Concurrency: 1,
 				Metrics: telemetry.NewJobMetrics(reg, "test"),
@@ -935,6 +938,7 @@ func TestWorkerAttemptsAndReports(t *testing.T) {
 					mu.Lock()
 					defer mu.Unlock()
 					reported = append(reported, f)
+					retrying = append(retrying, f.Data().Retrying)
 					return nil
 				},
 			})
@@ -954,6 +958,9 @@ func TestWorkerAttemptsAndReports(t *testing.T) {
 			}
 			if len(reported) != tc.reports {
 				t.Errorf("%d reports, want %d", len(reported), tc.reports)
+			}
+			if !slices.Equal(retrying, tc.retrying) {
+				t.Errorf("reports say retrying %v, want %v", retrying, tc.retrying)
 			}
 			for _, f := range reported {
 				if !errors.Is(tc.err, f) {

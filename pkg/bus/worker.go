@@ -370,6 +370,11 @@ func (w *Worker) settle(ctx context.Context, log logr.Logger, msg jetstream.Msg,
 		return "rejected"
 	}
 	f := failure.As(err)
+	if f != nil {
+		// The report says whether the bus tries the job again, so the
+		// watcher makes no job of its own for it meanwhile.
+		f.Retrying = f.Handling == failure.Transient && !d.Last
+	}
 	if f != nil && w.Report != nil && m != nil {
 		if rerr := w.Report(ctx, m, f); rerr != nil {
 			err, f = fmt.Errorf("report failure %q: %w", f.Error(), rerr), nil
@@ -393,6 +398,11 @@ func (w *Worker) settle(ctx context.Context, log logr.Logger, msg jetstream.Msg,
 		log.Info("waiting", append(kv, "delay", f.RetryAfter.String())...)
 		_ = msg.NakWithDelay(f.RetryAfter)
 		return "waiting"
+	case f.Handling == failure.Throttled:
+		// The watcher makes the next job when the host allows.
+		log.Info("throttled", append(kv, "retryAfter", f.RetryAfter.String())...)
+		_ = msg.Term()
+		return "throttled"
 	case f.Handling == failure.Transient && !d.Last:
 		delay := Backoff(d.Attempt)
 		log.Info("failed; retrying", append(kv, "delay", delay.String())...)

@@ -22,6 +22,19 @@ const FlightBucket = "HEADWATER_FLIGHTS"
 // entry, which no one rewrites, is offered to late fetches for as long.
 const FlightTTL = 20 * time.Second
 
+// HostBucket is the JetStream key-value bucket in which fetcher replicas
+// share what they know of each upstream host: until when it asked to be
+// left alone (a 429 or 503 with Retry-After), and its token bucket (GCRA's
+// theoretical arrival time), one key per host, written with
+// compare-and-set. Only the fetcher identity may use it (see Permissions,
+// and docs/design.md, "Polite to upstreams").
+const HostBucket = "HEADWATER_HOSTS"
+
+// HostTTL is how long an entry of HostBucket lives after its last write:
+// longer than the longest hold (10 minutes) and than any token bucket's
+// reach ahead, so an entry that expires says nothing anyone still needs.
+const HostTTL = 15 * time.Minute
+
 // Buckets returns the configuration of every key-value bucket Headwater
 // uses, kept in replicas copies as the streams are (see Streams).
 func Buckets(replicas int) []jetstream.KeyValueConfig {
@@ -40,6 +53,18 @@ func Buckets(replicas int) []jetstream.KeyValueConfig {
 		// flight, whose fetchers then fetch on their own): in memory it
 		// costs NATS no disk write, where every distinct content key
 		// writes an entry twice.
+		Storage:  jetstream.MemoryStorage,
+		Replicas: max(replicas, 1),
+	}, {
+		Bucket:      HostBucket,
+		Description: "Headwater's upstream hosts: holds asked for with Retry-After and token buckets, shared by the fetcher replicas",
+		History:     1,
+		TTL:         HostTTL,
+		// An entry is two timestamps.
+		MaxValueSize: 1 << 10,
+		// Every request to a limited host writes its entry: in memory it
+		// costs NATS no disk write. A restarted NATS server forgets the
+		// holds and the buckets, and the next 429 teaches them again.
 		Storage:  jetstream.MemoryStorage,
 		Replicas: max(replicas, 1),
 	}}

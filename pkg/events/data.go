@@ -293,6 +293,22 @@ type Failure struct {
 	// Stalled is true when retrying cannot help until the spec or a Secret
 	// changes (an invalid URL, a malformed Secret).
 	Stalled bool `json:"stalled,omitempty"`
+	// Transient is true when the failure may pass by itself (an HTTP 429,
+	// 503 or other 5xx, a timeout, a refused or reset connection, a
+	// temporary DNS failure): once the bus has given up on the job
+	// (Retrying is false), the watcher tries the source again on an
+	// exponential backoff, as Flux requeues a failed reconcile.
+	Transient bool `json:"transient,omitempty"`
+	// Retrying is true when the bus delivers the job again after a
+	// backoff: this outcome is not the job's last, and the watcher does
+	// not make a new job for it.
+	Retrying bool `json:"retrying,omitempty"`
+	// RetryAfterMilliseconds, when positive, says the upstream host asked
+	// to be left alone (a 429 or 503 with Retry-After) or the fetcher's
+	// limit for it is spent: no request was sent, and the watcher makes
+	// the source's next job after this many milliseconds, not on a
+	// backoff (condition reason RateLimited, Reconciling True).
+	RetryAfterMilliseconds int64 `json:"retryAfterMs,omitempty"`
 }
 
 // Notice is something worth a Kubernetes Event that is not the job's outcome.

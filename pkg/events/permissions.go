@@ -104,9 +104,10 @@ func roleOf(identity string) (role, bool) {
 			// artifact-server starts.
 			subscribes: []string{ArtifactAddressSubject}}, true
 	case FetcherIdentity:
-		// Its replicas combine fetches of the same content in a bucket.
+		// Its replicas combine fetches of the same content in a bucket,
+		// and share the holds and limits of upstream hosts in another.
 		return role{publishes: []string{PackageSubjectPrefix, PublishSubjectPrefix}, stream: FetchStream, consumer: FetcherConsumer,
-			buckets: []string{FlightBucket}}, true
+			buckets: []string{FlightBucket, HostBucket}}, true
 	case PackagerIdentity:
 		return role{publishes: []string{PublishSubjectPrefix}, stream: PackageStream, consumer: PackagerConsumer, readsStream: true}, true
 	case ArtifactServerIdentity:

@@ -49,6 +49,12 @@ const (
 	// source to get an artifact): the work is looked at again after
 	// RetryAfter, without counting as a failed attempt.
 	Waiting
+	// Throttled failures are an upstream host asking to be left alone
+	// (a 429 or 503 with Retry-After), or the fetcher's own limit for it
+	// spent: the job is not retried by the bus, and the watcher makes the
+	// next one after RetryAfter, which the outcome carries, not on a
+	// backoff.
+	Throttled
 )
 
 // String names the handling for logs and metrics.
@@ -62,6 +68,8 @@ func (h Handling) String() string {
 		return "stalling"
 	case Waiting:
 		return "waiting"
+	case Throttled:
+		return "throttled"
 	}
 	return fmt.Sprintf("Handling(%d)", int(h))
 }
@@ -83,12 +91,17 @@ type Error struct {
 	// Revision is the upstream revision resolved before the step failed,
 	// if any: the watcher reports the stored artifact as outdated.
 	Revision string
-	// RetryAfter is when a Waiting failure is looked at again.
+	// RetryAfter is when a Waiting failure is looked at again, and when
+	// the source of a Throttled one may be fetched again.
 	RetryAfter time.Duration
 	// Notices are things noticed on the way to the failure that deserve
 	// an Event of their own (a stored artifact found corrupt while the
 	// upstream was unreachable); the outcome carries them.
 	Notices []events.Notice
+	// Retrying is set by the bus worker when it delivers the job again
+	// after reporting this failure (a transient failure before the last
+	// attempt): the report is not the job's last word.
+	Retrying bool
 }
 
 // New returns an *Error with the given handling, condition, reason and a
@@ -135,17 +148,34 @@ func (e *Error) Stalled() bool { return e.Handling == Stalling }
 
 // Data returns the failure as it travels on the bus.
 func (e *Error) Data() *events.Failure {
-	return &events.Failure{Condition: e.Condition, Reason: e.Reason, Message: e.Error(), Stalled: e.Stalled()}
+	return &events.Failure{Condition: e.Condition, Reason: e.Reason, Message: e.Error(), Stalled: e.Stalled(),
+		Transient: e.Handling == Transient, Retrying: e.Retrying, RetryAfterMilliseconds: e.retryAfterMilliseconds()}
+}
+
+// retryAfterMilliseconds is RetryAfter for the bus: only a Throttled
+// failure's travels, rounded up to a millisecond.
+func (e *Error) retryAfterMilliseconds() int64 {
+	if e.Handling != Throttled || e.RetryAfter <= 0 {
+		return 0
+	}
+	return int64((e.RetryAfter + time.Millisecond - 1) / time.Millisecond)
 }
 
 // FromData returns the failure a bus message describes, for the service
-// that writes it into conditions. Its handling is Stalling or Transient.
+// that writes it into conditions. Its handling is Stalling, Throttled (with
+// RetryAfter), Transient or Final (a failure none of those).
 func FromData(f *events.Failure) *Error {
-	h := Transient
-	if f.Stalled {
+	h := Final
+	var after time.Duration
+	switch {
+	case f.Stalled:
 		h = Stalling
+	case f.RetryAfterMilliseconds > 0:
+		h, after = Throttled, time.Duration(f.RetryAfterMilliseconds)*time.Millisecond
+	case f.Transient:
+		h = Transient
 	}
-	return &Error{Handling: h, Condition: f.Condition, Reason: f.Reason, Err: errors.New(f.Message)}
+	return &Error{Handling: h, Condition: f.Condition, Reason: f.Reason, Err: errors.New(f.Message), Retrying: f.Retrying, RetryAfter: after}
 }
 
 // urlPattern finds URLs in free text; quotes and whitespace end them, as in

@@ -34,7 +34,10 @@ func TestDataAndBack(t *testing.T) {
 	}{
 		{"transient, redacted and trimmed",
 			failure.New(failure.Transient, "FetchFailed", "GitOperationFailed", "unable to clone '%s': %w", "https://u:p@h/r.git", errors.New("not found: \n")),
-			events.Failure{Condition: "FetchFailed", Reason: "GitOperationFailed", Message: "unable to clone 'https://h/r.git': not found"}},
+			events.Failure{Condition: "FetchFailed", Reason: "GitOperationFailed", Message: "unable to clone 'https://h/r.git': not found", Transient: true}},
+		{"transient, retried by the bus",
+			&failure.Error{Handling: failure.Transient, Condition: "FetchFailed", Reason: "GitOperationFailed", Err: errors.New("503"), Retrying: true},
+			events.Failure{Condition: "FetchFailed", Reason: "GitOperationFailed", Message: "503", Transient: true, Retrying: true}},
 		{"stalling",
 			failure.New(failure.Stalling, "FetchFailed", "URLInvalid", "failed to parse url"),
 			events.Failure{Condition: "FetchFailed", Reason: "URLInvalid", Message: "failed to parse url", Stalled: true}},
@@ -53,7 +56,8 @@ func TestDataAndBack(t *testing.T) {
 			}
 			back := failure.FromData(got)
 			if back.Error() != tc.want.Message || back.Reason != tc.want.Reason || back.Condition != tc.want.Condition ||
-				back.Stalled() != tc.want.Stalled {
+				back.Stalled() != tc.want.Stalled || back.Retrying != tc.want.Retrying ||
+				(back.Handling == failure.Transient) != tc.want.Transient {
 				t.Errorf("FromData(Data()) = %+v, want the same failure", back)
 			}
 		})

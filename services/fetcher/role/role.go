@@ -25,6 +25,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmchartfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ocifetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
@@ -63,6 +64,10 @@ type options struct {
 	// workDir holds the run directories of the fetcher processes that
 	// share it (see package workdir).
 	workDir string
+	// rateLimits are the per-host token buckets (see package hostlimit).
+	rateLimits string
+	// rateLimitMaxWait bounds a request's wait for its host's bucket.
+	rateLimitMaxWait time.Duration
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -86,6 +91,12 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again, and combine identical fetches in flight across the fetcher replicas.")
 	fs.Int64Var(&o.helmIndexMaxSize, "helm-index-max-size", helmfetch.DefaultMaxIndexSize, "Largest Helm repository index fetched, in bytes.")
 	fs.Int64Var(&o.helmChartMaxSize, "helm-chart-max-size", helmchartfetch.DefaultMaxChartSize, "Largest Helm chart archive fetched, in bytes.")
+	fs.StringVar(&o.rateLimits, "rate-limits", hostlimit.DefaultRules,
+		"Requests per second and burst allowed per upstream host, shared by every fetcher replica, as comma-separated host=rate/burst; "+
+			"a host is matched by name (with or without port) or shell pattern (*.example.com), the first match applies, * matches every host, a rate of 0 sets no limit. "+
+			"A host that answers 429 or 503 with Retry-After is left alone until then whatever its limit.")
+	fs.DurationVar(&o.rateLimitMaxWait, "rate-limit-max-wait", hostlimit.DefaultMaxWait,
+		"Longest a request waits for a slot of its host's rate limit; longer, and the fetch answers that the source is rate limited, with when to try again.")
 	fs.Int64Var(&o.helmChartFileMaxSize, "helm-chart-file-max-size", helmchartfetch.DefaultMaxChartFileSize,
 		"Largest file in a Helm chart, decompressed, in bytes.")
 }
@@ -119,6 +130,13 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.tokenCacheSize < 0 {
 		return errors.New("--token-cache-max-size must not be negative")
+	}
+	rules, err := hostlimit.ParseRules(o.rateLimits)
+	if err != nil {
+		return fmt.Errorf("--rate-limits: %w", err)
+	}
+	if o.rateLimitMaxWait < 0 {
+		return errors.New("--rate-limit-max-wait must not be negative")
 	}
 	if o.verifyInterval < 0 {
 		return errors.New("--artifact-verify-interval must not be negative")
@@ -198,18 +216,34 @@ func run(ctx context.Context, o options) error {
 	if o.tokenCacheSize > 0 {
 		tokens = providertoken.NewCache(o.tokenCacheSize, reg)
 	}
+
+	// Every replica shares each upstream host's holds and limit through
+	// the bucket JoinStream created.
+	hostKV, err := conn.JS.KeyValue(ctx, events.HostBucket)
+	if err != nil {
+		return fmt.Errorf("key-value bucket %s: %w", events.HostBucket, err)
+	}
+	hosts := &hostlimit.KVStore{KV: hostKV}
+	if err := hosts.Watch(ctx); err != nil {
+		return err
+	}
+	limiter := &hostlimit.Limiter{Rules: rules, Store: hosts, MaxWait: o.rateLimitMaxWait,
+		Metrics: hostlimit.NewMetrics(reg), Log: log.WithName("hostlimit")}
+	gitfetch.LimitHTTP(limiter)
+
 	helmSource := helmfetch.NewSource(secretReader, o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
 	if helmSource.Recent, err = helmfetch.NewRecent("", helmfetch.DefaultRecentTTL, helmfetch.DefaultRecentEntries); err != nil {
 		return err
 	}
 	defer helmSource.Recent.Close()
+	helmSource.Limit(limiter)
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
 			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
 				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
-				MaxFileSize: o.maxFileSize},
-			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize},
+				MaxFileSize: o.maxFileSize, Limiter: limiter},
+			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize, Limiter: limiter},
 			helmfetch.Kind:      helmSource,
 			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize, Indexes: helmSource},
 		},
@@ -235,6 +269,6 @@ func run(ctx context.Context, o options) error {
 	}
 	onBus.Up(conn)
 	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind, helmfetch.Kind, helmchartfetch.Kind},
-		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache)
+		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache, "rateLimits", rules.String())
 	return worker.Run(ctx)
 }

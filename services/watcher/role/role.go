@@ -269,10 +269,13 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	triggers := map[string]*controller.Triggers{}
+	retries := map[string]*controller.Retries{}
 	for _, kind := range source.Kinds() {
 		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes}
+			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes,
+			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics}}
+		retries[kind.Name] = r.Retries
 		if o.receivers {
 			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
 			triggers[kind.Name] = r.Triggers
@@ -306,6 +309,7 @@ func run(ctx context.Context, o options) error {
 		Metrics:     jobMetrics,
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
 		Steady:      steady,
+		Retries:     retries,
 		Log:         log.WithName("results"),
 	}); err != nil {
 		return err

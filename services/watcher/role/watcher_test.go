@@ -171,6 +171,7 @@ func TestWatcher(t *testing.T) {
 	e := startEnv(t)
 	t.Run("lifecycle", func(t *testing.T) { testLifecycle(t, e) })
 	t.Run("suspend", func(t *testing.T) { testSuspend(t, e) })
+	t.Run("rate limited", func(t *testing.T) { testRateLimited(t, e) })
 	t.Run("include", func(t *testing.T) { testInclude(t, e) })
 	t.Run("status patch conflict", func(t *testing.T) { testStatusPatchConflict(t, e) })
 	t.Run("helm repository", func(t *testing.T) { testHelmRepository(t, e) })
@@ -511,6 +512,68 @@ func testSuspend(t *testing.T, e *env) {
 	}
 }
 
+// testRateLimited answers a source's jobs RateLimited with a hold far
+// shorter than a second, several times in a row, as a fetcher does when
+// the host's hold ends a moment after the job was taken: each outcome
+// must bring a new job (one the bus does not drop as a duplicate of the
+// last, made in the same second from the same inputs), and the source
+// shows it is retrying until a job succeeds.
+func testRateLimited(t *testing.T, e *env) {
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: "default", Name: "throttled"}
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
+		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/throttled.git",
+			Interval: metav1.Duration{Duration: time.Hour}, Reference: &sourcev1.GitRepositoryRef{Branch: "master"}},
+	}
+	if err := e.k8s.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	retriedBefore := retriedCount(t, "GitRepository", "rate_limited")
+	job := next(t, e.fetchJobs).Data.(*events.FetchRequested).Job
+	seen := map[string]bool{job.ID: true}
+	const rounds = 5
+	for i := range rounds {
+		publishOutcome(t, e, events.TypeArtifactFailed, &events.Outcome{Job: job, Failure: &events.Failure{
+			Condition: sourcev1.FetchFailedCondition, Reason: "RateLimited",
+			Message: "rate limited by 127.0.0.1:1, next attempt in 1s", RetryAfterMilliseconds: 20}})
+		m := next(t, e.fetchJobs)
+		req, ok := m.Data.(*events.FetchRequested)
+		if !ok || req.Job.Object.Name != key.Name {
+			t.Fatalf("after rate limited outcome %d: got %s %+v, want a job for %s", i+1, m.Event.Type(), m.Data, key.Name)
+		}
+		if seen[req.Job.ID] {
+			t.Fatalf("after rate limited outcome %d: job %s again", i+1, req.Job.ID)
+		}
+		seen[req.Job.ID] = true
+		job = req.Job
+	}
+	if n := retriedCount(t, "GitRepository", "rate_limited") - retriedBefore; n != rounds {
+		t.Errorf("headwater_fetch_retried_total{after=rate_limited} grew by %v, want %d", n, rounds)
+	}
+	var got sourcev1.GitRepository
+	if err := e.k8s.Get(ctx, key, &got); err != nil {
+		t.Fatal(err)
+	}
+	if c := conditions.Get(&got, meta.ReconcilingCondition); c == nil || c.Reason != meta.ProgressingWithRetryReason {
+		t.Errorf("Reconciling = %+v, want ProgressingWithRetry while rate limited", c)
+	}
+	rev := "master@sha1:0123456789abcdef0123456789abcdef01234567"
+	publishOutcome(t, e, events.TypeArtifactStored, &events.Outcome{Job: job, Revision: rev,
+		Artifact: &meta.Artifact{Path: "gitrepository/default/throttled/0123.tar.gz", URL: "http://a/gitrepository/default/throttled/0123.tar.gz",
+			Revision: rev, Digest: "sha256:throttled", LastUpdateTime: metav1.Now()}})
+	eventually(t, "Ready=True", func() bool {
+		_ = e.k8s.Get(ctx, key, &got)
+		return conditions.IsReady(&got) && !conditions.IsReconciling(&got)
+	})
+	if err := e.k8s.Delete(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	if m := next(t, e.packageJobs); m.Event.Type() != events.TypeDeleteRequested {
+		t.Fatalf("got %s, want the deletion job", m.Event.Type())
+	}
+}
+
 func publishOutcome(t *testing.T, e *env, eventType string, o *events.Outcome) {
 	t.Helper()
 	subject := events.EventSubject(o.Job.Object.Kind, o.Job.Object.Namespace, o.Job.Object.Name)
@@ -546,6 +609,30 @@ func counterValue(t *testing.T, name string) float64 {
 	for _, f := range families {
 		if f.GetName() == name && len(f.GetMetric()) == 1 {
 			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// retriedCount reads headwater_fetch_retried_total for kind and after.
+func retriedCount(t *testing.T, kind, after string) float64 {
+	t.Helper()
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "headwater_fetch_retried_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["kind"] == kind && labels["after"] == after {
+				return m.GetCounter().GetValue()
+			}
 		}
 	}
 	return 0

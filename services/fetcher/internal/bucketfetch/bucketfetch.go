@@ -39,6 +39,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -62,6 +63,9 @@ type Source struct {
 	// Secrets reads the Secrets named by the spec; nil means none can be
 	// read.
 	Secrets secrets.Reader
+	// Limiter, when set, passes every request to the object store through
+	// the limits of its host (see package hostlimit).
+	Limiter *hostlimit.Limiter
 	// Concurrency bounds the objects downloaded at once; DefaultConcurrency
 	// when not positive.
 	Concurrency int

@@ -13,6 +13,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/minio/minio-go/v7/pkg/s3utils"
 
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -116,7 +117,7 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 	opts := &minio.Options{
 		Region:     spec.Region,
 		Secure:     secure,
-		Transport:  transport,
+		Transport:  hostlimit.Wrap(transport, s.Limiter),
 		MaxRetries: s.MaxRetries,
 	}
 	switch {
@@ -212,7 +213,8 @@ func (s *Source) transport(secure bool, tlsConfig *tls.Config, proxy *url.URL) (
 }
 
 // cloudTransport returns the HTTP transport of a Google Cloud Storage or
-// Azure client: a shared one without a proxy, so connections are reused
+// Azure client (its token requests included), behind the limits of each
+// host (Limiter): a shared one without a proxy, so connections are reused
 // across jobs, and a job's own one with a proxy.
 func (s *Source) cloudTransport(proxy *url.URL) http.RoundTripper {
 	if proxy == nil {
@@ -223,12 +225,12 @@ func (s *Source) cloudTransport(proxy *url.URL) http.RoundTripper {
 			t.MaxIdleConnsPerHost = 16
 			s.cloud = t
 		}
-		return s.cloud
+		return hostlimit.Wrap(s.cloud, s.Limiter)
 	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.IdleConnTimeout = customIdleTimeout
 	t.Proxy = http.ProxyURL(proxy)
-	return t
+	return hostlimit.Wrap(t, s.Limiter)
 }
 
 // awsCredentials finds credentials with the AWS chain minio-go provides:

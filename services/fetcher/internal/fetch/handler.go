@@ -26,6 +26,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -96,7 +97,19 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 		}
 	}
 	start := time.Now()
+	// The requests of the fetch report the hosts that held them.
+	ctx, tracker := hostlimit.Track(ctx)
 	result, err := h.fetch(ctx, req)
+	if f := failure.As(err); f != nil && f.Handling != failure.Stalling {
+		if held := tracker.Held(); held != nil {
+			// Whatever the HTTP library made of it, the host (or its
+			// limit) held the fetch: it is tried again when the host
+			// allows, not on a backoff.
+			rl := source.RateLimited(held.Host, held.Until, time.Now())
+			rl.Revision, rl.Notices = f.Revision, f.Notices
+			err = rl
+		}
+	}
 	switch {
 	case err == nil:
 		h.observe(req.Job.Object.Kind, result, start)

@@ -465,7 +465,8 @@ func TestFailures(t *testing.T) {
 			name:   "missing branch, retried then final",
 			mutate: func(r *events.FetchRequested) { r.GitRepository.Reference.Branch = "nope" },
 			failure: events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.GitOperationFailedReason,
-				Message: `failed to checkout and determine revision: unable to clone '{url}': couldn't find remote ref "refs/heads/nope"`},
+				Message:   `failed to checkout and determine revision: unable to clone '{url}': couldn't find remote ref "refs/heads/nope"`,
+				Transient: true, Retrying: true},
 			attempts: 2,
 		},
 		{

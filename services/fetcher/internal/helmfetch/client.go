@@ -14,6 +14,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -69,6 +70,10 @@ func (a *Access) Get(ctx context.Context, u string, header http.Header) (*http.R
 // Transports shares HTTP transports between jobs: the one without TLS
 // settings always, so connections to a repository are reused.
 type Transports struct {
+	// Limiter, when set, passes every request through the limits of its
+	// host (see package hostlimit).
+	Limiter *hostlimit.Limiter
+
 	once   sync.Once
 	shared *http.Transport
 }
@@ -143,7 +148,7 @@ func NewAccess(ctx context.Context, r secrets.Reader, t *Transports, namespace s
 		tlsConfig = nil // Flux applies TLS settings to https only
 	}
 	a.Fingerprint = secrets.Fingerprint(auth, certs)
-	a.client = &http.Client{Transport: t.get(tlsConfig)}
+	a.client = &http.Client{Transport: hostlimit.Wrap(t.get(tlsConfig), t.Limiter)}
 	return a, nil
 }
 

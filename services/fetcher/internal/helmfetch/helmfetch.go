@@ -37,6 +37,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -78,6 +79,10 @@ type Source struct {
 	transports Transports
 	requests   *prometheus.CounterVec
 }
+
+// Limit passes every request of the source, and of the HelmCharts that
+// read their repositories through it, through l (see package hostlimit).
+func (s *Source) Limit(l *hostlimit.Limiter) { s.transports.Limiter = l }
 
 // NewSource returns a Source; it registers
 // headwater_helm_index_requests_total{result} on reg when reg is not nil.

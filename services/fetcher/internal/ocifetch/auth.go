@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -83,7 +84,7 @@ func (s *Source) access(ctx context.Context, namespace string, spec *sourcev1.OC
 		// certificate (tools like crane push to such registries).
 		tlsConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // spec.insecure asks for it
 	}
-	return &access{auth: auth, transport: s.transport(tlsConfig, proxy)}, nil
+	return &access{auth: auth, transport: hostlimit.Wrap(s.transport(tlsConfig, proxy), s.Limiter)}, nil
 }
 
 // authenticator finds the credentials for registry in the image pull

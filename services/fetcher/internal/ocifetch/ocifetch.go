@@ -26,6 +26,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -57,6 +58,9 @@ type Source struct {
 	// Secrets reads the Secrets and ServiceAccounts the spec names; nil
 	// means none can be read.
 	Secrets secrets.Reader
+	// Limiter, when set, passes every request to the registry through
+	// the limits of its host (see package hostlimit).
+	Limiter *hostlimit.Limiter
 	// MaxFileSize, when positive, fails a download with a larger file in
 	// the layer (or, for operation copy, a larger layer).
 	MaxFileSize int64

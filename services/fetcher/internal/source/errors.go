@@ -1,6 +1,8 @@
 package source
 
 import (
+	"time"
+
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -18,7 +20,23 @@ const (
 	UnsupportedProviderReason = "UnsupportedProvider"
 	// EmptyGitRepositoryReason: the repository has no commits (Flux's reason).
 	EmptyGitRepositoryReason = "EmptyGitRepository"
+	// RateLimitedReason: the upstream host asked to be left alone (a 429
+	// or 503 with Retry-After) or the fetcher's limit for it is spent; the
+	// source is fetched again when the host allows.
+	RateLimitedReason = "RateLimited"
 )
+
+// RateLimited is the failure of a fetch its upstream host holds until
+// until: FetchFailed, reason RateLimited, "rate limited by <host>, next
+// attempt in 40s" (whole seconds, rounded up), retried after the hold.
+func RateLimited(host string, until, now time.Time) *failure.Error {
+	after := max(until.Sub(now), time.Millisecond)
+	secs := (after + time.Second - 1) / time.Second
+	f := failure.New(failure.Throttled, sourcev1.FetchFailedCondition, RateLimitedReason,
+		"rate limited by %s, next attempt in %s", host, secs*time.Second)
+	f.RetryAfter = after
+	return f
+}
 
 // Fetch failures are *failure.Error values (package failure). A failure of
 // the fetch itself sets FetchFailed; the helpers below make those.

@@ -17,7 +17,7 @@ func TestErrorFailure(t *testing.T) {
 		{
 			name: "transient, redacted and trimmed",
 			err:  Failed("GitOperationFailed", "unable to clone '%s': %w", "https://u:p@h/r.git", errors.New("repository not found: \n")),
-			want: events.Failure{Condition: "FetchFailed", Reason: "GitOperationFailed", Message: "unable to clone 'https://h/r.git': repository not found"},
+			want: events.Failure{Condition: "FetchFailed", Reason: "GitOperationFailed", Message: "unable to clone 'https://h/r.git': repository not found", Transient: true},
 		},
 		{
 			name: "stalled",

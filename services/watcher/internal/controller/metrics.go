@@ -21,20 +21,53 @@ import (
 
 // Metrics are the watcher's reconcile families:
 // headwater_reconcile_duration_seconds{kind}, the time one Reconcile takes
-// (publishing the job included; the fetch is the fetcher's).
+// (publishing the job included; the fetch is the fetcher's), and
+// headwater_fetch_retried_total{kind,after}, the sources fetched again
+// before their interval because their last fetch failed for a reason that
+// passes (after "failure", on the backoff) or was rate limited (after
+// "rate_limited", when the host allows; see Retries).
 type Metrics struct {
 	duration *prometheus.HistogramVec
+	retries  *prometheus.CounterVec
 }
+
+// Values of the after label of headwater_fetch_retried_total.
+const (
+	retriedAfterFailure     = "failure"
+	retriedAfterRateLimited = "rate_limited"
+)
 
 // NewMetrics registers the reconcile families on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: telemetry.Namespace, Name: "reconcile_duration_seconds",
-		Help:    "Time one reconcile of a source takes in the watcher, by kind: reading it, writing its status and publishing its job.",
-		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-	}, []string{"kind"})}
-	reg.MustRegister(m.duration)
+	m := &Metrics{
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: telemetry.Namespace, Name: "reconcile_duration_seconds",
+			Help:    "Time one reconcile of a source takes in the watcher, by kind: reading it, writing its status and publishing its job.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"kind"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: telemetry.Namespace, Name: "fetch_retried_total",
+			Help: "Sources fetched again before their interval, by kind and by what their last fetch met: a failure that passes (failure, on a per-source backoff) or a host's limit (rate_limited, when it allows).",
+		}, []string{"kind", "after"}),
+	}
+	reg.MustRegister(m.duration, m.retries)
 	return m
+}
+
+// initRetried makes kind's retry series, at zero, so that they are served
+// before the first retry.
+func (m *Metrics) initRetried(kind string) {
+	if m != nil && kind != "" {
+		m.retries.WithLabelValues(kind, retriedAfterFailure)
+		m.retries.WithLabelValues(kind, retriedAfterRateLimited)
+	}
+}
+
+// retried counts a retry of a source of kind that fired.
+func (m *Metrics) retried(kind, after string) {
+	if m != nil {
+		m.retries.WithLabelValues(kind, after).Inc()
+	}
 }
 
 // observe records one reconcile of kind that started at start.

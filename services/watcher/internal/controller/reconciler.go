@@ -65,6 +65,10 @@ type Reconciler struct {
 	// Triggers, when set, are the reconciles webhooks ask for (see
 	// Triggers); their jobs are fresh.
 	Triggers *Triggers
+	// Retries, when set, brings the reconcile of a source whose fetch
+	// failed for a reason that passes forward from its next interval (see
+	// Retries); the results consumer schedules them.
+	Retries *Retries
 	// Metrics, when set, records reconcile durations.
 	Metrics *Metrics
 	// Steady, when set, makes the jobs of steady sources quiet (see
@@ -92,6 +96,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 	}
 	if r.Triggers != nil {
 		b = b.WatchesRawSource(r.Triggers.Source())
+	}
+	if r.Retries != nil {
+		b = b.WatchesRawSource(r.Retries.Source())
 	}
 	return b.Complete(r)
 }
@@ -137,7 +144,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// Read before the progress mark below: a steady object's status is
 	// what its last outcome left.
 	fetch.Quiet = !force && !fetch.Fresh && r.Steady.Quiet(r.Kind, obj, r.now())
-	fetch.Job = r.job(obj, fetch)
+	retry := r.Retries.Attempt(req.NamespacedName)
+	fetch.Job = r.job(obj, fetch, retry)
 	job := fetch.Job
 
 	// Mark a new generation of an object that has been reconciled before
@@ -168,7 +176,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if fetch.Fresh {
 		r.Triggers.Published(req.NamespacedName)
 	}
-	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force, "fresh", fetch.Fresh, "quiet", fetch.Quiet)
+	r.Retries.Published(req.NamespacedName, retry)
+	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force, "fresh", fetch.Fresh, "quiet", fetch.Quiet, "retry", retry)
 	return ctrl.Result{RequeueAfter: r.requeueAfter(obj)}, nil
 }
 
@@ -297,10 +306,13 @@ func patchFinalizers(ctx context.Context, c client.Client, obj source.Object, ch
 // job makes the fetch job for this reconcile. Its ID names the object,
 // generation, reconcile request and second, and a hash of what the job is
 // built from (the stored artifact, the included artifacts, the rebuild
-// flag): a reconcile repeated within a second with the same inputs is
+// flag) and of the retry that asked for it (retry, see Retries.Attempt; 0
+// for none): a reconcile repeated within a second with the same inputs is
 // stored once, while one whose inputs changed (an included source's new
-// artifact, say) is a job of its own. The job is sealed.
-func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events.Job {
+// artifact, say) or that retries a failed job (which may have been made
+// in the same second: a host's hold can end a few milliseconds after the
+// job met it) is a job of its own. The job is sealed.
+func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested, retry uint64) events.Job {
 	now := r.now()
 	token, _ := meta.ReconcileAnnotationValue(obj.GetAnnotations())
 	h := sha256.New()
@@ -314,6 +326,9 @@ func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested) events
 		// A quiet job announces nothing: a job that would is not its
 		// duplicate.
 		h.Write([]byte("quiet\n"))
+	}
+	if retry > 0 {
+		fmt.Fprintf(h, "retry=%d\n", retry)
 	}
 	if fetch.Previous != nil {
 		fmt.Fprintf(h, "previous=%s\n", fetch.Previous.Digest)

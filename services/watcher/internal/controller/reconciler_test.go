@@ -26,7 +26,7 @@ func TestJobID(t *testing.T) {
 	include := func(digest string) []events.Include {
 		return []events.Include{{Name: "a", ToPath: "a", Artifact: meta.Artifact{Digest: digest}}}
 	}
-	base := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")})
+	base := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}, 0)
 
 	if !strings.HasPrefix(base.ID, "u/3/tok/") || base.Object.Generation != 3 || base.ReconcileToken != "tok" {
 		t.Fatalf("job = %+v", base)
@@ -34,7 +34,7 @@ func TestJobID(t *testing.T) {
 	if err := key.Verify(base); err != nil {
 		t.Errorf("the job is not sealed: %v", err)
 	}
-	if again := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}); again.ID != base.ID {
+	if again := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}, 0); again.ID != base.ID {
 		t.Errorf("the same reconcile in the same second made a new ID: %s vs %s", again.ID, base.ID)
 	}
 	for name, fetch := range map[string]*events.FetchRequested{
@@ -44,12 +44,23 @@ func TestJobID(t *testing.T) {
 		"webhook's fresh job":       {Includes: include("sha256:1"), Fresh: true},
 		"quiet job":                 {Includes: include("sha256:1"), Quiet: true},
 	} {
-		if got := r.job(obj, fetch); got.ID == base.ID {
+		if got := r.job(obj, fetch, 0); got.ID == base.ID {
 			t.Errorf("%s: same ID %s, so the new job would be dropped as a duplicate", name, got.ID)
 		}
 	}
+	// A retry the watcher scheduled, in the same second with the same
+	// inputs (a host's hold that ended a few milliseconds after the job
+	// met it), is a new job, and so is each retry after it.
+	first := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}, 1)
+	second := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}, 2)
+	if first.ID == base.ID || second.ID == first.ID || second.ID == base.ID {
+		t.Errorf("retries reused an ID: job %s, retry 1 %s, retry 2 %s", base.ID, first.ID, second.ID)
+	}
+	if again := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}, 1); again.ID != first.ID {
+		t.Errorf("the same retry's reconcile repeated made a new ID: %s vs %s", again.ID, first.ID)
+	}
 	now = now.Add(time.Second)
-	if later := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}); later.ID == base.ID {
+	if later := r.job(obj, &events.FetchRequested{Includes: include("sha256:1")}, 0); later.ID == base.ID {
 		t.Error("a reconcile a second later reused the ID")
 	}
 }

@@ -71,6 +71,10 @@ type Consumer struct {
 	// Steady, when set, learns the artifact-server's advertised address
 	// from the artifacts announced (see controller.Steady).
 	Steady *controller.Steady
+	// Retries, by kind name, schedule the next reconcile of a source whose
+	// fetch failed for a reason that passes, and forget its failures when
+	// an outcome succeeds (see controller.Retries); nil schedules none.
+	Retries map[string]*controller.Retries
 	// Log is the consumer's logger.
 	Log logr.Logger
 }
@@ -184,7 +188,36 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		return err
 	}
 	logOutcome(log, kind, msg.Event.Type(), o)
+	c.retry(ctx, log, key, obj, msg.Event.Type(), o)
 	return nil
+}
+
+// retry schedules the next reconcile of a source whose job failed for a
+// reason that passes and that the bus no longer retries, and forgets the
+// failures of one whose job succeeded. An outcome of an older generation
+// than obj's schedules nothing: the newer job's outcome will.
+func (c *Consumer) retry(ctx context.Context, log logr.Logger, key types.NamespacedName, obj source.Object, eventType string, o *events.Outcome) {
+	r := c.Retries[o.Job.Object.Kind]
+	if r == nil || o.Job.Object.Generation != obj.GetGeneration() {
+		return
+	}
+	switch eventType {
+	case events.TypeArtifactStored, events.TypeArtifactUnchanged:
+		r.Succeeded(key)
+	case events.TypeArtifactFailed:
+		f := o.Failure
+		if f != nil && f.RetryAfterMilliseconds > 0 && !f.Stalled {
+			// The host said when: then, and the backoff is not counted.
+			delay := r.Failed(ctx, key, time.Duration(f.RetryAfterMilliseconds)*time.Millisecond)
+			log.V(1).Info("rate limited: next attempt when the host allows", "delay", delay.String())
+			return
+		}
+		if f == nil || !f.Transient || f.Retrying || f.Stalled {
+			return
+		}
+		delay := r.Failed(ctx, key, 0)
+		log.V(1).Info("retrying a failure that passes", "reason", f.Reason, "failures", r.Failures(key), "delay", delay.String())
+	}
 }
 
 // metadata is what Flux annotates an Event with: the artifact's revision

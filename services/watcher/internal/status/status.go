@@ -14,7 +14,8 @@
 //     corrupt.
 //   - Reconciling (abnormal-true): set while a new generation is processed
 //     (MarkProgressing), removed when the outcome for the current
-//     generation arrives (Apply).
+//     generation arrives (Apply), but for a rate-limited one, which sets
+//     it with reason ProgressingWithRetry until the next attempt.
 //   - Stalled (abnormal-true): set by a failure retrying cannot fix
 //     (MarkFailure), removed by any other outcome.
 //   - FetchFailed, StorageOperationFailed, IncludeUnavailable, ...
@@ -307,7 +308,11 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		if reason, msg, ok := outdated(obj, *st.Artifact, o.Revision); ok {
 			conditions.MarkTrue(obj, sourcev1.ArtifactOutdatedCondition, reason, "%s", msg)
 		}
-		if oldReady == nil || oldReady.Status != metav1.ConditionFalse || oldReady.Reason != data.Reason || oldReady.Message != data.Message {
+		// A throttled source's message counts down its next attempt:
+		// one Event when the throttling starts, none per attempt.
+		throttled := f.Handling == failure.Throttled
+		if oldReady == nil || oldReady.Status != metav1.ConditionFalse || oldReady.Reason != data.Reason ||
+			(oldReady.Message != data.Message && !throttled) {
 			out = append(out, Event{Type: corev1.EventTypeWarning, Reason: data.Reason, Message: data.Message})
 		}
 	default:
@@ -326,6 +331,11 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 	*st.ObservedGeneration = job.Object.Generation
 	if current {
 		conditions.Delete(obj, meta.ReconcilingCondition)
+		if f := o.Failure; eventType == events.TypeArtifactFailed && f != nil && f.RetryAfterMilliseconds > 0 && !f.Stalled {
+			// Rate limited: the watcher tries again when the host
+			// allows, and shows it as Flux shows a reconcile it retries.
+			conditions.MarkReconciling(obj, meta.ProgressingWithRetryReason, "%s", f.Message)
+		}
 	}
 	return out
 }

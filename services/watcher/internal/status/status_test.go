@@ -725,3 +725,40 @@ func TestReannounce(t *testing.T) {
 		})
 	}
 }
+
+// TestApplyRateLimited checks a source its host holds: the stored
+// artifact stays, FetchFailed and Ready=False say RateLimited with when
+// the next attempt is, Reconciling is True (ProgressingWithRetry), and one
+// Warning is recorded when the throttling starts, none for the attempts
+// that follow while it lasts; a success ends it.
+func TestApplyRateLimited(t *testing.T) {
+	kind := source.GitRepository()
+	g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
+	g.Status.ObservedGeneration = -1
+	stored := artifact(rev1, "sha256:a", time.Now())
+	Apply(kind, g, events.TypeArtifactStored, &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: stored, EventMessage: "m"})
+	Summarize(kind, g)
+	limited := func(msg string) []Event {
+		evs := Apply(kind, g, events.TypeArtifactFailed, &events.Outcome{Job: job(1, ""),
+			Failure: &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: "RateLimited", Message: msg, RetryAfterMilliseconds: 40_000}})
+		Summarize(kind, g)
+		return evs
+	}
+	first := limited("rate limited by github.com, next attempt in 40s")
+	if len(first) != 1 || first[0].Type != corev1.EventTypeWarning || first[0].Reason != "RateLimited" {
+		t.Errorf("events when the throttling starts = %+v, want one RateLimited Warning", first)
+	}
+	wantCondition(t, g, meta.ReadyCondition, metav1.ConditionFalse, "RateLimited", "rate limited by github.com, next attempt in 40s")
+	wantCondition(t, g, meta.ReconcilingCondition, metav1.ConditionTrue, meta.ProgressingWithRetryReason, "rate limited by github.com, next attempt in 40s")
+	if g.Status.Artifact == nil || g.Status.Artifact.Digest != "sha256:a" {
+		t.Errorf("the stored artifact left status: %+v", g.Status.Artifact)
+	}
+	if again := limited("rate limited by github.com, next attempt in 12s"); len(again) != 0 {
+		t.Errorf("events while throttled = %+v, want none", again)
+	}
+	wantCondition(t, g, sourcev1.FetchFailedCondition, metav1.ConditionTrue, "RateLimited", "rate limited by github.com, next attempt in 12s")
+	Apply(kind, g, events.TypeArtifactUnchanged, &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: stored})
+	Summarize(kind, g)
+	wantNoCondition(t, g, meta.ReconcilingCondition)
+	wantCondition(t, g, meta.ReadyCondition, metav1.ConditionTrue, meta.SucceededReason, kind.ReadyMessage(rev1))
+}

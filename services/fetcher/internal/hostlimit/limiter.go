@@ -1,0 +1,208 @@
+package hostlimit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// DefaultMaxWait is how long a request waits for its host's token bucket
+// before the fetch answers that the host is rate limited (the fetcher's
+// -rate-limit-max-wait).
+const DefaultMaxWait = 10 * time.Second
+
+// HeldError says a request was not sent: its host asked to wait
+// (Retry-After) or its token bucket has no slot within the limiter's
+// MaxWait. Until is when a request may go.
+type HeldError struct {
+	// Host is the host, as the request named it ("github.com",
+	// "registry.local:5000").
+	Host string
+	// Until is when the host takes a request again.
+	Until time.Time
+	// ByHost is true when the host itself asked to wait (a 429 or 503
+	// with Retry-After), false when the fetcher's own limit holds it.
+	ByHost bool
+}
+
+// Error says which host limits and until when.
+func (e *HeldError) Error() string {
+	who := "the host"
+	if !e.ByHost {
+		who = "the fetcher's limit for the host"
+	}
+	return fmt.Sprintf("rate limited by %s (%s) until %s", e.Host, who, e.Until.UTC().Format(time.RFC3339))
+}
+
+// Limiter decides, per host, whether and when a request may go.
+type Limiter struct {
+	// Rules are the token buckets by host pattern.
+	Rules Rules
+	// Store keeps each host's state; shared by every replica when it is a
+	// KVStore.
+	Store Store
+	// MaxWait bounds the wait for a slot of the host's bucket; longer,
+	// and the request is refused with a *HeldError.
+	MaxWait time.Duration
+	// Metrics, when set, counts requests, refusals, holds and waits.
+	Metrics *Metrics
+	// Log reports a store that cannot be reached (requests then go
+	// unlimited: a limiter must not stop every fetch).
+	Log logr.Logger
+	// Now returns the time; time.Now when nil.
+	Now func() time.Time
+}
+
+func (l *Limiter) now() time.Time {
+	if l.Now != nil {
+		return l.Now()
+	}
+	return time.Now()
+}
+
+// Acquire takes a request slot for host: at once, or after a wait of at
+// most MaxWait (a timer, not a loop), for a hold of the host to end or
+// for a slot of its bucket. It returns a *HeldError, without taking a
+// slot, while the host is held beyond MaxWait or when the next slot is
+// further than MaxWait; ctx's error if ctx ends while it waits. A store
+// that fails lets the request go.
+func (l *Limiter) Acquire(ctx context.Context, host string) error {
+	return l.acquire(ctx, strings.ToLower(host), l.now().Add(l.MaxWait))
+}
+
+// acquire is Acquire with a wait that ends by deadline.
+func (l *Limiter) acquire(ctx context.Context, host string, deadline time.Time) error {
+	var notBefore time.Time
+	for {
+		at, slot, err := l.take(ctx, host, deadline, notBefore)
+		if err != nil {
+			return err
+		}
+		if wait := at.Sub(l.now()); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			l.Metrics.waited(host, wait)
+		}
+		if slot {
+			l.Metrics.request(host)
+			return nil
+		}
+		// The hold has ended (or was made longer meanwhile): look again,
+		// at its end at the earliest, whatever the clock says.
+		notBefore = at
+	}
+}
+
+// take looks at host's state once, at the time of the clock or at
+// notBefore, whichever is later. It takes a slot of the host's bucket,
+// usable at at (slot true), or says the host is held until at, to look
+// again then (slot false); a *HeldError when either is beyond deadline.
+func (l *Limiter) take(ctx context.Context, host string, deadline, notBefore time.Time) (at time.Time, slot bool, err error) {
+	rule := l.Rules.For(host)
+	now := l.now()
+	if notBefore.After(now) {
+		now = notBefore
+	}
+	var held *HeldError
+	_, err = l.Store.Update(ctx, host, func(s State) (State, bool) {
+		at, slot, held = now, false, nil
+		if s.HeldUntil.After(now) {
+			if s.HeldUntil.After(deadline) {
+				held = &HeldError{Host: host, Until: s.HeldUntil, ByHost: true}
+			} else {
+				at = s.HeldUntil
+			}
+			return s, false
+		}
+		slot = true
+		if rule.Rate <= 0 {
+			return s, false
+		}
+		interval := time.Duration(float64(time.Second) / rule.Rate)
+		tat := s.TAT
+		if tat.Before(now) {
+			tat = now
+		}
+		next := tat.Add(interval)
+		if free := next.Add(-time.Duration(rule.Burst) * interval); free.After(now) {
+			if free.After(deadline) {
+				slot, held = false, &HeldError{Host: host, Until: free}
+				return s, false
+			}
+			at = free
+		}
+		s.TAT = next
+		return s, true
+	})
+	if err != nil {
+		l.Log.Error(err, "host limits cannot be read: the request goes unlimited", "host", host)
+		return now, true, nil
+	}
+	if held != nil {
+		l.Metrics.throttled(host, held.ByHost)
+		noteHeld(ctx, held)
+		return now, false, held
+	}
+	return at, slot, nil
+}
+
+// Hold records that host asked to be left alone until until; every
+// replica sharing the store holds its requests for it until then.
+func (l *Limiter) Hold(ctx context.Context, host string, until time.Time) error {
+	host = strings.ToLower(host)
+	_, err := l.Store.Update(ctx, host, func(s State) (State, bool) {
+		if !until.After(s.HeldUntil) {
+			return s, false
+		}
+		s.HeldUntil = until
+		return s, true
+	})
+	if err != nil {
+		return fmt.Errorf("hold %s: %w", host, err)
+	}
+	return nil
+}
+
+// trackerKey keys a *Tracker in a context.
+type trackerKey struct{}
+
+// Tracker remembers, for one fetch, the last host that held one of its
+// requests, so the fetch can answer "rate limited" rather than with the
+// error the HTTP library made of it.
+type Tracker struct {
+	mu   sync.Mutex
+	held *HeldError
+}
+
+// Track returns a context whose requests report holds to the returned
+// Tracker.
+func Track(ctx context.Context) (context.Context, *Tracker) {
+	t := &Tracker{}
+	return context.WithValue(ctx, trackerKey{}, t), t
+}
+
+// Held returns the latest hold met by the fetch's requests, or nil.
+func (t *Tracker) Held() *HeldError {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.held
+}
+
+func noteHeld(ctx context.Context, h *HeldError) {
+	if t, ok := ctx.Value(trackerKey{}).(*Tracker); ok {
+		t.mu.Lock()
+		if t.held == nil || h.Until.After(t.held.Until) {
+			t.held = h
+		}
+		t.mu.Unlock()
+	}
+}

@@ -1,0 +1,105 @@
+package hostlimit
+
+import (
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Transport is an http.RoundTripper that passes every request through a
+// Limiter before Next sends it, and records the holds the host asks for
+// (429 or 503 with Retry-After). A request refused by the host whose hold
+// ends within the limiter's MaxWait (counted from the request's start) is
+// sent again when it ends, up to MaxAttempts times in all, if its body
+// can be sent again: a fetch of several requests (a clone's reference
+// listing and pack) is not lost to a short hold that one of its requests
+// met, which would start it over from the first request and, against a
+// host whose burst is smaller than the fetch, never end. Otherwise the
+// host's answer is returned. A refused request fails with a *HeldError;
+// the fetch's Tracker (Track) learns of it, as of a hold the host asked
+// for and the request did not wait for.
+type Transport struct {
+	// Next sends the requests; http.DefaultTransport when nil.
+	Next http.RoundTripper
+	// Limiter decides; nil lets every request go.
+	Limiter *Limiter
+}
+
+// MaxAttempts bounds how often the Transport sends one request to a host
+// that keeps answering with a short Retry-After.
+const MaxAttempts = 4
+
+// Wrap returns next behind l: next itself when l is nil.
+func Wrap(next http.RoundTripper, l *Limiter) http.RoundTripper {
+	if l == nil {
+		return next
+	}
+	return &Transport{Next: next, Limiter: l}
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	next := t.Next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	if t.Limiter == nil {
+		return next.RoundTrip(req)
+	}
+	host := strings.ToLower(req.URL.Host)
+	ctx := req.Context()
+	deadline := t.Limiter.now().Add(t.Limiter.MaxWait)
+	for attempt := 1; ; attempt++ {
+		if err := t.Limiter.acquire(ctx, host, deadline); err != nil {
+			if req.Body != nil {
+				_ = req.Body.Close()
+			}
+			return nil, err
+		}
+		resp, err := next.RoundTrip(req)
+		if err != nil {
+			return resp, err
+		}
+		now := t.Limiter.now()
+		d, ok := RetryAfter(resp, now)
+		if !ok {
+			return resp, nil
+		}
+		held := &HeldError{Host: host, Until: now.Add(d), ByHost: true}
+		t.Limiter.Metrics.retryAfter(host, resp.StatusCode)
+		if herr := t.Limiter.Hold(ctx, host, held.Until); herr != nil {
+			t.Limiter.Log.Error(herr, "recording the host's Retry-After failed", "host", host)
+		}
+		if attempt < MaxAttempts && !held.Until.After(deadline) {
+			if again, ok := rewind(req); ok {
+				// Read what is left of the short answer so the
+				// connection is reused.
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				_ = resp.Body.Close()
+				t.Limiter.Metrics.resent(host)
+				req = again
+				continue
+			}
+		}
+		noteHeld(ctx, held)
+		return resp, nil
+	}
+}
+
+// rewind returns a copy of req to send again, with its body read afresh;
+// false when the body cannot be read again.
+func rewind(req *http.Request) (*http.Request, bool) {
+	again := req.Clone(req.Context())
+	if req.Body == nil || req.Body == http.NoBody {
+		return again, true
+	}
+	if req.GetBody == nil {
+		return nil, false
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return nil, false
+	}
+	again.Body = body
+	return again, true
+}
