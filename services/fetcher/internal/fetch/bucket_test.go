@@ -253,7 +253,7 @@ func TestBucketFailures(t *testing.T) {
 			name:   "missing bucket",
 			mutate: func(s *sourcev1.BucketSpec) { s.BucketName = "nope" },
 			failure: events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.BucketOperationFailedReason,
-				Message: "bucket 'nope' not found"},
+				Message: "bucket 'nope' not found", Transient: true, Retrying: true},
 		},
 		{
 			name: "azure endpoint that is no URL",
