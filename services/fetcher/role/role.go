@@ -237,6 +237,8 @@ func run(ctx context.Context, o options) error {
 	}
 	defer helmSource.Recent.Close()
 	helmSource.Limit(limiter)
+	chartSource := &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize, Indexes: helmSource}
+	chartSource.Limit(limiter)
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
 			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
@@ -245,7 +247,7 @@ func run(ctx context.Context, o options) error {
 				MaxFileSize: o.maxFileSize, Limiter: limiter},
 			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize, Limiter: limiter},
 			helmfetch.Kind:      helmSource,
-			helmchartfetch.Kind: &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize, Indexes: helmSource},
+			helmchartfetch.Kind: chartSource,
 		},
 		Storage:      store,
 		Publisher:    conn.NewPublisher(service),

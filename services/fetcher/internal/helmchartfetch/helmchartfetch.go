@@ -42,6 +42,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -83,6 +84,12 @@ type Source struct {
 
 	transports helmfetch.Transports
 }
+
+// Limit passes every request of the charts' downloads (chart
+// repositories, dependencies' indexes, OCI registries) through l, the
+// limits of its host (see package hostlimit). Call it before the first
+// fetch.
+func (s *Source) Limit(l *hostlimit.Limiter) { s.transports.Limiter = l }
 
 // SetMaxChartFileSize bounds every file of a chart, decompressed (the Helm
 // loader's limit, which is process-wide).

@@ -28,6 +28,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/notation"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -94,12 +95,11 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 	}
 	version := spec.Version
 	if _, err := semver.StrictNewVersion(version); err != nil {
-		client, cleanup, err := registryClient(access, repoSpec.Insecure)
-		if err != nil {
-			return nil, err
-		}
-		tags, err := client.Tags(ref)
-		cleanup()
+		// The tags are listed with the fetch's context (Helm's registry
+		// client lists them with a background one), so the listing ends
+		// with the fetch and the fetch learns of a hold the registry asks
+		// for (see package hostlimit).
+		tags, err := remote.List(r.repo, append([]remote.Option{remote.WithContext(ctx)}, r.remote...)...)
 		if err != nil {
 			return nil, buildFailure(failure.Transient, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
 				fmt.Errorf("failed to get chart version for remote reference: could not fetch tags for '%s': %w", "oci://"+ref, err))
@@ -311,7 +311,9 @@ func registryHandling(err error) failure.Handling {
 // TLS settings.
 type ociAccess struct {
 	username, password string
-	transport          *http.Transport
+	// transport carries every request to the registry (tags, manifests,
+	// layers, signatures), through the limits of its host.
+	transport http.RoundTripper
 }
 
 // options are go-containerregistry's options for the access.
@@ -349,7 +351,8 @@ func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1
 		}
 		return data, nil
 	}
-	a := &ociAccess{transport: http.DefaultTransport.(*http.Transport).Clone()}
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	a := &ociAccess{transport: hostlimit.Wrap(base, s.transports.Limiter)}
 	if ref := spec.SecretRef; ref != nil {
 		data, err := get(ref.Name)
 		if err != nil {
@@ -364,38 +367,11 @@ func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1
 		if err != nil {
 			return nil, err
 		}
-		if a.transport.TLSClientConfig, err = secrets.TLSConfig(data, namespace+"/"+ref.Name); err != nil {
+		if base.TLSClientConfig, err = secrets.TLSConfig(data, namespace+"/"+ref.Name); err != nil {
 			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to construct Helm client's TLS config: %w", err)
 		}
 	}
 	return a, nil
-}
-
-// registryClient is Helm's registry client with the access, for listing
-// tags. Credentials go to a temporary credentials file that cleanup
-// removes, never to the user's.
-func registryClient(a *ociAccess, insecure bool) (*registry.Client, func(), error) {
-	f, err := os.CreateTemp("", "helm-registry-credentials-")
-	if err != nil {
-		return nil, nil, fmt.Errorf("registry credentials file: %w", err)
-	}
-	f.Close()
-	os.Remove(f.Name())
-	cleanup := func() { os.Remove(f.Name()) }
-	opts := []registry.ClientOption{registry.ClientOptWriter(io.Discard), registry.ClientOptCredentialsFile(f.Name()),
-		registry.ClientOptHTTPClient(&http.Client{Transport: a.transport})}
-	if insecure {
-		opts = append(opts, registry.ClientOptPlainHTTP())
-	}
-	if a.username != "" || a.password != "" {
-		opts = append(opts, registry.ClientOptBasicAuth(a.username, a.password))
-	}
-	client, err := registry.NewClient(opts...)
-	if err != nil {
-		cleanup()
-		return nil, nil, source.StalledError(meta.FailedReason, "failed to construct Helm client: %w", err)
-	}
-	return client, cleanup, nil
 }
 
 // registryCredentials reads basic auth from a Secret: username and
