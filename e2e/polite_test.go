@@ -3,8 +3,10 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,13 +14,16 @@ import (
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	helmregistry "helm.sh/helm/v3/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
 	"github.com/headwater-gitops/headwater/testsupport/ratelimit"
+	ociregistry "github.com/headwater-gitops/headwater/testsupport/registry"
 )
 
 // Limits of TestPoliteToUpstreams: the fetchers' own, and the pacing
@@ -28,6 +33,7 @@ const (
 	politeRate, politeBurst = 8, 4
 	serverRate, serverBurst = 10, 8
 	politeSources           = 100
+	politeCharts            = 40
 )
 
 // TestPoliteToUpstreams runs three fetcher replicas against a git server
@@ -64,14 +70,15 @@ func TestPoliteToUpstreams(t *testing.T) {
 	if _, err := repo.Commit("polite"); err != nil {
 		t.Fatal(err)
 	}
-	front := func(t *testing.T, o ratelimit.Options) *ratelimit.Server {
-		s, err := ratelimit.Start(pe.Git.URL(), o)
+	frontOf := func(t *testing.T, upstream string, o ratelimit.Options) *ratelimit.Server {
+		s, err := ratelimit.Start(upstream, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}
+	front := func(t *testing.T, o ratelimit.Options) *ratelimit.Server { return frontOf(t, pe.Git.URL(), o) }
 	create := func(t *testing.T, prefix, url string, n int) []string {
 		names := make([]string, n)
 		var wg sync.WaitGroup
@@ -142,6 +149,114 @@ func TestPoliteToUpstreams(t *testing.T) {
 		}
 		if most, limit := host.MaxInWindow(time.Second), serverBurst+serverRate; most > limit {
 			t.Errorf("the host served %d requests within one second, over its %d", most, limit)
+		}
+	})
+
+	t.Run("helm charts within the hosts' limits", func(t *testing.T) {
+		// A chart repository and a registry, each behind a host of its
+		// own pacing its clients as the git server's does.
+		charts := &chartrepo.Server{Dir: t.TempDir()}
+		if err := charts.Start("127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = charts.Stop() })
+		if err := charts.Add(chartrepo.Chart{Name: "podinfo", Version: "6.0.0"}); err != nil {
+			t.Fatal(err)
+		}
+		chartHost := frontOf(t, charts.URL(), ratelimit.Options{Rate: serverRate, Burst: serverBurst, RetryAfter: "5"})
+		// The index names the charts by the host's URL, so that their
+		// downloads pass it too.
+		charts.SetIndex(bytes.ReplaceAll(charts.Index(), []byte(charts.URL()), []byte(chartHost.URL())))
+		reg := ociregistry.New(t, ociregistry.Options{})
+		push, err := helmregistry.NewClient(helmregistry.ClientOptPlainHTTP(), helmregistry.ClientOptWriter(io.Discard),
+			helmregistry.ClientOptCredentialsFile(filepath.Join(t.TempDir(), "creds.json")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := chartrepo.Package(t.TempDir(), chartrepo.Chart{Name: "podinfo", Version: "6.0.0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := push.Push(data, reg.Host+"/charts/podinfo:6.0.0"); err != nil {
+			t.Fatal(err)
+		}
+		regHost := frontOf(t, "http://"+reg.Host, ratelimit.Options{Rate: serverRate, Burst: serverBurst, RetryAfter: "5"})
+
+		interval := metav1.Duration{Duration: time.Hour}
+		objs := []client.Object{
+			&sourcev1.HelmRepository{ObjectMeta: metav1.ObjectMeta{Name: "polite-charts", Namespace: "default"},
+				Spec: sourcev1.HelmRepositorySpec{URL: chartHost.URL(), Interval: interval}},
+			&sourcev1.HelmRepository{ObjectMeta: metav1.ObjectMeta{Name: "polite-oci", Namespace: "default"},
+				Spec: sourcev1.HelmRepositorySpec{URL: "oci://" + strings.TrimPrefix(regHost.URL(), "http://") + "/charts",
+					Type: sourcev1.HelmRepositoryTypeOCI, Insecure: true, Interval: interval}},
+		}
+		var ready []client.Object // what must end Ready (an OCI HelmRepository has no status, as Flux)
+		ready = append(ready, objs[0])
+		for i := range politeCharts {
+			// Half from each repository; an OCI chart's range lists the
+			// registry's tags first.
+			repo, version := "polite-charts", "6.0.0"
+			if i%2 == 1 {
+				repo, version = "polite-oci", "6.x"
+			}
+			chart := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("polite-%03d", i), Namespace: "default"},
+				Spec: sourcev1.HelmChartSpec{Chart: "podinfo", Version: version, Interval: interval,
+					SourceRef: sourcev1.LocalHelmChartSourceReference{Kind: sourcev1.HelmRepositoryKind, Name: repo}}}
+			objs = append(objs, chart)
+			ready = append(ready, chart)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, len(objs))
+		for _, obj := range objs {
+			wg.Go(func() { errs <- c.Create(t.Context(), obj) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			got := map[string]int{}
+			for _, obj := range ready {
+				if err := c.Get(t.Context(), client.ObjectKeyFromObject(obj), obj); err != nil {
+					t.Fatal(err)
+				}
+				state := "none"
+				if r := apimeta.FindStatusCondition(obj.(interface{ GetConditions() []metav1.Condition }).GetConditions(), "Ready"); r != nil {
+					state = string(r.Status) + "/" + r.Reason
+				}
+				got[state]++
+			}
+			if got["True/"+sourcev1.ChartPullSucceededReason]+got["True/Succeeded"] == len(ready) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("HelmRepositories and HelmCharts by Ready: %v, want all %d True", got, len(ready))
+			}
+			time.Sleep(time.Second)
+		}
+		for _, h := range []struct {
+			name string
+			host *ratelimit.Server
+		}{{"chart repository", chartHost}, {"registry", regHost}} {
+			t.Logf("%s: %d requests served in %s, most in any second %d, %d refused", h.name, h.host.Served(),
+				h.host.Span().Round(time.Millisecond), h.host.MaxInWindow(time.Second), h.host.Refused())
+			if h.host.Served() == 0 {
+				t.Errorf("no request reached the %s's host: the test did not test it", h.name)
+			}
+			if n := h.host.Refused(); n != 0 {
+				t.Errorf("the %s's host refused %d requests: the fetchers outran its limit", h.name, n)
+			}
+			if most, limit := h.host.MaxInWindow(time.Second), serverBurst+serverRate; most > limit {
+				t.Errorf("the %s's host served %d requests within one second, over its %d", h.name, most, limit)
+			}
 		}
 	})
 
