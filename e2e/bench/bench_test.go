@@ -27,6 +27,7 @@ var (
 	serviceArgs = flag.String("service-args", "",
 		"Service flags added for an experiment, space-separated <service>:<flag>, e.g. 'fetcher:-concurrency=8'.")
 	fetcherReplicas = flag.Int("fetcher-replicas", 2, "Fetcher replicas of scenario a2 (a with several fetchers).")
+	politeSources   = flag.Int("polite-sources", 1000, "GitRepositories of scenario p (issue 22: behind a host that answers 429 above its rate).")
 	steadyWindow    = flag.Duration("steady-window", 0,
 		"Measure this long in the steady-state scenarios (d, d15, g's d) instead of their own window, for a short trial; the table then says so.")
 )
@@ -210,6 +211,14 @@ func BenchmarkSources(b *testing.B) {
 			m, err := WebhookPush(b.Context(), headwaterOnly)
 			return []*Measurement{m}, err
 		})
+
+	// p: politeness at scale (issue 22): 3 fetchers sharing a limit below
+	// the host's, which answers 429 above its own.
+	polite := PoliteLoad{Sources: *politeSources, Repos: 10, Replicas: 3, Rate: 20, Burst: 10, HostRate: 25, HostBurst: 20}
+	compare(headwaterOnly, "p", []string{polite.Name()}, []Target{polite.Target()}, func(System) ([]*Measurement, error) {
+		m, err := Polite(b.Context(), headwaterOnly, polite)
+		return []*Measurement{m}, err
+	})
 
 	// l: CloudEvents out (issue 12). Headwater only: Flux's
 	// source-controller has no Subscriptions to compare with.
