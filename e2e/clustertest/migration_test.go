@@ -48,11 +48,7 @@ import (
 func TestFluxMigration(t *testing.T) {
 	requireFull(t)
 	manifest := fluxSourceControllerManifest()
-	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() {
-		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
-			t.Errorf("delete the overlay: %v\n%s", err, out)
-		}
-	})
+	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() { removeDropIn(t) })
 	m.switchTo("Headwater", func() {
 		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
 		m.waitGone("app=source-controller")
@@ -146,6 +142,15 @@ func fromFlux(t *testing.T, installFlux, removeHeadwater func()) *migration {
 	t.Logf("Flux: both ConfigMaps applied, Kustomization Ready at %s, %s after it was created; artifact %s %s",
 		rev, time.Since(start).Round(10*time.Millisecond), gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
 	return &migration{t: t, cl: cl, wcl: wcl, key: key, ks: ks, repo: repo, serviceIP: serviceIP(t)}
+}
+
+// removeDropIn deletes deploy/overlays/flux-system, whatever of it is
+// there: the cleanup of a test that may stop while Headwater serves.
+func removeDropIn(t *testing.T) {
+	t.Helper()
+	if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
+		t.Errorf("delete the overlay: %v\n%s", err, out)
+	}
 }
 
 // rebuiltByHeadwater checks a switch to Headwater: it keeps the artifact

@@ -129,11 +129,7 @@ func TestFluxBootstrapSwitch(t *testing.T) {
 	m := fromFlux(t, func() {
 		fleet = bootstrapFleet(t)
 		kubectl(t, "apply", "-k", filepath.Join(fleet.Dir, "clusters", "test", "flux-system"))
-	}, func() {
-		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
-			t.Errorf("delete the overlay: %v\n%s", err, out)
-		}
-	})
+	}, func() { removeDropIn(t) })
 	ctx := context.Background()
 	// Deleting the Kustomization flux-system at the end must not prune
 	// what it applied (Flux itself, or Headwater): the cleanups remove
@@ -332,11 +328,7 @@ func serviceSelector(t *testing.T) map[string]string {
 func TestDropInBesideFlux(t *testing.T) {
 	requireFull(t)
 	manifest := fluxSourceControllerManifest()
-	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() {
-		if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
-			t.Errorf("delete the overlay: %v\n%s", err, out)
-		}
-	})
+	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() { removeDropIn(t) })
 	var flux sourcev1.GitRepository
 	if err := m.cl.Get(context.Background(), m.key, &flux); err != nil {
 		t.Fatal(err)
