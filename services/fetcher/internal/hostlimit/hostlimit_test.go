@@ -272,6 +272,63 @@ func TestTransport(t *testing.T) {
 	}
 }
 
+// TestTransportAdmits checks that a fetch's first request to a host waits
+// for its slot at most MaxWait, while its later ones queue for theirs:
+// a second fetch is refused at its first request, the first fetch's
+// second request waits beyond MaxWait and is sent, and a later request
+// whose slot comes after its fetch's deadline is refused at once.
+func TestTransportAdmits(t *testing.T) {
+	var served atomic.Int64
+	handler := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served.Add(1)
+		_, _ = io.WriteString(w, "ok")
+	})
+	srv, other := httptest.NewServer(handler), httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	t.Cleanup(other.Close)
+	// One request a second, none waiting: MaxWait is far below a slot.
+	rules, err := ParseRules("*=1/1")
+	must(t, err)
+	l := &Limiter{Rules: rules, Store: &MemoryStore{}, MaxWait: 10 * time.Millisecond}
+	c := &http.Client{Transport: &Transport{Limiter: l}}
+	get := func(ctx context.Context, url string) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		must(t, err)
+		resp, err := c.Do(req)
+		if err != nil {
+			return err
+		}
+		return resp.Body.Close()
+	}
+	fetchA, _ := Track(t.Context())
+	fetchB, trackerB := Track(t.Context())
+	must(t, get(fetchA, srv.URL+"/info/refs"))
+	if err := get(fetchB, srv.URL+"/info/refs"); !errors.As(err, new(*HeldError)) {
+		t.Fatalf("a second fetch's first request, a slot away: %v, want refused with a *HeldError", err)
+	}
+	if trackerB.Held() == nil {
+		t.Error("the refused fetch's tracker did not learn of the hold")
+	}
+	if err := get(fetchA, srv.URL+"/git-upload-pack"); err != nil {
+		t.Fatalf("the admitted fetch's second request: %v, want it sent when its slot comes", err)
+	}
+	if n := served.Load(); n != 2 {
+		t.Errorf("the host served %d requests, want the admitted fetch's 2", n)
+	}
+	// A fetch that must end before its next slot is refused, not left
+	// waiting for its context to end.
+	short, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	fetchC, _ := Track(short)
+	must(t, get(fetchC, other.URL+"/info/refs"))
+	if err := get(fetchC, other.URL+"/git-upload-pack"); !errors.As(err, new(*HeldError)) {
+		t.Errorf("a later request whose slot is after its fetch's deadline: %v, want a *HeldError", err)
+	}
+	if short.Err() != nil {
+		t.Error("the request waited for its fetch's deadline instead of being refused at once")
+	}
+}
+
 // TestLimiterWaitsForHold checks a request to a host held for less than
 // MaxWait waits for the hold to end and goes, while one held for longer
 // is refused at once.

@@ -71,14 +71,22 @@ func (l *Limiter) now() time.Time {
 // further than MaxWait; ctx's error if ctx ends while it waits. A store
 // that fails lets the request go.
 func (l *Limiter) Acquire(ctx context.Context, host string) error {
-	return l.acquire(ctx, strings.ToLower(host), l.now().Add(l.MaxWait))
+	d := l.now().Add(l.MaxWait)
+	return l.acquire(ctx, strings.ToLower(host), deadlines{hold: d, slot: d})
 }
 
-// acquire is Acquire with a wait that ends by deadline.
-func (l *Limiter) acquire(ctx context.Context, host string, deadline time.Time) error {
+// deadlines bound a request's wait: for a hold of its host to end, and
+// for a slot of its host's bucket. A zero slot deadline waits as long as
+// the slot takes.
+type deadlines struct {
+	hold, slot time.Time
+}
+
+// acquire is Acquire with a wait that ends by the deadlines.
+func (l *Limiter) acquire(ctx context.Context, host string, by deadlines) error {
 	var notBefore time.Time
 	for {
-		at, slot, err := l.take(ctx, host, deadline, notBefore)
+		at, slot, err := l.take(ctx, host, by, notBefore)
 		if err != nil {
 			return err
 		}
@@ -105,8 +113,9 @@ func (l *Limiter) acquire(ctx context.Context, host string, deadline time.Time) 
 // take looks at host's state once, at the time of the clock or at
 // notBefore, whichever is later. It takes a slot of the host's bucket,
 // usable at at (slot true), or says the host is held until at, to look
-// again then (slot false); a *HeldError when either is beyond deadline.
-func (l *Limiter) take(ctx context.Context, host string, deadline, notBefore time.Time) (at time.Time, slot bool, err error) {
+// again then (slot false); a *HeldError when the hold is beyond by.hold or
+// the slot beyond by.slot.
+func (l *Limiter) take(ctx context.Context, host string, by deadlines, notBefore time.Time) (at time.Time, slot bool, err error) {
 	rule := l.Rules.For(host)
 	now := l.now()
 	if notBefore.After(now) {
@@ -116,7 +125,7 @@ func (l *Limiter) take(ctx context.Context, host string, deadline, notBefore tim
 	_, err = l.Store.Update(ctx, host, func(s State) (State, bool) {
 		at, slot, held = now, false, nil
 		if s.HeldUntil.After(now) {
-			if s.HeldUntil.After(deadline) {
+			if s.HeldUntil.After(by.hold) {
 				held = &HeldError{Host: host, Until: s.HeldUntil, ByHost: true}
 			} else {
 				at = s.HeldUntil
@@ -134,7 +143,7 @@ func (l *Limiter) take(ctx context.Context, host string, deadline, notBefore tim
 		}
 		next := tat.Add(interval)
 		if free := next.Add(-time.Duration(rule.Burst) * interval); free.After(now) {
-			if free.After(deadline) {
+			if !by.slot.IsZero() && free.After(by.slot) {
 				slot, held = false, &HeldError{Host: host, Until: free}
 				return s, false
 			}
@@ -177,10 +186,20 @@ type trackerKey struct{}
 
 // Tracker remembers, for one fetch, the last host that held one of its
 // requests, so the fetch can answer "rate limited" rather than with the
-// error the HTTP library made of it.
+// error the HTTP library made of it, and the hosts that admitted the fetch.
+//
+// A fetch is admitted to a host by its first request there, which waits
+// for a slot of the host's bucket at most the limiter's MaxWait. Its later
+// requests to that host (a clone's pack after its reference listing, the
+// chart after the index) queue for their slots for as long as the fetch
+// may run: refusing them would throw away the requests the fetch already
+// made, and its retry would make them again. So under load the limiter
+// refuses whole fetches at their door, never halfway, and a host serves
+// each fetch's requests once.
 type Tracker struct {
-	mu   sync.Mutex
-	held *HeldError
+	mu       sync.Mutex
+	held     *HeldError
+	admitted map[string]bool
 }
 
 // Track returns a context whose requests report holds to the returned
@@ -195,6 +214,36 @@ func (t *Tracker) Held() *HeldError {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.held
+}
+
+// tracker returns the Tracker of ctx's fetch, or nil.
+func tracker(ctx context.Context) *Tracker {
+	t, _ := ctx.Value(trackerKey{}).(*Tracker)
+	return t
+}
+
+// isAdmitted reports whether the fetch was admitted to host; false for a
+// nil Tracker.
+func (t *Tracker) isAdmitted(host string) bool {
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.admitted[host]
+}
+
+// admit records that host admitted the fetch; nothing for a nil Tracker.
+func (t *Tracker) admit(host string) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.admitted == nil {
+		t.admitted = map[string]bool{}
+	}
+	t.admitted[host] = true
 }
 
 func noteHeld(ctx context.Context, h *HeldError) {

@@ -7,7 +7,9 @@ import (
 )
 
 // Transport is an http.RoundTripper that passes every request through a
-// Limiter before Next sends it, and records the holds the host asks for
+// Limiter before Next sends it (a fetch's first request to a host waits
+// for its slot at most MaxWait, its later ones while the fetch may run:
+// see Tracker), and records the holds the host asks for
 // (429 or 503 with Retry-After). A request refused by the host whose hold
 // ends within the limiter's MaxWait (counted from the request's start) is
 // sent again when it ends, up to MaxAttempts times in all, if its body
@@ -49,13 +51,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	host := strings.ToLower(req.URL.Host)
 	ctx := req.Context()
 	deadline := t.Limiter.now().Add(t.Limiter.MaxWait)
+	by := deadlines{hold: deadline, slot: deadline}
+	tr := tracker(ctx)
+	if tr.isAdmitted(host) {
+		// A later request of a fetch the host admitted: it queues for
+		// its slot while the fetch may run (Tracker).
+		by.slot, _ = ctx.Deadline()
+	}
 	for attempt := 1; ; attempt++ {
-		if err := t.Limiter.acquire(ctx, host, deadline); err != nil {
+		if err := t.Limiter.acquire(ctx, host, by); err != nil {
 			if req.Body != nil {
 				_ = req.Body.Close()
 			}
 			return nil, err
 		}
+		tr.admit(host)
 		resp, err := next.RoundTrip(req)
 		if err != nil {
 			return resp, err
