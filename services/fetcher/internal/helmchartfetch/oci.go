@@ -75,6 +75,13 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 		return nil, err
 	}
 	r := &ociResolved{src: s, spec: spec, remote: access.options(), access: access}
+	// One puller for the fetch's tag listing, manifest and layer: it keeps
+	// what the registry told the first request (its authentication scheme,
+	// a token), where go-containerregistry would ping the registry before
+	// each operation again. NewPuller fails only on invalid options.
+	if p, err := remote.NewPuller(r.remote...); err == nil {
+		r.remote = append(r.remote, remote.Reuse(p))
+	}
 	ref := strings.TrimSuffix(strings.TrimPrefix(repoSpec.URL, "oci://"), "/") + "/" + spec.Chart
 	var nameOpts []name.Option
 	if repoSpec.Insecure {

@@ -62,6 +62,26 @@ func TestFetchChartOCI(t *testing.T) {
 			fetchChart(t, s, request(tc.spec, cs), "podinfo", tc.revision, tc.message)
 		})
 	}
+	t.Run("one ping a fetch", func(t *testing.T) {
+		// The tag listing, the manifest and the layer share what the
+		// registry's ping told the first of them.
+		before := len(srv.Settle(t))
+		fetchChart(t, s, request(sourcev1.HelmChartSpec{Chart: "podinfo", Version: "6.x"}, cs), "podinfo", "6.1.0",
+			"pulled 'podinfo' chart with version '6.1.0'")
+		after := srv.Settle(t)
+		pings, tags := 0, 0
+		for _, r := range after[before:] {
+			switch {
+			case r.Path == "/v2/":
+				pings++
+			case strings.Contains(r.Path, "/tags/list"):
+				tags++
+			}
+		}
+		if pings != 1 || tags != 1 {
+			t.Errorf("the fetch pinged the registry %d times and listed its tags %d times, want once each: %v", pings, tags, after[before:])
+		}
+	})
 	t.Run("wrong credentials", func(t *testing.T) {
 		bad := *cs
 		bad.HelmRepository = cs.HelmRepository.DeepCopy()

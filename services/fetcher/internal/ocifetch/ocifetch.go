@@ -192,6 +192,10 @@ type resolved struct {
 	checked bool
 	// verifyCfg is spec.verify, nil when unset.
 	verifyCfg *verifyConfig
+	// puller keeps, for the fetch, what the registry told its first
+	// request (its authentication scheme, a token), so the fetch's later
+	// requests do not ask again (see options).
+	puller *remote.Puller
 }
 
 // Revision is Flux's revision: "<tag>@sha256:<hex>", or the digest alone
@@ -203,15 +207,27 @@ func (r *resolved) Revision() string {
 	return r.tag + "@" + r.digest.String()
 }
 
-// options are the go-containerregistry options of every request.
+// options are the go-containerregistry options of every request of the
+// fetch. They share one puller: go-containerregistry otherwise pings the
+// registry (GET /v2/) and fetches a token before each operation, which
+// made a fetch's resolve, manifest and layer cost three pings more than
+// the requests it needs.
 func (r *resolved) options(ctx context.Context) []remote.Option {
-	return []remote.Option{
-		remote.WithContext(ctx),
+	opts := []remote.Option{
 		remote.WithAuth(r.access.auth),
 		remote.WithTransport(r.access.transport),
 		remote.WithUserAgent(userAgent),
 		remote.WithPlatform(platform),
 	}
+	if r.puller == nil {
+		// NewPuller fails only on invalid options, which these are not;
+		// without it every operation pings, as before.
+		r.puller, _ = remote.NewPuller(opts...)
+	}
+	if r.puller != nil {
+		opts = append(opts, remote.Reuse(r.puller))
+	}
+	return append(opts, remote.WithContext(ctx))
 }
 
 // ContentIdentity is what, besides the revision (tag and manifest

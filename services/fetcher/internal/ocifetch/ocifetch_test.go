@@ -192,6 +192,33 @@ func TestMultiPlatformIndex(t *testing.T) {
 	sourcetest.CheckFailure(t, err, sourcev1.OCIPullFailedReason, failure.Final, "has no manifest for platform 'linux/amd64' (it has: linux/arm64, windows/amd64)")
 }
 
+// TestOnePingAFetch checks that a fetch's requests (the tag listing of a
+// semver range, the manifest, the layer) share what the registry's ping
+// told the first of them: one ping a fetch, on a registry that wants
+// credentials.
+func TestOnePingAFetch(t *testing.T) {
+	reg := registry.New(t, registry.Options{Username: "flux", Password: "s3cr3t"})
+	reg.Push(t, "app", "1.0.0", registry.FluxArtifact(t, map[string]string{"v": "1"}, "", ""))
+	src := &Source{Secrets: kube(t, secret("creds", map[string][]byte{".dockerconfigjson": reg.DockerConfigJSON("flux", "s3cr3t")}))}
+	before := len(reg.Settle(t))
+	rev, _, got, err := sourcetest.Fetch(t, src, request(sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Insecure: true,
+		SecretRef: &meta.LocalObjectReference{Name: "creds"}, Reference: &sourcev1.OCIRepositoryRef{SemVer: "1.x"}}))
+	must(t, err)
+	if !strings.HasPrefix(rev, "1.0.0@") || got["v"] != "1" {
+		t.Fatalf("revision %s, files %v", rev, got)
+	}
+	after := reg.Settle(t)
+	pings := 0
+	for _, r := range after[before : len(after)-1] {
+		if r.Path == "/v2/" {
+			pings++
+		}
+	}
+	if pings != 1 {
+		t.Errorf("the fetch pinged the registry %d times, want once: %v", pings, after[before:])
+	}
+}
+
 func TestAuthentication(t *testing.T) {
 	reg := registry.New(t, registry.Options{Username: "flux", Password: "s3cr3t", TLS: true})
 	d := reg.Push(t, "app", "v1", registry.FluxArtifact(t, map[string]string{"a": "b"}, "", ""))
