@@ -219,6 +219,10 @@ func BenchmarkSources(b *testing.B) {
 		m, err := Polite(b.Context(), headwaterOnly, polite)
 		return []*Measurement{m}, err
 	})
+	compare(headwaterOnly, "p'", []string{polite.HelmName()}, []Target{polite.HelmTarget()}, func(System) ([]*Measurement, error) {
+		m, err := PoliteHelm(b.Context(), headwaterOnly, polite, b)
+		return []*Measurement{m}, err
+	})
 
 	// l: CloudEvents out (issue 12). Headwater only: Flux's
 	// source-controller has no Subscriptions to compare with.

@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -40,6 +41,7 @@ type Server struct {
 	mu      sync.Mutex
 	tat     time.Time
 	served  []time.Time
+	byPath  map[string]int
 	refused int
 }
 
@@ -68,7 +70,7 @@ func (s *Server) Close() error { return s.srv.Close() }
 // ServeHTTP serves a request within the limit, and answers 429 above it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
-	if !s.admit(now) {
+	if !s.admit(now, r.URL.Path) {
 		h := s.o.RetryAfter
 		if s.o.RetryAfterFunc != nil {
 			h = s.o.RetryAfterFunc(now)
@@ -82,8 +84,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.proxy.ServeHTTP(w, r)
 }
 
-// admit takes a slot of the server's token bucket (GCRA) at now.
-func (s *Server) admit(now time.Time) bool {
+// admit takes a slot of the server's token bucket (GCRA) at now for a
+// request of path.
+func (s *Server) admit(now time.Time, path string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	interval := time.Duration(float64(time.Second) / s.o.Rate)
@@ -98,7 +101,26 @@ func (s *Server) admit(now time.Time) bool {
 	}
 	s.tat = next
 	s.served = append(s.served, now)
+	if s.byPath == nil {
+		s.byPath = map[string]int{}
+	}
+	s.byPath[path]++
 	return true
+}
+
+// ServedContaining is how many of the requests served had a path
+// containing part ("/info/refs" counts a git server's reference listings,
+// "/git-upload-pack" its packs, "/manifests/" a registry's manifests).
+func (s *Server) ServedContaining(part string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for p, c := range s.byPath {
+		if strings.Contains(p, part) {
+			n += c
+		}
+	}
+	return n
 }
 
 // Served is how many requests the server passed on.

@@ -20,8 +20,12 @@ func TestServerPaces(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	codes := map[int]int{}
 	var retryAfter string
-	for range 5 {
-		resp, err := http.Get(s.URL())
+	for i := range 5 {
+		path := "/repo.git/info/refs"
+		if i%2 == 1 {
+			path = "/repo.git/git-upload-pack"
+		}
+		resp, err := http.Get(s.URL() + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -36,5 +40,9 @@ func TestServerPaces(t *testing.T) {
 	}
 	if s.Served() != 3 || s.Refused() != 2 || s.MaxInWindow(time.Hour) != 3 {
 		t.Errorf("served %d, refused %d, most in an hour %d; want 3, 2, 3", s.Served(), s.Refused(), s.MaxInWindow(time.Hour))
+	}
+	// Requests 0 and 2 (listings) and 1 (a pack) were served.
+	if l, p := s.ServedContaining("/info/refs"), s.ServedContaining("/git-upload-pack"); l != 2 || p != 1 {
+		t.Errorf("served %d listings and %d packs; want 2 and 1", l, p)
 	}
 }
