@@ -289,10 +289,10 @@ func PoliteHelm(ctx context.Context, o Options, load PoliteLoad, tb testing.TB) 
 	m.Counters[CounterRegistryHostServed] = int64(regHost.Served())
 	m.Counters[CounterFloorPercent] = int64(math.Ceil(100 * m.Wall.Seconds() / max(floor.Seconds(), 0.001)))
 	m.Notes = append(m.Notes, fmt.Sprintf("all Ready after %s; the limit's floor (the slower host's requests, less the burst of %g, at %g/s) %s: %.2fx; "+
-		"the chart repository's host served %d requests (%.2f a chart of its %d, the index included), the registry's %d (%.2f a chart of its %d)",
+		"the chart repository's host served %d requests (%.2f a chart of its %d, the index included) over %s, the registry's %d (%.2f a chart of its %d) over %s",
 		m.Wall.Round(time.Millisecond), load.Burst, load.Rate, floor.Round(time.Millisecond), m.Wall.Seconds()/max(floor.Seconds(), 0.001),
-		chartHost.Served(), float64(chartHost.Served())/float64(max(fromRepo, 1)), fromRepo,
-		regHost.Served(), float64(regHost.Served())/float64(max(fromRegistry, 1)), fromRegistry))
+		chartHost.Served(), float64(chartHost.Served())/float64(max(fromRepo, 1)), fromRepo, chartHost.Span().Round(time.Millisecond),
+		regHost.Served(), float64(regHost.Served())/float64(max(fromRegistry, 1)), fromRegistry, regHost.Span().Round(time.Millisecond)))
 	m.Notes = append(m.Notes, fmt.Sprintf("the registry's host served %d tag lists, %d manifests, %d blobs, %d other requests",
 		regHost.ServedContaining("/tags/list"), regHost.ServedContaining("/manifests/"), regHost.ServedContaining("/blobs/"),
 		regHost.Served()-regHost.ServedContaining("/tags/list")-regHost.ServedContaining("/manifests/")-regHost.ServedContaining("/blobs/")))

@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -326,6 +327,48 @@ func TestTransportAdmits(t *testing.T) {
 	}
 	if short.Err() != nil {
 		t.Error("the request waited for its fetch's deadline instead of being refused at once")
+	}
+}
+
+// TestTransportRefundsUnsent checks that a request that never reached its
+// host (a TLS handshake with a server that speaks plain HTTP, as
+// go-containerregistry's probe of an insecure registry) gives its slot
+// back and is not counted as sent, while a request the host answered
+// keeps its slot.
+func TestTransportRefundsUnsent(t *testing.T) {
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served.Add(1)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(srv.Close)
+	rules, err := ParseRules("*=1/1")
+	must(t, err)
+	reg := prometheus.NewRegistry()
+	l := &Limiter{Rules: rules, Store: &MemoryStore{}, MaxWait: 10 * time.Millisecond, Metrics: NewMetrics(reg)}
+	c := &http.Client{Transport: &Transport{Limiter: l}}
+	get := func(url string) error {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+		must(t, err)
+		resp, err := c.Do(req)
+		if err != nil {
+			return err
+		}
+		return resp.Body.Close()
+	}
+	if err := get("https" + strings.TrimPrefix(srv.URL, "http") + "/v2/"); err == nil || errors.As(err, new(*HeldError)) {
+		t.Fatalf("HTTPS to a plain HTTP server: %v, want a failed handshake", err)
+	}
+	// The bucket holds one slot a second: only the refund lets this go.
+	if err := get(srv.URL + "/v2/"); err != nil {
+		t.Fatalf("the request after an unsent one: %v, want it sent on the slot given back", err)
+	}
+	if err := get(srv.URL + "/v2/"); !errors.As(err, new(*HeldError)) {
+		t.Errorf("a third request within the second: %v, want it refused: a sent request keeps its slot", err)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	if n := testutil.ToFloat64(l.Metrics.requests.WithLabelValues(host)); n != 1 || served.Load() != 1 {
+		t.Errorf("counted %v requests sent, the host served %d; want 1 and 1", n, served.Load())
 	}
 }
 

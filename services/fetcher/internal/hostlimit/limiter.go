@@ -71,8 +71,13 @@ func (l *Limiter) now() time.Time {
 // further than MaxWait; ctx's error if ctx ends while it waits. A store
 // that fails lets the request go.
 func (l *Limiter) Acquire(ctx context.Context, host string) error {
+	host = strings.ToLower(host)
 	d := l.now().Add(l.MaxWait)
-	return l.acquire(ctx, strings.ToLower(host), deadlines{hold: d, slot: d})
+	if err := l.acquire(ctx, host, deadlines{hold: d, slot: d}); err != nil {
+		return err
+	}
+	l.Metrics.request(host)
+	return nil
 }
 
 // deadlines bound a request's wait: for a hold of its host to end, and
@@ -101,7 +106,6 @@ func (l *Limiter) acquire(ctx context.Context, host string, by deadlines) error 
 			l.Metrics.waited(host, wait)
 		}
 		if slot {
-			l.Metrics.request(host)
 			return nil
 		}
 		// The hold has ended (or was made longer meanwhile): look again,
@@ -162,6 +166,34 @@ func (l *Limiter) take(ctx context.Context, host string, by deadlines, notBefore
 		return now, false, held
 	}
 	return at, slot, nil
+}
+
+// refund gives back the slot of host's bucket that a request took and
+// never used: it did not reach the host (a refused connection, a failed
+// TLS handshake, such as go-containerregistry's HTTPS probe of a registry
+// that speaks plain HTTP). The bucket's next slot moves one interval
+// earlier, never before now; a hold is left as it is. A store that fails
+// keeps the slot taken, the safe side.
+func (l *Limiter) refund(ctx context.Context, host string) {
+	rule := l.Rules.For(host)
+	if rule.Rate <= 0 {
+		return
+	}
+	interval := time.Duration(float64(time.Second) / rule.Rate)
+	now := l.now()
+	_, err := l.Store.Update(ctx, host, func(s State) (State, bool) {
+		if !s.TAT.After(now) {
+			return s, false
+		}
+		s.TAT = s.TAT.Add(-interval)
+		if s.TAT.Before(now) {
+			s.TAT = now
+		}
+		return s, true
+	})
+	if err != nil {
+		l.Log.Error(err, "giving back an unused slot failed", "host", host)
+	}
 }
 
 // Hold records that host asked to be left alone until until; every

@@ -1,9 +1,12 @@
 package hostlimit
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 )
 
 // Transport is an http.RoundTripper that passes every request through a
@@ -66,7 +69,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		tr.admit(host)
-		resp, err := next.RoundTrip(req)
+		var written atomic.Bool
+		resp, err := next.RoundTrip(traced(req, &written))
+		if written.Load() {
+			t.Limiter.Metrics.request(host)
+		} else if err != nil {
+			// The host never saw the request: its slot is free again.
+			t.Limiter.refund(context.WithoutCancel(ctx), host)
+		}
 		if err != nil {
 			return resp, err
 		}
@@ -94,6 +104,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		noteHeld(ctx, held)
 		return resp, nil
 	}
+}
+
+// traced returns req with a trace that sets written once the request is
+// written whole to the connection: the host has it.
+func traced(req *http.Request, written *atomic.Bool) *http.Request {
+	trace := &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
+		if info.Err == nil {
+			written.Store(true)
+		}
+	}}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 }
 
 // rewind returns a copy of req to send again, with its body read afresh;
