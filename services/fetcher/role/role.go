@@ -242,7 +242,7 @@ func run(ctx context.Context, o options) error {
 	handler := &fetch.Handler{
 		Sources: map[string]source.Source{
 			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
-				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens},
+				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens, Limiter: limiter},
 			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
 				MaxFileSize: o.maxFileSize, Limiter: limiter},
 			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize, Limiter: limiter},

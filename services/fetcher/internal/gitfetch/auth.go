@@ -16,6 +16,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -208,7 +209,8 @@ func tokenFailure(err error, format string) error {
 
 // tokenClient is an HTTP client for a token endpoint: through c's proxy,
 // trusting s.TokenRootCAs or the system's authorities, and, with
-// secretTLS, the Secret's ca.crt too and its client certificate.
+// secretTLS, the Secret's ca.crt too and its client certificate; behind
+// s.Limiter, so the endpoint's host is paced and its holds kept.
 func (s *Source) tokenClient(c *credentials, secretTLS bool) (*http.Client, error) {
 	roots := s.TokenRootCAs
 	if roots == nil {
@@ -244,7 +246,7 @@ func (s *Source) tokenClient(c *credentials, secretTLS bool) (*http.Client, erro
 		}
 		tr.Proxy = http.ProxyURL(p)
 	}
-	return &http.Client{Transport: tr}, nil
+	return &http.Client{Transport: hostlimit.Wrap(tr, s.Limiter)}, nil
 }
 
 // secret reads the data of the Secret namespace/name, with Flux's words

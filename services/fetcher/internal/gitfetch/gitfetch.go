@@ -34,6 +34,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
@@ -75,6 +76,10 @@ type Source struct {
 	// the token endpoints' TLS instead of the system's (a GitHub App
 	// Secret's ca.crt is trusted as well). Tests set it.
 	TokenRootCAs *x509.CertPool
+	// Limiter, when set, limits the token endpoints' requests (a GitHub
+	// App's installation token, Entra ID's) as it limits the clones' (see
+	// LimitHTTP): the same hosts, the same holds.
+	Limiter *hostlimit.Limiter
 	// Getenv looks up the workload identity's environment (provider
 	// azure); nil reads the process's.
 	Getenv func(string) (string, bool)

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/tokenserver"
@@ -173,6 +174,32 @@ func TestGitHubApp(t *testing.T) {
 		reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
 		message: "failed to configure authentication options: POST " + tokens + ": 401 A JSON web token could not be decoded []"}
 	stranger.run(t, src, f.commit)
+}
+
+// TestGitHubAppTokenLimited checks that the installation token request
+// passes the host limiter as clones do: while the API's host is held (it
+// answered 429 with Retry-After to another fetch), the fetch sends it
+// nothing and learns of the hold, which the fetch handler turns into
+// RateLimited.
+func TestGitHubAppTokenLimited(t *testing.T) {
+	f := newGitHubFixture(t, 0)
+	l := &hostlimit.Limiter{Rules: hostlimit.Rules{}, Store: &hostlimit.MemoryStore{}, MaxWait: time.Second}
+	apiHost := strings.TrimPrefix(f.api.URL(), "http://")
+	must(t, l.Hold(t.Context(), apiHost, time.Now().Add(time.Hour)))
+	req := request(f.git.RepoURL("repo"), &sourcev1.GitRepositoryRef{Branch: "master"})
+	req.GitRepository.Provider = sourcev1.GitProviderGitHub
+	req.GitRepository.SecretRef = &meta.LocalObjectReference{Name: "auth"}
+	src := &Source{Tokens: providertoken.NewCache(0, nil), Limiter: l, Secrets: secretSource(t, newSecret("auth", f.secret())).Secrets}
+	ctx, tracker := hostlimit.Track(t.Context())
+	if _, err := src.Resolve(ctx, req); failure.As(err) == nil {
+		t.Fatalf("resolve with the API's host held: %v, want a failure", err)
+	}
+	if h := tracker.Held(); h == nil || h.Host != apiHost || !h.ByHost {
+		t.Errorf("the fetch learned of hold %v, want the API's host %s held by the host", h, apiHost)
+	}
+	if n := f.api.Minted(); n != 0 {
+		t.Errorf("the API minted %d tokens while held, want none asked for", n)
+	}
 }
 
 func TestGitHubAppOverTLSThroughAProxy(t *testing.T) {
