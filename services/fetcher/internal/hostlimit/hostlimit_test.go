@@ -330,12 +330,12 @@ func TestTransportAdmits(t *testing.T) {
 	}
 }
 
-// TestTransportRefundsUnsent checks that a request that never reached its
-// host (a TLS handshake with a server that speaks plain HTTP, as
-// go-containerregistry's probe of an insecure registry) gives its slot
-// back and is not counted as sent, while a request the host answered
-// keeps its slot.
-func TestTransportRefundsUnsent(t *testing.T) {
+// TestTransportPlainHTTPProbe checks the HTTPS probe go-containerregistry
+// makes of a registry marked insecure that speaks plain HTTP: the first
+// one takes a slot and is not counted as sent (the host's HTTP layer never
+// saw it); later ones take no slot; the plain HTTP requests are limited
+// as any.
+func TestTransportPlainHTTPProbe(t *testing.T) {
 	var served atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		served.Add(1)
@@ -344,8 +344,9 @@ func TestTransportRefundsUnsent(t *testing.T) {
 	t.Cleanup(srv.Close)
 	rules, err := ParseRules("*=1/1")
 	must(t, err)
-	reg := prometheus.NewRegistry()
-	l := &Limiter{Rules: rules, Store: &MemoryStore{}, MaxWait: 10 * time.Millisecond, Metrics: NewMetrics(reg)}
+	now := time.Now()
+	l := &Limiter{Rules: rules, Store: &MemoryStore{}, MaxWait: 10 * time.Millisecond, Metrics: NewMetrics(prometheus.NewRegistry()),
+		Now: func() time.Time { return now }}
 	c := &http.Client{Transport: &Transport{Limiter: l}}
 	get := func(url string) error {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
@@ -356,15 +357,20 @@ func TestTransportRefundsUnsent(t *testing.T) {
 		}
 		return resp.Body.Close()
 	}
-	if err := get("https" + strings.TrimPrefix(srv.URL, "http") + "/v2/"); err == nil || errors.As(err, new(*HeldError)) {
-		t.Fatalf("HTTPS to a plain HTTP server: %v, want a failed handshake", err)
-	}
-	// The bucket holds one slot a second: only the refund lets this go.
-	if err := get(srv.URL + "/v2/"); err != nil {
-		t.Fatalf("the request after an unsent one: %v, want it sent on the slot given back", err)
+	probe := "https" + strings.TrimPrefix(srv.URL, "http") + "/v2/"
+	for i := range 3 {
+		// The bucket has one slot a second and the clock stands still:
+		// only the first probe could have had one.
+		if err := get(probe); err == nil || errors.As(err, new(*HeldError)) {
+			t.Fatalf("probe %d, HTTPS to a plain HTTP server: %v, want a failed handshake, not a hold", i+1, err)
+		}
 	}
 	if err := get(srv.URL + "/v2/"); !errors.As(err, new(*HeldError)) {
-		t.Errorf("a third request within the second: %v, want it refused: a sent request keeps its slot", err)
+		t.Errorf("plain HTTP within the second of the first probe: %v, want it refused: the probe's slot stays taken", err)
+	}
+	now = now.Add(time.Second)
+	if err := get(srv.URL + "/v2/"); err != nil {
+		t.Errorf("plain HTTP a second later: %v, want it sent", err)
 	}
 	host := strings.TrimPrefix(srv.URL, "http://")
 	if n := testutil.ToFloat64(l.Metrics.requests.WithLabelValues(host)); n != 1 || served.Load() != 1 {

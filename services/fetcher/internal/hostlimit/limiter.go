@@ -55,6 +55,10 @@ type Limiter struct {
 	Log logr.Logger
 	// Now returns the time; time.Now when nil.
 	Now func() time.Time
+
+	// plainHTTP holds the hosts that answered a TLS handshake in plain
+	// HTTP, until when they are believed to (see Transport).
+	plainHTTP sync.Map
 }
 
 func (l *Limiter) now() time.Time {
@@ -168,32 +172,28 @@ func (l *Limiter) take(ctx context.Context, host string, by deadlines, notBefore
 	return at, slot, nil
 }
 
-// refund gives back the slot of host's bucket that a request took and
-// never used: it did not reach the host (a refused connection, a failed
-// TLS handshake, such as go-containerregistry's HTTPS probe of a registry
-// that speaks plain HTTP). The bucket's next slot moves one interval
-// earlier, never before now; a hold is left as it is. A store that fails
-// keeps the slot taken, the safe side.
-func (l *Limiter) refund(ctx context.Context, host string) {
-	rule := l.Rules.For(host)
-	if rule.Rate <= 0 {
-		return
+// plainHTTPMemory is how long the limiter remembers that a host answered
+// a TLS handshake in plain HTTP.
+const plainHTTPMemory = 10 * time.Minute
+
+// notePlainHTTP records that host answered a TLS handshake in plain HTTP:
+// an HTTPS request to it never reaches its HTTP layer.
+func (l *Limiter) notePlainHTTP(host string) {
+	l.plainHTTP.Store(host, l.now().Add(plainHTTPMemory))
+}
+
+// speaksPlainHTTP reports whether host answered a TLS handshake in plain
+// HTTP within the last plainHTTPMemory.
+func (l *Limiter) speaksPlainHTTP(host string) bool {
+	v, ok := l.plainHTTP.Load(host)
+	if !ok {
+		return false
 	}
-	interval := time.Duration(float64(time.Second) / rule.Rate)
-	now := l.now()
-	_, err := l.Store.Update(ctx, host, func(s State) (State, bool) {
-		if !s.TAT.After(now) {
-			return s, false
-		}
-		s.TAT = s.TAT.Add(-interval)
-		if s.TAT.Before(now) {
-			s.TAT = now
-		}
-		return s, true
-	})
-	if err != nil {
-		l.Log.Error(err, "giving back an unused slot failed", "host", host)
+	if l.now().After(v.(time.Time)) {
+		l.plainHTTP.Delete(host)
+		return false
 	}
+	return true
 }
 
 // Hold records that host asked to be left alone until until; every

@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Name: "fetch_host_requests_total",
-			Help: "HTTP requests sent to upstream hosts, by host (a request that never reached its host, such as a failed TLS handshake, is not counted and gives its slot back).",
+			Help: "HTTP requests sent to upstream hosts, by host (a request that never reached its host, such as a failed TLS handshake, is not counted).",
 		}, []string{"host"}),
 		throttles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: telemetry.Namespace, Name: "fetch_host_throttled_total",

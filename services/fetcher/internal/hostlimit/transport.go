@@ -1,7 +1,8 @@
 package hostlimit
 
 import (
-	"context"
+	"crypto/tls"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -55,6 +56,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	deadline := t.Limiter.now().Add(t.Limiter.MaxWait)
 	by := deadlines{hold: deadline, slot: deadline}
+	if req.URL.Scheme == "https" && t.Limiter.speaksPlainHTTP(host) {
+		// An HTTPS request to a host that answered the last one in plain
+		// HTTP (go-containerregistry probes a registry marked insecure over
+		// HTTPS first, every fetch) fails at its handshake, before the
+		// host's HTTP layer sees it: it takes no slot. Should it get an
+		// answer after all, the host is limited again from then on.
+		resp, err := next.RoundTrip(req)
+		if err == nil {
+			t.Limiter.plainHTTP.Delete(host)
+			t.Limiter.Metrics.request(host)
+		}
+		return resp, err
+	}
 	tr := tracker(ctx)
 	if tr.isAdmitted(host) {
 		// A later request of a fetch the host admitted: it queues for
@@ -71,11 +85,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		tr.admit(host)
 		var written atomic.Bool
 		resp, err := next.RoundTrip(traced(req, &written))
-		if written.Load() {
+		switch {
+		case written.Load():
 			t.Limiter.Metrics.request(host)
-		} else if err != nil {
-			// The host never saw the request: its slot is free again.
-			t.Limiter.refund(context.WithoutCancel(ctx), host)
+		case err != nil && req.URL.Scheme == "https" && errors.As(err, new(tls.RecordHeaderError)):
+			// The host answered the handshake in plain HTTP. The slot
+			// stays taken (giving it back would let a later request
+			// jump the queue), but the next HTTPS requests take none.
+			t.Limiter.notePlainHTTP(host)
 		}
 		if err != nil {
 			return resp, err
