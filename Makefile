@@ -260,7 +260,7 @@ manifests: controller-gen ## Generate the CRDs (from the Flux API modules and pk
 	cd pkg && $(CONTROLLER_GEN) object paths=./apis/...
 	cd pkg && $(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=$(CURDIR)/$(CRD_DIR)
 	@$(MAKE) --no-print-directory crds-kustomization
-	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths="{./internal/controller/...,./internal/subscriptions/...,./internal/fluxguard/...}" output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
+	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher paths="{./internal/controller/...,./internal/subscriptions/...,./internal/fluxguard/...,./internal/externalartifact/...}" output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/watcher
 	cd services/fetcher && $(CONTROLLER_GEN) rbac:roleName=headwater-fetcher paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RBAC_DIR)/fetcher
 	cd services/dispatcher && $(CONTROLLER_GEN) rbac:roleName=headwater-dispatcher paths=./... output:rbac:artifacts:config=$(CURDIR)/deploy/components/dispatcher/rbac
 	@# The receivers component: Flux's Receiver CRD (from the notification-controller API module), the watcher's extra role and the receiver's.
