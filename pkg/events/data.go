@@ -446,6 +446,12 @@ const GeneratedKind = "ExternalArtifact"
 type GenerateRequested struct {
 	// Job names the ArtifactGenerator.
 	Job Job `json:"job"`
+	// Revision identifies what the job was made from: the digest of the
+	// generator's sources as the watcher resolved them (its
+	// status.observedSourcesDigest once the outcome is applied). The
+	// outcome carries it as its revision, so the watcher applies only the
+	// outcome of the sources it sees now.
+	Revision string `json:"revision"`
 	// Sources are the generator's spec.sources, each with its artifact.
 	Sources []GeneratorSource `json:"sources"`
 	// Artifacts are the generator's spec.artifacts: the outputs to

@@ -84,7 +84,8 @@ func sampleData() map[string]any {
 		TypeGenerateRequested: &GenerateRequested{
 			Job: Job{ID: testJob().ID, RequestedAt: testJob().RequestedAt,
 				Object: ObjectRef{Kind: ArtifactGeneratorKind, Namespace: "apps", Name: "monorepo", UID: "5e2a", Generation: 3}},
-			Sources: []GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "apps", Name: "monorepo", Artifact: *testArtifact()}},
+			Revision: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+			Sources:  []GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "apps", Name: "monorepo", Artifact: *testArtifact()}},
 			Artifacts: []swv1beta1.OutputArtifact{{Name: "app-a", OriginRevision: "@repo",
 				Copy: []swv1beta1.CopyOperation{{From: "@repo/apps/a/**", To: "@artifact/", Exclude: []string{"*.md"}},
 					{From: "@repo/values.yaml", To: "@artifact/values.yaml", Strategy: swv1beta1.MergeStrategy}}}},

@@ -102,7 +102,7 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 			changed++
 		}
 	}
-	out := events.Outcome{Job: r.Job, Outputs: outputs,
+	out := events.Outcome{Job: r.Job, Revision: r.Revision, Outputs: outputs,
 		EventMessage: fmt.Sprintf("stored %d of %d artifacts with new content", changed, len(outputs))}
 	if err := p.pub.Publish(ctx, events.PublishSubject(r.Job.Object.Kind), events.TypePackaged, r.Job, out); err != nil {
 		return err

@@ -94,7 +94,7 @@ func (p *Packager) Report(ctx context.Context, msg *events.Message, f *failure.E
 	if gen, ok := msg.Data.(*events.GenerateRequested); ok {
 		// An ArtifactGenerator's failure: nothing was staged, nothing is
 		// announced but the failure; the stored outputs stay served.
-		out := events.Outcome{Job: gen.Job, Failure: f.Data()}
+		out := events.Outcome{Job: gen.Job, Revision: gen.Revision, Failure: f.Data()}
 		return p.pub.Publish(ctx, events.PublishSubject(gen.Job.Object.Kind), events.TypePackageFailed, gen.Job, out)
 	}
 	job, ok := msg.Data.(*events.Fetched)
