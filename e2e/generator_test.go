@@ -264,6 +264,7 @@ func TestArtifactGeneratorBadInput(t *testing.T) {
 	y := perAppGenerator("agen-cyc-y", src, "agen-cyc-y", "x")
 	y.Spec.Sources = []swv1beta1.SourceReference{{Alias: "up", Kind: sourcev1.ExternalArtifactKind, Name: "agen-cyc-x-x"}}
 	y.Spec.OutputArtifacts[0].Copy[0].From = "@up/**"
+	y.Spec.OutputArtifacts[0].OriginRevision = "@up"
 	createObject(t, y)
 	waitExternalArtifact(t, "agen-cyc-y-x", nil)
 	x = &swv1beta1.ArtifactGenerator{}
