@@ -326,11 +326,49 @@ func TreeDigest(ctx context.Context, dir string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// Needed returns, by source alias, the paths of the source's tree the copy
+// operations of artifacts read: a literal path, or a glob's literal
+// prefix ("" for the whole tree). Operations that do not parse are left
+// out (Build refuses them). Unpack's keep is Needed's Keep.
+func Needed(artifacts []swv1beta1.OutputArtifact) map[string]Paths {
+	out := map[string]Paths{}
+	for _, a := range artifacts {
+		for _, c := range a.Copy {
+			o, err := parseOp(c, nil)
+			if err != nil {
+				continue
+			}
+			p := o.from
+			if o.glob {
+				p = o.prefix
+			}
+			out[o.alias] = append(out[o.alias], p)
+		}
+	}
+	return out
+}
+
+// Paths are slash paths below a tree's root; "" is the whole tree.
+type Paths []string
+
+// Keep tells whether the entry name of a source's tree is needed: it is
+// one of the paths or below one, or (a directory) above one.
+func (ps Paths) Keep(name string, isDir bool) bool {
+	for _, p := range ps {
+		if p == "" || name == p || strings.HasPrefix(name, p+"/") || (isDir && strings.HasPrefix(p, name+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
 // Unpack extracts the gzip-compressed tarball r (a source's artifact)
 // into dir: regular files and directories only, every name checked by
-// archive.SafeName, files over maxFileSize (when positive) refused. Its
-// error wraps ErrBuild when the content is not a valid artifact.
-func Unpack(r io.Reader, dir string, maxFileSize int64) error {
+// archive.SafeName, files over maxFileSize (when positive) refused. When
+// keep is set, only the entries it keeps are written (the rest is read
+// past). Its error wraps ErrBuild when the content is not a valid
+// artifact.
+func Unpack(r io.Reader, dir string, maxFileSize int64, keep func(name string, isDir bool) bool) error {
 	zr, err := gzip.NewReader(r)
 	if err != nil {
 		return buildErr("not a gzip-compressed tarball: %v", err)
@@ -350,6 +388,9 @@ func Unpack(r io.Reader, dir string, maxFileSize int64) error {
 		name, err := archive.SafeName(h.Name)
 		if err != nil {
 			return buildErr("%v", err)
+		}
+		if keep != nil && !keep(name, h.Typeflag == tar.TypeDir) {
+			continue
 		}
 		target := filepath.Join(dir, filepath.FromSlash(name))
 		if h.Typeflag == tar.TypeDir {

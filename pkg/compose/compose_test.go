@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
@@ -277,10 +278,37 @@ func TestUnpackRefusesEscapes(t *testing.T) {
 	_ = tw.Close()
 	_ = zw.Close()
 	dir := t.TempDir()
-	if err := Unpack(&buf, filepath.Join(dir, "in"), 0); !errors.Is(err, ErrBuild) {
+	if err := Unpack(&buf, filepath.Join(dir, "in"), 0, nil); !errors.Is(err, ErrBuild) {
 		t.Fatalf("err = %v, want ErrBuild", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "evil")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("escaping entry written: %v", err)
+	}
+}
+
+// TestUnpackNeeded: only the paths the copy operations read are unpacked,
+// and the build from them is the build from the whole tree.
+func TestUnpackNeeded(t *testing.T) {
+	files := tree{"apps/a/x.yaml": "a", "apps/a/sub/y.yaml": "ay", "apps/b/x.yaml": "b", "values.yaml": "v: 1", "docs/r.md": "r"}
+	art := swv1beta1.OutputArtifact{Name: "o", Copy: []swv1beta1.CopyOperation{
+		cp("@repo/apps/a/**", "@artifact/"), cp("@repo/values.yaml", "@artifact/")}}
+	needed := Needed([]swv1beta1.OutputArtifact{art})
+	dir := t.TempDir()
+	if err := Unpack(strings.NewReader(tarball(t, files)), dir, 0, needed["repo"].Keep); err != nil {
+		t.Fatal(err)
+	}
+	want := tree{"apps/a/x.yaml": "a", "apps/a/sub/y.yaml": "ay", "values.yaml": "v: 1"}
+	if got := readTree(t, dir); !maps.Equal(got, want) {
+		t.Errorf("unpacked %v, want %v", got, want)
+	}
+	out := t.TempDir()
+	if err := Build(context.Background(), out, map[string]string{"repo": dir}, art, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTree(t, out); !maps.Equal(got, tree{"x.yaml": "a", "sub/y.yaml": "ay", "values.yaml": "v: 1"}) {
+		t.Errorf("built %v", got)
+	}
+	if !(Paths{""}).Keep("anything/at/all", false) || (Paths{"apps/a"}).Keep("apps/ab/x", false) || !(Paths{"apps/a"}).Keep("apps", true) {
+		t.Error("Keep")
 	}
 }

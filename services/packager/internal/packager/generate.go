@@ -120,16 +120,12 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 	return nil
 }
 
-// unpackSources unpacks the artifact of every source a copy operation
-// uses into dir/<alias>, and returns the directories by alias.
+// unpackSources unpacks the parts of the source artifacts the copy
+// operations read into dir/<alias>, and returns the directories by alias.
 func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequested, dir string) (map[string]string, error) {
-	used := map[string]bool{}
-	for _, a := range r.Artifacts {
-		for _, c := range a.Copy {
-			alias, _, _ := strings.Cut(strings.TrimPrefix(c.From, "@"), "/")
-			used[alias] = true
-		}
-	}
+	// Only what the copy operations read is written to disk: a
+	// generator of one app of a monorepo unpacks that app.
+	needed := compose.Needed(r.Artifacts)
 	srcs := map[string]string{}
 	for _, s := range r.Sources {
 		d := filepath.Join(dir, s.Alias)
@@ -137,7 +133,8 @@ func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequeste
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, generateFailure(failure.Transient, meta.BuildFailedReason, "work directory: %v", err)
 		}
-		if !used[s.Alias] {
+		paths, used := needed[s.Alias]
+		if !used {
 			continue
 		}
 		key, err := storage.CleanKey(s.Artifact.Path)
@@ -156,7 +153,7 @@ func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequeste
 		}
 		var readErr error
 		in := archive.OnReadError(obj, func(err error) { readErr = err })
-		err = compose.Unpack(in, d, p.opts.MaxFileSize)
+		err = compose.Unpack(in, d, p.opts.MaxFileSize, paths.Keep)
 		_ = obj.Close()
 		switch {
 		case readErr != nil:
