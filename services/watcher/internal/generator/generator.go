@@ -26,7 +26,6 @@ import (
 	"strings"
 	"time"
 
-	eventv1 "github.com/fluxcd/pkg/apis/event/v1beta1"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/jitter"
 	"github.com/fluxcd/pkg/runtime/predicates"
@@ -622,7 +621,3 @@ func inventory(ns string, outputs []events.GeneratedOutput) []swv1beta1.External
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
-
-// traceEvent is Flux's trace Event type (a Normal Event not posted to the
-// notification-controller).
-const traceEvent = eventv1.EventTypeTrace

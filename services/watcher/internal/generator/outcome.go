@@ -24,7 +24,8 @@ import (
 // every output as an ExternalArtifact, deletes those of outputs the spec
 // no longer has and writes the status (inventory, observedSourcesDigest,
 // lastHandledReconcileAt, Ready True), with a NewArtifact Event naming the
-// outputs whose content changed; a failed one sets Ready False (Stalled
+// outputs whose content changed (or a Succeeded Event for a recovery,
+// none when nothing changed); a failed one sets Ready False (Stalled
 // when only a spec change helps) with a Warning Event when the failure is
 // new, and leaves the ExternalArtifacts, and the artifacts they serve,
 // alone. An outcome for a deleted generator, an older generation, or
@@ -114,6 +115,8 @@ func (r *Reconciler) applyStored(ctx context.Context, gen *swv1beta1.ArtifactGen
 		log.Info("deleted ExternalArtifact no longer generated", "name", ref.Name)
 	}
 	msg := fmt.Sprintf("reconciliation succeeded, generated %d artifact(s)", len(o.Outputs))
+	old := apimeta.FindStatusCondition(gen.Status.Conditions, meta.ReadyCondition)
+	recovered := old != nil && old.Status == metav1.ConditionFalse
 	err := r.patchStatus(ctx, gen, func(g *swv1beta1.ArtifactGenerator) {
 		g.Status.Inventory = inventory(g.Namespace, o.Outputs)
 		g.Status.ObservedSourcesDigest = o.Revision
@@ -131,8 +134,10 @@ func (r *Reconciler) applyStored(ctx context.Context, gen *swv1beta1.ArtifactGen
 	if len(changed) > 0 {
 		r.event(gen, corev1.EventTypeNormal, "NewArtifact", "stored artifacts: "+strings.Join(changed, ", "))
 		log.Info("artifacts generated", "changed", changed, "outputs", len(o.Outputs))
-	} else {
-		r.event(gen, traceEvent, meta.SucceededReason, msg)
+	} else if recovered {
+		// A recovery is a change worth an Event; an outcome that changed
+		// nothing records none.
+		r.event(gen, corev1.EventTypeNormal, meta.SucceededReason, msg)
 	}
 	return nil
 }
