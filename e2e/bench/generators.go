@@ -165,7 +165,7 @@ func Generators(ctx context.Context, o Options, l GeneratorLoad) (m *Measurement
 // is nil), and returns the digests.
 func waitGenerators(ctx context.Context, c client.Client, names []string, old map[string]string) (map[string]string, error) {
 	digests := map[string]string{}
-	err := pollUntil(ctx, scenarioTimeout, func() (bool, error) {
+	err := pollEvery(ctx, generatorsPoll, scenarioTimeout, func() (bool, error) {
 		var list swv1beta1.ArtifactGeneratorList
 		if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 			return false, err
@@ -188,6 +188,26 @@ func waitGenerators(ctx context.Context, c client.Client, names []string, old ma
 		return nil, fmt.Errorf("generators Ready: %w", err)
 	}
 	return digests, nil
+}
+
+// generatorsPoll is how often scenario m lists the generators: a list of
+// all of them is not a cheap read to repeat every few milliseconds.
+const generatorsPoll = 100 * time.Millisecond
+
+// pollEvery calls done every step until it reports true, fails, or within
+// passes.
+func pollEvery(ctx context.Context, step, within time.Duration, done func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	for {
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		if !sleep(ctx, step) {
+			return ctx.Err()
+		}
+	}
 }
 
 // outputRevisions returns the revision of every ExternalArtifact.

@@ -89,6 +89,10 @@ const (
 // source-watcher's GetRequeueAfter), jittered: a lost job is made again.
 const Interval = time.Hour
 
+// staleRead is how soon a reconcile that read a generator older than the
+// API server's looks again.
+const staleRead = time.Second
+
 // sourceIndex is the field index of generators by source: one
 // "<Kind>/<namespace>/<name>" entry per source.
 const sourceIndex = ".spec.sources.ref"
@@ -260,6 +264,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(Interval)}, nil
 	}
 
+	// The status says a build is out before the job is: its outcome,
+	// which may come back at once, is then always written after it. The
+	// write is guarded by the resourceVersion read: a conflict means the
+	// generator changed since (an outcome applied), so the job may not be
+	// needed, and the reconcile looks again on a fresher read instead.
+	before := gen.DeepCopy()
+	setCondition(gen, meta.ReconcilingCondition, metav1.ConditionTrue, meta.ProgressingReason, "building artifacts for sources "+srcs.digest)
+	if c := apimeta.FindStatusCondition(gen.Status.Conditions, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionFalse {
+		setCondition(gen, meta.ReadyCondition, metav1.ConditionUnknown, meta.ProgressingReason, "building artifacts")
+	}
+	apimeta.RemoveStatusCondition(&gen.Status.Conditions, meta.StalledCondition)
+	if !equality.Semantic.DeepEqual(before.Status, gen.Status) {
+		err := r.Client.Status().Patch(ctx, gen, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		if apierrors.IsConflict(err) {
+			log.V(1).Info("generator changed since read: looking again")
+			return ctrl.Result{RequeueAfter: staleRead}, nil
+		}
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("patch status: %w", err)
+		}
+	}
 	job := r.job(gen, srcs.digest, token, previous)
 	req2 := &events.GenerateRequested{Job: job, Revision: srcs.digest, Sources: srcs.list,
 		Artifacts: gen.Spec.OutputArtifacts, Previous: previous}
@@ -268,14 +293,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	r.Metrics.count("published")
 	log.Info("generate job published", "job", job.ID, "digest", srcs.digest, "outputs", len(gen.Spec.OutputArtifacts))
-	err = r.patchStatus(ctx, gen, func(g *swv1beta1.ArtifactGenerator) {
-		setCondition(g, meta.ReconcilingCondition, metav1.ConditionTrue, meta.ProgressingReason, "building artifacts for sources "+srcs.digest)
-		if c := apimeta.FindStatusCondition(g.Status.Conditions, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionFalse {
-			setCondition(g, meta.ReadyCondition, metav1.ConditionUnknown, meta.ProgressingReason, "building artifacts")
-		}
-		apimeta.RemoveStatusCondition(&g.Status.Conditions, meta.StalledCondition)
-	})
-	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(Interval)}, err
+	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(Interval)}, nil
 }
 
 // resolved are a generator's sources with their artifacts, and their
