@@ -45,6 +45,7 @@ require (
 	github.com/fluxcd/pkg/sourceignore v0.19.0 // indirect
 	github.com/fluxcd/pkg/version v0.16.0 // indirect
 	github.com/fluxcd/source-controller/api v1.9.5 // indirect
+	github.com/fluxcd/source-watcher/api/v2 v2.2.4 // indirect
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.2 // indirect
 	github.com/go-asn1-ber/asn1-ber v1.5.7 // indirect

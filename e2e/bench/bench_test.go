@@ -27,6 +27,7 @@ var (
 	serviceArgs = flag.String("service-args", "",
 		"Service flags added for an experiment, space-separated <service>:<flag>, e.g. 'fetcher:-concurrency=8'.")
 	fetcherReplicas = flag.Int("fetcher-replicas", 2, "Fetcher replicas of scenario a2 (a with several fetchers).")
+	generators      = flag.Int("generators", 100, "ArtifactGenerators of scenario m (issue 21: over one monorepo of 100 apps).")
 	politeSources   = flag.Int("polite-sources", 1000, "GitRepositories of scenario p (issue 22: behind a host that answers 429 above its rate).")
 	steadyWindow    = flag.Duration("steady-window", 0,
 		"Measure this long in the steady-state scenarios (d, d15, g's d) instead of their own window, for a short trial; the table then says so.")
@@ -221,6 +222,14 @@ func BenchmarkSources(b *testing.B) {
 	})
 	compare(headwaterOnly, "p'", []string{polite.HelmName()}, []Target{polite.HelmTarget()}, func(System) ([]*Measurement, error) {
 		m, err := PoliteHelm(b.Context(), headwaterOnly, polite, b)
+		return []*Measurement{m}, err
+	})
+
+	// m: ArtifactGenerators over a monorepo (issue 21): a commit touching
+	// one app rebuilds one output.
+	gens := GeneratorLoad{Generators: *generators, Apps: 100}
+	compare(headwaterOnly, "m", []string{gens.Name()}, []Target{gens.Target()}, func(System) ([]*Measurement, error) {
+		m, err := Generators(b.Context(), headwaterOnly, gens)
 		return []*Measurement{m}, err
 	})
 

@@ -15,6 +15,7 @@ import (
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -41,7 +42,8 @@ type Env struct {
 	Config Config
 	// RESTConfig talks to the API server as a cluster admin.
 	RESTConfig *rest.Config
-	// Scheme knows the Kubernetes built-in types and Flux's source.toolkit.fluxcd.io/v1.
+	// Scheme knows the Kubernetes built-in types, Flux's source.toolkit.fluxcd.io/v1
+	// and source.extensions.fluxcd.io/v1beta1 (ArtifactGenerator).
 	Scheme *runtime.Scheme
 	// Client is a typed client on Scheme.
 	Client client.Client
@@ -209,6 +211,9 @@ func (e *Env) startControlPlane() error {
 		return fmt.Errorf("scheme: %w", err)
 	}
 	if err := sourcev1.AddToScheme(e.Scheme); err != nil {
+		return fmt.Errorf("scheme: %w", err)
+	}
+	if err := swv1beta1.AddToScheme(e.Scheme); err != nil {
 		return fmt.Errorf("scheme: %w", err)
 	}
 	crdDirs := []string{c.CRDDir}

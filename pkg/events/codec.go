@@ -23,6 +23,7 @@ var ErrMalformed = errors.New("malformed message")
 var dataTypes = map[string]func() any{
 	TypeFetchRequested:    func() any { return new(FetchRequested) },
 	TypeDeleteRequested:   func() any { return new(DeleteRequested) },
+	TypeGenerateRequested: func() any { return new(GenerateRequested) },
 	TypeFetched:           func() any { return new(Fetched) },
 	TypeFetchUnchanged:    func() any { return new(Outcome) },
 	TypeFetchFailed:       func() any { return new(Outcome) },
@@ -39,7 +40,7 @@ var dataTypes = map[string]func() any{
 }
 
 // Message is a decoded bus message: the CloudEvent and its typed data, one of
-// *FetchRequested, *DeleteRequested, *Fetched, *Outcome, *HookReceived,
+// *FetchRequested, *DeleteRequested, *GenerateRequested, *Fetched, *Outcome, *HookReceived,
 // *DeliveryReport or *ArtifactAddress.
 type Message struct {
 	Event cloudevents.Event
@@ -103,6 +104,8 @@ func JobOf(data any) Job {
 	case *FetchRequested:
 		return d.Job
 	case *DeleteRequested:
+		return d.Job
+	case *GenerateRequested:
 		return d.Job
 	case *Fetched:
 		return d.Job

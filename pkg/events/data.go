@@ -5,6 +5,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 )
 
 // ObjectRef names the Kubernetes object a job is for. UID and Generation pin
@@ -275,6 +276,10 @@ type Outcome struct {
 	// Verification is the result of spec.verify, when it is set; it is also
 	// set on a failure when verification is what failed.
 	Verification *Verification `json:"verification,omitempty"`
+	// Outputs are the artifacts of an ArtifactGenerator's job (a
+	// TypeGenerateRequested), one per output, in spec order; URLs are
+	// filled in by the artifact-server. Added in v1 as an optional field.
+	Outputs []GeneratedOutput `json:"outputs,omitempty"`
 }
 
 // Failure describes why a job failed, in the terms the watcher writes into
@@ -421,4 +426,66 @@ type ArtifactAddress struct {
 	// starts with: http://<advertised address>/; an artifact's URL is
 	// BaseURL followed by its path.
 	BaseURL string `json:"baseURL"`
+}
+
+// ArtifactGeneratorKind is the Object.Kind of the jobs of an
+// ArtifactGenerator (source.extensions.fluxcd.io/v1beta1): they go to the
+// packagers on PackageSubject(ArtifactGeneratorKind).
+const ArtifactGeneratorKind = swv1beta1.ArtifactGeneratorKind
+
+// GeneratedKind is the storage kind of the artifacts an ArtifactGenerator
+// produces: each output is stored under
+// externalartifact/<namespace>/<output name>/, as the ExternalArtifact it
+// is published as.
+const GeneratedKind = "ExternalArtifact"
+
+// GenerateRequested is the data of TypeGenerateRequested: compose the
+// outputs of one ArtifactGenerator from the artifacts of its sources. The
+// watcher resolved every source to the artifact it has now and checked the
+// spec (aliases, names, paths); the packager checks the paths again.
+type GenerateRequested struct {
+	// Job names the ArtifactGenerator.
+	Job Job `json:"job"`
+	// Revision identifies what the job was made from: the digest of the
+	// generator's sources as the watcher resolved them (its
+	// status.observedSourcesDigest once the outcome is applied). The
+	// outcome carries it as its revision, so the watcher applies only the
+	// outcome of the sources it sees now.
+	Revision string `json:"revision"`
+	// Sources are the generator's spec.sources, each with its artifact.
+	Sources []GeneratorSource `json:"sources"`
+	// Artifacts are the generator's spec.artifacts: the outputs to
+	// compose, in order.
+	Artifacts []swv1beta1.OutputArtifact `json:"artifacts"`
+	// Previous are the outputs stored before (the generator's
+	// inventory): an output whose content is unchanged keeps its
+	// artifact, and the stored files of a previous output no longer in
+	// Artifacts are removed.
+	Previous []GeneratedOutput `json:"previous,omitempty"`
+}
+
+// GeneratorSource is one of an ArtifactGenerator's sources, resolved.
+type GeneratorSource struct {
+	// Alias is the source's alias in copy operations ("@alias/...").
+	Alias string `json:"alias"`
+	// Kind, Namespace and Name identify the source object.
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Artifact is the source's artifact, read from storage by its Path.
+	Artifact meta.Artifact `json:"artifact"`
+}
+
+// GeneratedOutput is one output of an ArtifactGenerator: the artifact
+// stored for it.
+type GeneratedOutput struct {
+	// Name is the output's name, and its ExternalArtifact's.
+	Name string `json:"name"`
+	// Artifact is the stored artifact (URL filled in by the
+	// artifact-server). Its revision is "latest@sha256:<content hash>",
+	// or the revision of the source the output's spec.revision names.
+	Artifact meta.Artifact `json:"artifact"`
+	// Changed is true when the output's content is new since the
+	// job's Previous outputs: only then is a new artifact published.
+	Changed bool `json:"changed,omitempty"`
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -80,6 +81,16 @@ func sampleData() map[string]any {
 			Force:    true,
 		},
 		TypeDeleteRequested: &DeleteRequested{Job: testJob()},
+		TypeGenerateRequested: &GenerateRequested{
+			Job: Job{ID: testJob().ID, RequestedAt: testJob().RequestedAt,
+				Object: ObjectRef{Kind: ArtifactGeneratorKind, Namespace: "apps", Name: "monorepo", UID: "5e2a", Generation: 3}},
+			Revision: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+			Sources:  []GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "apps", Name: "monorepo", Artifact: *testArtifact()}},
+			Artifacts: []swv1beta1.OutputArtifact{{Name: "app-a", OriginRevision: "@repo",
+				Copy: []swv1beta1.CopyOperation{{From: "@repo/apps/a/**", To: "@artifact/", Exclude: []string{"*.md"}},
+					{From: "@repo/values.yaml", To: "@artifact/values.yaml", Strategy: swv1beta1.MergeStrategy}}}},
+			Previous: []GeneratedOutput{{Name: "app-a", Artifact: *testArtifact()}},
+		},
 		TypeFetched: &Fetched{
 			Job:          testJob(),
 			Revision:     "main@sha1:0123456789abcdef0123456789abcdef01234567",
@@ -149,7 +160,9 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 				id, subject = "dispatcher-7d9f/1", "subscription/"+r.Subscription.Namespace+"/"+r.Subscription.Name
 			} else if _, ok := data.(*ArtifactAddress); ok {
 				id, subject = "artifact-server-7d9f/1", "artifact-server"
-			} else if want := "gitrepository/flux-system/podinfo.v2"; typ != TypeHookReceived && subject != want {
+			} else if want := "artifactgenerator/apps/monorepo"; typ == TypeGenerateRequested && subject != want {
+				t.Fatalf("subject %q, want %q", subject, want)
+			} else if want := "gitrepository/flux-system/podinfo.v2"; typ != TypeHookReceived && typ != TypeGenerateRequested && subject != want {
 				t.Fatalf("subject %q, want %q", subject, want)
 			} else if want := "receiver/flux-system/github"; typ == TypeHookReceived && subject != want {
 				t.Fatalf("subject %q, want %q", subject, want)
@@ -413,6 +426,7 @@ func TestPublicType(t *testing.T) {
 		{TypeDeleted, TypeArtifactDeleted, true},
 		{TypeFetchRequested, "", false},
 		{TypeDeleteRequested, "", false},
+		{TypeGenerateRequested, "", false},
 		{TypeFetched, "", false},
 		{TypeArtifactStored, "", false},
 		{TypeArtifactUnchanged, "", false},

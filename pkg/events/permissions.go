@@ -10,8 +10,8 @@ import (
 // NATS allows each exactly the subjects Permissions lists, so no one else
 // can publish a job, a result or a public event.
 const (
-	// WatcherIdentity publishes fetch and deletion jobs and reads the
-	// public events.
+	// WatcherIdentity publishes fetch, deletion and ArtifactGenerator
+	// (generate) jobs and reads the public events.
 	WatcherIdentity = "watcher"
 	// FetcherIdentity takes fetch jobs and publishes package jobs and
 	// fetch results.
@@ -92,7 +92,7 @@ type streamConsumer struct{ stream, consumer string }
 func roleOf(identity string) (role, bool) {
 	switch identity {
 	case WatcherIdentity:
-		// Deletion jobs go to the packagers.
+		// Deletion and ArtifactGenerator jobs go to the packagers.
 		return role{publishes: []string{FetchSubjectPrefix, PackageSubjectPrefix}, stream: EventStream, consumer: WatcherConsumer,
 			// It also writes the Subscriptions' status from the delivery
 			// reports, once a dispatcher has made their stream, and, with

@@ -12,6 +12,13 @@ const (
 	// PackageSubject(kind).
 	TypeDeleteRequested = "io.headwater.job.delete.requested.v1"
 
+	// TypeGenerateRequested asks a packager to compose the outputs of an
+	// ArtifactGenerator from its sources' artifacts. Data:
+	// GenerateRequested. Published by the watcher on
+	// PackageSubject(ArtifactGeneratorKind); its outcome is a
+	// TypePackaged (Outcome.Outputs) or TypePackageFailed.
+	TypeGenerateRequested = "io.headwater.job.generate.requested.v1"
+
 	// TypeFetched says a fetcher staged new content to package. Data: Fetched.
 	// Published by the fetcher on PackageSubject(kind).
 	TypeFetched = "io.headwater.job.fetch.succeeded.v1"

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/fluxcd/pkg/apis/meta v1.30.2
 	github.com/fluxcd/source-controller/api v1.9.5
+	github.com/fluxcd/source-watcher/api/v2 v2.2.4
 	github.com/go-logr/logr v1.4.4
 	github.com/headwater-gitops/headwater/pkg v0.0.0
 	github.com/headwater-gitops/headwater/testsupport v0.0.0
@@ -65,6 +66,7 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
+	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 replace github.com/headwater-gitops/headwater/pkg => ../../pkg

@@ -16,6 +16,7 @@ import (
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	"github.com/fluxcd/pkg/runtime/jitter"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
@@ -31,11 +32,14 @@ import (
 	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/crdwait"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/externalartifact"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/fluxguard"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/generator"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
@@ -190,6 +194,9 @@ func run(ctx context.Context, o options) error {
 	if err := eventsv1alpha1.AddToScheme(scheme); err != nil {
 		return err
 	}
+	if err := swv1beta1.AddToScheme(scheme); err != nil {
+		return err
+	}
 	if o.receivers {
 		if err := notificationv1.AddToScheme(scheme); err != nil {
 			return err
@@ -294,6 +301,15 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
+	// ArtifactGenerators: composed by the packagers, published as
+	// ExternalArtifacts by the watcher.
+	generators := &generator.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Jobs: jobs, Seal: key,
+		Writer:   &externalartifact.Writer{Client: mgr.GetClient(), Metrics: externalartifact.NewMetrics(crmetrics.Registry)},
+		Recorder: &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
+		Metrics:  generator.NewMetrics(crmetrics.Registry)}
+	if err := generators.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
+		return fmt.Errorf("set up ArtifactGenerator controller: %w", err)
+	}
 	host, _ := os.Hostname()
 	instance := results.EventSource + "-" + host
 	if err := mgr.Add(&results.Consumer{
@@ -310,6 +326,7 @@ func run(ctx context.Context, o options) error {
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
 		Steady:      steady,
 		Retries:     retries,
+		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: generators},
 		Log:         log.WithName("results"),
 	}); err != nil {
 		return err
@@ -358,6 +375,7 @@ func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, receivers bool, log l
 	for _, kind := range source.Kinds() {
 		objs = append(objs, kind.New())
 	}
+	objs = append(objs, &sourcev1.ExternalArtifact{}, &swv1beta1.ArtifactGenerator{})
 	hint := "install the CRDs (kubectl apply -k deploy/crds, or Flux's own)"
 	if receivers {
 		objs = append(objs, &notificationv1.Receiver{})

@@ -70,17 +70,27 @@ func (a *Announcer) Handle(ctx context.Context, msg *events.Message, _ bus.Deliv
 	return nil
 }
 
-// Public returns a copy of a result's outcome with the artifact URL filled
-// in; in is not modified.
+// Public returns a copy of a result's outcome with the artifact URLs filled
+// in (its artifact's and its generated outputs'); in is not modified.
 func (a *Announcer) Public(in *events.Outcome) *events.Outcome {
 	out := *in
 	if in.Artifact != nil {
 		art := *in.Artifact
-		art.URL = a.BaseURL() + strings.TrimPrefix(art.Path, "/")
+		art.URL = a.URL(art.Path)
 		out.Artifact = &art
+	}
+	if in.Outputs != nil {
+		out.Outputs = make([]events.GeneratedOutput, len(in.Outputs))
+		for i, o := range in.Outputs {
+			o.Artifact.URL = a.URL(o.Artifact.Path)
+			out.Outputs[i] = o
+		}
 	}
 	return &out
 }
+
+// URL is the download URL of the artifact stored at path.
+func (a *Announcer) URL(path string) string { return a.BaseURL() + strings.TrimPrefix(path, "/") }
 
 // sendToSink hands the sink the event as published: same ID, type, source,
 // subject and data.

@@ -548,3 +548,22 @@ func sinkCount(t *testing.T, reg *prometheus.Registry, sinkName, result string) 
 	}
 	return 0
 }
+
+// TestPublicFillsOutputURLs: an ArtifactGenerator's outcome has one
+// artifact per output, each given its URL.
+func TestPublicFillsOutputURLs(t *testing.T) {
+	a := &Announcer{Advertised: advertised}
+	in := &events.Outcome{Job: job("j", "gen"), Outputs: []events.GeneratedOutput{
+		{Name: "a", Artifact: meta.Artifact{Path: "externalartifact/apps/a/1.tar.gz"}, Changed: true},
+		{Name: "b", Artifact: meta.Artifact{Path: "externalartifact/apps/b/2.tar.gz"}},
+	}}
+	out := a.Public(in)
+	for i, o := range out.Outputs {
+		if want := "http://" + advertised + "/" + in.Outputs[i].Artifact.Path; o.Artifact.URL != want || o.Changed != in.Outputs[i].Changed {
+			t.Errorf("output %s: URL %q changed %v, want %q", o.Name, o.Artifact.URL, o.Changed, want)
+		}
+		if in.Outputs[i].Artifact.URL != "" {
+			t.Errorf("input output %s URL set", o.Name)
+		}
+	}
+}

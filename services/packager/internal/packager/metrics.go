@@ -8,7 +8,8 @@ import (
 
 // Metrics are the packager's own families, beside the shared job metrics:
 // headwater_artifact_bytes, headwater_gc_deleted_total and
-// headwater_content_cache_artifacts_total{operation}.
+// headwater_content_cache_artifacts_total{operation} and
+// headwater_generated_artifacts_total{result}.
 type Metrics struct {
 	// ArtifactBytes observes the size of every artifact written.
 	ArtifactBytes prometheus.Histogram
@@ -17,6 +18,9 @@ type Metrics struct {
 	// Recorded counts the artifacts added to the content cache, Reused
 	// the artifacts copied from it.
 	Recorded, Reused prometheus.Counter
+	// Generated counts the outputs of ArtifactGenerator jobs, by result:
+	// changed (a new artifact stored) or unchanged (the previous kept).
+	Generated *prometheus.CounterVec
 }
 
 // NewMetrics registers the packager's families on reg.
@@ -38,6 +42,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Artifacts of the content cache, by operation: recorded (added after packaging fetched content) or reused (copied for a source instead of fetching).",
 	}, []string{"operation"})
 	m.Recorded, m.Reused = cache.WithLabelValues("recorded"), cache.WithLabelValues("reused")
-	reg.MustRegister(m.ArtifactBytes, m.GCDeleted, cache)
+	m.Generated = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: telemetry.Namespace, Name: "generated_artifacts_total",
+		Help: "Outputs of ArtifactGenerator jobs, by result: changed (a new artifact stored) or unchanged (the previous artifact kept).",
+	}, []string{"result"})
+	reg.MustRegister(m.ArtifactBytes, m.GCDeleted, cache, m.Generated)
 	return m
 }

@@ -1,5 +1,7 @@
 // Package packager turns fetched content into artifacts: it handles the
-// Fetched and DeleteRequested jobs of the package stream.
+// Fetched and DeleteRequested jobs of the package stream, and the
+// GenerateRequested jobs that compose an ArtifactGenerator's outputs from
+// stored artifacts (generate.go).
 //
 // Every Fetched job goes through one pipeline, whatever its content:
 //
@@ -78,6 +80,8 @@ func (p *Packager) Handle(ctx context.Context, m *events.Message, _ bus.Delivery
 		return p.packageFetched(ctx, data)
 	case *events.DeleteRequested:
 		return p.deleteSource(ctx, data)
+	case *events.GenerateRequested:
+		return p.generate(ctx, data)
 	}
 	return fmt.Errorf("%w: the packager does not handle %q", events.ErrMalformed, m.Event.Type())
 }
@@ -87,6 +91,12 @@ func (p *Packager) Handle(ctx context.Context, m *events.Message, _ bus.Delivery
 // the job, so its staged content goes once the outcome is published, as
 // after a success.
 func (p *Packager) Report(ctx context.Context, msg *events.Message, f *failure.Error) error {
+	if gen, ok := msg.Data.(*events.GenerateRequested); ok {
+		// An ArtifactGenerator's failure: nothing was staged, nothing is
+		// announced but the failure; the stored outputs stay served.
+		out := events.Outcome{Job: gen.Job, Revision: gen.Revision, Failure: f.Data()}
+		return p.pub.Publish(ctx, events.PublishSubject(gen.Job.Object.Kind), events.TypePackageFailed, gen.Job, out)
+	}
 	job, ok := msg.Data.(*events.Fetched)
 	if !ok {
 		return fmt.Errorf("report: %T is not a Fetched job", msg.Data)

@@ -75,8 +75,19 @@ type Consumer struct {
 	// fetch failed for a reason that passes, and forget its failures when
 	// an outcome succeeds (see controller.Retries); nil schedules none.
 	Retries map[string]*controller.Retries
+	// Producers, by job kind, apply the outcomes of the objects that are
+	// no Flux source kind but produce artifacts (an ArtifactGenerator's
+	// jobs): the consumer checks the seal and hands them the outcome.
+	Producers map[string]OutcomeHandler
 	// Log is the consumer's logger.
 	Log logr.Logger
+}
+
+// OutcomeHandler applies the public events of the jobs of one kind of
+// producer. Its error makes the consumer try the event again; one that
+// wraps events.ErrMalformed terminates it.
+type OutcomeHandler interface {
+	HandleOutcome(ctx context.Context, eventType string, o *events.Outcome) error
 }
 
 var _ manager.Runnable = (*Consumer)(nil)
@@ -112,7 +123,8 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	kind, ok := source.ByName(o.Job.Object.Kind)
-	if !ok {
+	producer := c.Producers[o.Job.Object.Kind]
+	if !ok && producer == nil {
 		return fmt.Errorf("%w: unknown kind %q", events.ErrMalformed, o.Job.Object.Kind)
 	}
 	if err := c.Seal.Verify(o.Job); err != nil {
@@ -123,6 +135,9 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		}
 		return fmt.Errorf("%w: refusing the outcome for %s %s/%s: %w", events.ErrMalformed,
 			o.Job.Object.Kind, o.Job.Object.Namespace, o.Job.Object.Name, err)
+	}
+	if producer != nil {
+		return producer.HandleOutcome(ctx, msg.Event.Type(), o)
 	}
 	if msg.Event.Type() == events.TypeArtifactDeleted {
 		// The object's artifacts are gone; its status has nothing to say.

@@ -1,0 +1,424 @@
+package compose
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
+	"github.com/klauspost/compress/gzip"
+	"sigs.k8s.io/yaml"
+
+	"github.com/headwater-gitops/headwater/pkg/archive"
+)
+
+// Options bound what a build may write.
+type Options struct {
+	// MaxFileSize, when positive, fails a build that would write a
+	// larger file (a tarball's entry, a source file).
+	MaxFileSize int64
+}
+
+// Build writes the output art into dir, an empty directory, from the
+// source trees srcs (by alias: a directory each, holding regular files and
+// directories only, as Extract leaves them). Its error wraps ErrInvalid
+// for an operation that can never succeed, ErrBuild for one that fails on
+// the sources' content.
+func Build(ctx context.Context, dir string, srcs map[string]string, art swv1beta1.OutputArtifact, o Options) error {
+	aliases := map[string]bool{}
+	for a := range srcs {
+		aliases[a] = true
+	}
+	for i, c := range art.Copy {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		op, err := parseOp(c, aliases)
+		if err != nil {
+			return fmt.Errorf("%w: artifact %q copy[%d]: %w", ErrInvalid, art.Name, i, err)
+		}
+		b := &builder{out: dir, src: srcs[op.alias], op: op, opts: o}
+		if err := b.run(); err != nil {
+			return fmt.Errorf("artifact %q copy[%d] from %q: %w", art.Name, i, c.From, err)
+		}
+	}
+	return nil
+}
+
+// builder runs one copy operation.
+type builder struct {
+	out, src string
+	op       *op
+	opts     Options
+}
+
+func buildErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBuild, fmt.Sprintf(format, args...))
+}
+
+func (b *builder) run() error {
+	o := b.op
+	if o.glob {
+		return b.glob()
+	}
+	src := filepath.Join(b.src, filepath.FromSlash(o.from))
+	fi, err := os.Stat(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return buildErr("%q not found in source %q", o.from, o.alias)
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		if o.fromDir {
+			return buildErr("%q is not a directory in source %q", o.from, o.alias)
+		}
+		dest := o.to
+		if o.toDir {
+			dest = path.Join(o.to, path.Base(o.from))
+		}
+		if o.strategy == swv1beta1.ExtractStrategy {
+			if !isTarball(o.from) {
+				return buildErr("%q is not a tarball (.tar.gz, .tgz)", o.from)
+			}
+			return b.extract(src, o.to)
+		}
+		return b.file(src, dest, fi.Mode())
+	}
+	base := o.to
+	if !o.fromDir && o.from != "" && o.toDir {
+		base = path.Join(o.to, path.Base(o.from))
+	}
+	return b.walk(src, func(rel, file string, mode fs.FileMode) error {
+		return b.file(file, path.Join(base, rel), mode)
+	})
+}
+
+// glob copies every file matching the operation's glob.
+func (b *builder) glob() error {
+	o := b.op
+	root := filepath.Join(b.src, filepath.FromSlash(o.prefix))
+	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
+		return nil // nothing below the prefix: nothing matches
+	}
+	return b.walk(root, func(rel, file string, mode fs.FileMode) error {
+		if !match(o.from, path.Join(o.prefix, rel)) {
+			return nil
+		}
+		if o.strategy == swv1beta1.ExtractStrategy {
+			if !isTarball(rel) {
+				return nil
+			}
+			return b.extract(file, o.to)
+		}
+		return b.file(file, path.Join(o.to, rel), mode)
+	})
+}
+
+// walk calls fn for every regular file below root that is not excluded,
+// in lexical order, with its slash path relative to root.
+func (b *builder) walk(root string, fn func(rel, file string, mode fs.FileMode) error) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if rel == "." {
+			return nil
+		}
+		if b.op.excluded(rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		return fn(rel, p, fi.Mode())
+	})
+}
+
+// file copies the file src to dest (a path below the output's root)
+// with the operation's strategy.
+func (b *builder) file(src, dest string, mode fs.FileMode) error {
+	if dest == "" {
+		return buildErr("a file cannot replace the artifact's root")
+	}
+	target := filepath.Join(b.out, filepath.FromSlash(dest))
+	if b.op.strategy == swv1beta1.MergeStrategy {
+		if fi, err := os.Stat(target); err == nil && fi.Mode().IsRegular() {
+			return merge(target, src, dest)
+		}
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	return b.write(target, dest, in, mode)
+}
+
+// write writes r to target (dest, below the output's root, for errors).
+func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return buildErr("cannot create the directory of %q: a file is in the way", dest)
+	}
+	if fi, err := os.Lstat(target); err == nil && fi.IsDir() {
+		return buildErr("cannot write the file %q: a directory is in the way", dest)
+	}
+	perm := fs.FileMode(0o644)
+	if mode.Perm()&0o111 != 0 {
+		perm = 0o755
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, perm)
+	if err != nil {
+		return err
+	}
+	var src io.Reader = r
+	if max := b.opts.MaxFileSize; max > 0 {
+		src = io.LimitReader(r, max+1)
+	}
+	n, err := io.Copy(f, src)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", dest, err)
+	}
+	if max := b.opts.MaxFileSize; max > 0 && n > max {
+		return buildErr("%q is over the file size limit of %d bytes", dest, max)
+	}
+	return os.Chmod(target, perm)
+}
+
+// isTarball tells whether name is a gzip-compressed tarball by its name.
+func isTarball(name string) bool {
+	return strings.HasSuffix(name, ".tar.gz") || strings.HasSuffix(name, ".tgz")
+}
+
+// extract unpacks the tarball src into the directory dest: regular files
+// and directories only, every name checked by archive.SafeName.
+func (b *builder) extract(src, dest string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return buildErr("%s is not a gzip-compressed tarball: %v", path.Base(src), err)
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return buildErr("read tarball %s: %v", path.Base(src), err)
+		}
+		if h.Typeflag != tar.TypeReg && h.Typeflag != tar.TypeDir {
+			continue
+		}
+		name, err := archive.SafeName(h.Name)
+		if err != nil {
+			return buildErr("tarball %s: %v", path.Base(src), err)
+		}
+		rel := path.Join(dest, name)
+		target := filepath.Join(b.out, filepath.FromSlash(rel))
+		if h.Typeflag == tar.TypeDir {
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return buildErr("cannot create the directory %q: a file is in the way", rel)
+			}
+			continue
+		}
+		if err := b.write(target, rel, tr, fs.FileMode(h.Mode)); err != nil {
+			return err
+		}
+	}
+}
+
+// merge merges the YAML file src into the YAML file target (dest below
+// the output's root), as Helm merges values files.
+func merge(target, src, dest string) error {
+	if !isYAML(dest) || !isYAML(src) {
+		return buildErr("strategy Merge takes YAML files (.yaml, .yml), not %q", dest)
+	}
+	base, err := readValues(target)
+	if err != nil {
+		return buildErr("merge into %q: %v", dest, err)
+	}
+	over, err := readValues(src)
+	if err != nil {
+		return buildErr("merge %s into %q: %v", path.Base(src), dest, err)
+	}
+	out, err := yaml.Marshal(mergeMaps(base, over))
+	if err != nil {
+		return fmt.Errorf("merge into %q: %w", dest, err)
+	}
+	return os.WriteFile(target, out, 0o644)
+}
+
+func isYAML(name string) bool {
+	return strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")
+}
+
+// readValues reads a YAML file holding a map (an empty file is an empty
+// map).
+func readValues(name string) (map[string]any, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]any{}
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("not a YAML map: %w", err)
+	}
+	return m, nil
+}
+
+// mergeMaps merges b into a as Helm merges values files: a map merges
+// into a map key by key, any other value of b replaces a's.
+func mergeMaps(a, b map[string]any) map[string]any {
+	out := make(map[string]any, len(a))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		if bm, ok := v.(map[string]any); ok {
+			if am, ok := out[k].(map[string]any); ok {
+				out[k] = mergeMaps(am, bm)
+				continue
+			}
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// TreeDigest is the content hash of the tree at dir: the hex SHA-256 of
+// its canonical tar (archive.WriteTar: entries in canonical order,
+// normalised headers), so the same files with the same content and
+// executable bits hash the same wherever and whenever they are built.
+func TreeDigest(ctx context.Context, dir string) (string, error) {
+	h := sha256.New()
+	if _, err := archive.WriteTar(ctx, h, dir, archive.TarOptions{}); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Needed returns, by source alias, the paths of the source's tree the copy
+// operations of artifacts read: a literal path, or a glob's literal
+// prefix ("" for the whole tree). Operations that do not parse are left
+// out (Build refuses them). Unpack's keep is Needed's Keep.
+func Needed(artifacts []swv1beta1.OutputArtifact) map[string]Paths {
+	out := map[string]Paths{}
+	for _, a := range artifacts {
+		for _, c := range a.Copy {
+			o, err := parseOp(c, nil)
+			if err != nil {
+				continue
+			}
+			p := o.from
+			if o.glob {
+				p = o.prefix
+			}
+			out[o.alias] = append(out[o.alias], p)
+		}
+	}
+	return out
+}
+
+// Paths are slash paths below a tree's root; "" is the whole tree.
+type Paths []string
+
+// Keep tells whether the entry name of a source's tree is needed: it is
+// one of the paths or below one, or (a directory) above one.
+func (ps Paths) Keep(name string, isDir bool) bool {
+	for _, p := range ps {
+		if p == "" || name == p || strings.HasPrefix(name, p+"/") || (isDir && strings.HasPrefix(p, name+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
+// Unpack extracts the gzip-compressed tarball r (a source's artifact)
+// into dir: regular files and directories only, every name checked by
+// archive.SafeName, files over maxFileSize (when positive) refused. When
+// keep is set, only the entries it keeps are written (the rest is read
+// past). Its error wraps ErrBuild when the content is not a valid
+// artifact.
+func Unpack(r io.Reader, dir string, maxFileSize int64, keep func(name string, isDir bool) bool) error {
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return buildErr("not a gzip-compressed tarball: %v", err)
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return buildErr("read tarball: %v", err)
+		}
+		if h.Typeflag != tar.TypeReg && h.Typeflag != tar.TypeDir {
+			continue
+		}
+		name, err := archive.SafeName(h.Name)
+		if err != nil {
+			return buildErr("%v", err)
+		}
+		if keep != nil && !keep(name, h.Typeflag == tar.TypeDir) {
+			continue
+		}
+		target := filepath.Join(dir, filepath.FromSlash(name))
+		if h.Typeflag == tar.TypeDir {
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return buildErr("directory %q: %v", name, err)
+			}
+			continue
+		}
+		if maxFileSize > 0 && h.Size > maxFileSize {
+			return buildErr("%q is %d bytes, over the limit of %d", name, h.Size, maxFileSize)
+		}
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return buildErr("directory of %q: %v", name, err)
+		}
+		perm := fs.FileMode(0o644)
+		if h.Mode&0o111 != 0 {
+			perm = 0o755
+		}
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, perm)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, tr)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("unpack %s: %w", name, err)
+		}
+	}
+}
