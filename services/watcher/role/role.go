@@ -18,6 +18,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -75,6 +76,9 @@ type options struct {
 	// fluxNamespaces are where Flux's source-controller must not run
 	// (package fluxguard), comma-separated.
 	fluxNamespaces string
+	// pluginKinds are the plug-in source kinds reconciled besides Flux's
+	// (source.ParseRegistrations), comma-separated.
+	pluginKinds string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -116,6 +120,10 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.fluxNamespaces, "flux-source-controller-namespaces", "flux-system",
 		"Namespaces (comma-separated) where Flux's source-controller Deployment must be scaled to 0 before the watcher reconciles: "+
 			"it waits, not ready, until it is, and stops if it runs again. Empty checks none.")
+	fs.StringVar(&o.pluginKinds, "plugin-kinds", "",
+		"Plug-in source kinds to reconcile besides Flux's, comma-separated, each <group>/<version>/<Kind>[:<interval field>] "+
+			"(e.g. source.headwater.dev/v1alpha1/HTTPSource); their jobs go to each kind's own fetcher. "+
+			"The watcher needs RBAC for them (docs/writing-a-source-kind.md).")
 }
 
 // fluxGuardInterval is how often the watcher looks for Flux's
@@ -176,6 +184,12 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	plugins, err := source.ParseRegistrations(o.pluginKinds)
+	if err != nil {
+		return err
+	}
+	kinds := source.NewSet(plugins)
+
 	cfg, err := o.kube.Load()
 	if err != nil {
 		return err
@@ -229,7 +243,7 @@ func run(ctx context.Context, o options) error {
 		Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
 	ready.Set("flux-source-controller", guard.Ready)
 
-	crds, err := kindsWaiter(cfg, scheme, o.receivers, log.WithName("crds"))
+	crds, err := kindsWaiter(cfg, scheme, kinds, o.receivers, log.WithName("crds"))
 	if err != nil {
 		return err
 	}
@@ -270,8 +284,11 @@ func run(ctx context.Context, o options) error {
 	}
 	triggers := map[string]*controller.Triggers{}
 	retries := map[string]*controller.Retries{}
-	for _, kind := range source.Kinds() {
-		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
+	// The plug-in kinds' objects are unstructured in the cache: these
+	// read and write them as source.PluginObjects.
+	kubeClient, liveReader := source.PluginClient(mgr.GetClient()), source.PluginReader(mgr.GetAPIReader())
+	for _, kind := range kinds {
+		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
 			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes,
 			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics}}
@@ -300,8 +317,9 @@ func run(ctx context.Context, o options) error {
 		Conn:        conn,
 		Jobs:        jobs,
 		Seal:        key,
-		Client:      mgr.GetClient(),
-		Live:        mgr.GetAPIReader(),
+		Client:      kubeClient,
+		Live:        liveReader,
+		Kinds:       kinds,
 		Recorder:    &notify.Recorder{Recorder: mgr.GetEventRecorder(results.EventSource), Forwarder: notifier},
 		Notify:      notifier,
 		Instance:    instance,
@@ -339,7 +357,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
-		"notifications", notifier != nil, "receivers", o.receivers)
+		"notifications", notifier != nil, "receivers", o.receivers, "pluginKinds", o.pluginKinds)
 	return mgr.Start(ctx)
 }
 
@@ -348,17 +366,23 @@ func run(ctx context.Context, o options) error {
 const crdInterval = 10 * time.Second
 
 // kindsWaiter is a crdwait.Waiter for the kinds the watcher reconciles:
-// every source kind, and Flux's Receiver with receivers.
-func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, receivers bool, log logr.Logger) (*crdwait.Waiter, error) {
+// every source kind, the plug-in kinds among them, and Flux's Receiver
+// with receivers.
+func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, kinds source.Set, receivers bool, log logr.Logger) (*crdwait.Waiter, error) {
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("discovery client: %w", err)
 	}
 	objs := []runtime.Object{}
-	for _, kind := range source.Kinds() {
+	var plugins []schema.GroupVersionKind
+	for _, kind := range kinds {
+		if kind.Plugin != nil {
+			plugins = append(plugins, kind.Plugin.GVK)
+			continue
+		}
 		objs = append(objs, kind.New())
 	}
-	hint := "install the CRDs (kubectl apply -k deploy/crds, or Flux's own)"
+	hint := "install the CRDs (kubectl apply -k deploy/crds, or Flux's own; a plug-in kind's with its component)"
 	if receivers {
 		objs = append(objs, &notificationv1.Receiver{})
 		hint = "install the CRDs (kubectl apply -k deploy/crds, or Flux's own; the Receiver's with components/receivers)"
@@ -371,6 +395,7 @@ func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, receivers bool, log l
 		}
 		w.Kinds = append(w.Kinds, gvk)
 	}
+	w.Kinds = append(w.Kinds, plugins...)
 	return w, nil
 }
 

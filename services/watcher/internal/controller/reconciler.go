@@ -19,6 +19,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -43,7 +44,8 @@ type Publisher interface {
 
 // Reconciler reconciles the objects of one source kind.
 type Reconciler struct {
-	// Client reads (from the informer cache) and writes the objects.
+	// Client reads (from the informer cache) and writes the objects; for
+	// a plug-in kind, a source.PluginClient.
 	Client client.Client
 	// Live reads objects from the API server, after a conflicting write.
 	Live client.Reader
@@ -84,9 +86,17 @@ type Reconciler struct {
 // (generation) and reconcile requests (the requestedAt annotation) only, so
 // the watcher's own status writes never trigger a reconcile.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concurrency int) error {
+	var watched client.Object = r.Kind.New()
+	if reg := r.Kind.Plugin; reg != nil {
+		// A plug-in kind has no Go type: the cache holds its objects
+		// unstructured, and the client (source.PluginClient) converts.
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(reg.GVK)
+		watched = u
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(strings.ToLower(r.Kind.Name)).
-		For(r.Kind.New(), builder.WithPredicates(predicate.Or(
+		For(watched, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
 	if r.Kind.Setup != nil {
