@@ -4,11 +4,6 @@
 //
 //	headwater-nats config             the authorization block (make manifests
 //	                                  writes it to deploy/base/nats/auth.conf)
-//
-// Each command takes -plugin-kinds KIND[,KIND...]: the plug-in source
-// kinds whose fetchers get an identity too (events.PluginIdentity, e.g.
-// plugin-httpsource for HTTPSource; deploy/components/httpsource).
-//
 //	headwater-nats keys [-namespace N] Kubernetes Secrets with fresh NKeys
 //	                                  (what `setup print` prints; in a cluster
 //	                                  the setup Job of deploy/base makes them)
@@ -23,6 +18,10 @@
 // The configuration names each user's key by a variable
 // (<IDENTITY>_NKEY, e.g. FETCHER_NKEY) that the NATS server reads from its
 // environment, so the keys live in Secrets, never in the repository.
+//
+// Each command takes -plugin-kinds KIND[,KIND...]: the plug-in source
+// kinds whose fetchers get an identity too (events.PluginIdentity, e.g.
+// plugin-httpsource for HTTPSource; deploy/components/httpsource).
 package main
 
 import (
