@@ -320,6 +320,11 @@ func Permissions(identity string) (p Permission, ok bool) {
 	if r.readsStream {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+r.stream)
 	}
+	if identity == WatcherIdentity {
+		// It looks up whether a plug-in kind's fetcher has joined (its
+		// consumer exists) before making the kind's jobs.
+		p.Publish = append(p.Publish, api+"INFO."+FetchStream+".*")
+	}
 	for _, b := range r.buckets {
 		p.Publish = append(p.Publish, bucketPermissions(b)...)
 	}

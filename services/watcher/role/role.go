@@ -287,10 +287,11 @@ func run(ctx context.Context, o options) error {
 	// The plug-in kinds' objects are unstructured in the cache: these
 	// read and write them as source.PluginObjects.
 	kubeClient, liveReader := source.PluginClient(mgr.GetClient()), source.PluginReader(mgr.GetAPIReader())
+	fetchers := &controller.Fetchers{JS: conn.JS, Recheck: o.requeueDependency}
 	for _, kind := range kinds {
 		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes,
+			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes, Fetchers: fetchers,
 			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics}}
 		retries[kind.Name] = r.Retries
 		if o.receivers {

@@ -76,6 +76,9 @@ type Reconciler struct {
 	// Steady, when set, makes the jobs of steady sources quiet (see
 	// Steady); nil makes none quiet.
 	Steady *Steady
+	// Fetchers, for a plug-in kind, tells whether its fetcher has joined
+	// the bus; nil assumes it has.
+	Fetchers *Fetchers
 	// AlignRemotes schedules the sources that share a remote at the same
 	// moments (untilSlot), so that one listing answers them all; false
 	// applies Flux's interval jitter instead.
@@ -139,6 +142,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if r.Kind.Suspended(obj) {
 		logger.Info("reconciliation is suspended for this object")
 		return ctrl.Result{}, nil
+	}
+
+	if r.Kind.Plugin != nil {
+		served, err := r.Fetchers.Serves(ctx, r.Kind.Name)
+		if err != nil {
+			logger.Error(err, "cannot tell whether the kind's fetcher is deployed; publishing the job")
+		}
+		if !served {
+			return r.waiting(ctx, obj, r.noFetcher())
+		}
 	}
 
 	fetch := &events.FetchRequested{Previous: obj.GetArtifact()}
@@ -243,6 +256,16 @@ func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.
 		return ctrl.Result{RequeueAfter: f.RetryAfter}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.RequeueDependency}, nil
+}
+
+// noFetcher is the failure of a plug-in kind's object whose fetcher has
+// not joined the bus: FetchFailed, looked at again after RequeueDependency.
+func (r *Reconciler) noFetcher() *failure.Error {
+	f := failure.New(failure.Waiting, sourcev1.FetchFailedCondition, NoFetcherReason,
+		"no fetcher serves kind '%s': deploy its fetcher (bus identity %s, consumer %s on %s)",
+		r.Kind.Name, events.PluginIdentity(r.Kind.Name), events.PluginConsumer(r.Kind.Name), events.FetchStream)
+	f.RetryAfter = r.RequeueDependency
+	return f
 }
 
 // fluxTraces are the reasons of the waits Flux records as traces (a Normal
