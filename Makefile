@@ -273,6 +273,7 @@ manifests: controller-gen ## Generate the CRDs (from the Flux API modules and pk
 	@rm -rf $(HTTPSOURCE_DIR)/crd && mkdir -p $(HTTPSOURCE_DIR)/crd
 	cd services/httpsource-fetcher && $(CONTROLLER_GEN) object paths=./api/... && $(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=$(CURDIR)/$(HTTPSOURCE_DIR)/crd
 	cd e2e && go run ./cmd/headwater-nats config > $(CURDIR)/deploy/base/nats/auth.conf
+	cd e2e && go run ./cmd/headwater-nats config -plugin-kinds HTTPSource > $(CURDIR)/$(HTTPSOURCE_DIR)/nats/auth.conf
 
 # The Helm chart is generated from deploy/ (docs/design.md, "One truth for
 # kustomize and Helm"): hack/chartgen renders every combination of the

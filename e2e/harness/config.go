@@ -122,6 +122,12 @@ type Config struct {
 	// HTTPSourceCRDDir holds the HTTPSource CRD (`make manifests`), with
 	// HTTPSource.
 	HTTPSourceCRDDir string
+	// PluginKinds are further plug-in kinds the watcher reconciles
+	// (-plugin-kinds registrations) whose fetchers the Env does not run,
+	// their CRDs in PluginCRDDir.
+	PluginKinds []string
+	// PluginCRDDir holds the CRDs of PluginKinds.
+	PluginCRDDir string
 	// AuditLog makes kube-apiserver write an audit event of every request,
 	// at the Metadata level (who, which user agent, which verb and object,
 	// when; no bodies), to Env.AuditLogPath as JSON lines: the benchmark

@@ -216,6 +216,9 @@ func (e *Env) startControlPlane() error {
 	if c.HTTPSource {
 		crdDirs = append(crdDirs, c.HTTPSourceCRDDir)
 	}
+	if len(c.PluginKinds) > 0 {
+		crdDirs = append(crdDirs, c.PluginCRDDir)
+	}
 	if c.Receivers {
 		if err := notificationv1.AddToScheme(e.Scheme); err != nil {
 			return fmt.Errorf("scheme: %w", err)
@@ -332,8 +335,11 @@ func (e *Env) defineServices() error {
 	if e.Config.Receivers {
 		args[Watcher] = append(args[Watcher], "-receivers")
 	}
-	if e.Config.HTTPSource {
-		args[Watcher] = append(args[Watcher], "-plugin-kinds", HTTPSourceKind)
+	if kinds := e.Config.PluginKinds; e.Config.HTTPSource || len(kinds) > 0 {
+		if e.Config.HTTPSource {
+			kinds = append([]string{HTTPSourceKind}, kinds...)
+		}
+		args[Watcher] = append(args[Watcher], "-plugin-kinds", strings.Join(kinds, ","))
 	}
 	for _, name := range ServiceNames {
 		ready := "http://" + telemetry[name] + "/readyz"
