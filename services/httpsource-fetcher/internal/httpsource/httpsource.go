@@ -4,15 +4,9 @@
 package httpsource
 
 import (
-	"archive/tar"
-	"compress/gzip"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"net/url"
@@ -29,12 +23,8 @@ import (
 	"github.com/headwater-gitops/headwater/services/httpsource-fetcher/api/v1alpha1"
 )
 
-// Reasons of the HTTPSource's own failures (Flux's where one fits).
-const (
-	InvalidArchiveReason = "InvalidArchive"
-	TooLargeReason       = "ContentTooLarge"
-	ContentTypeReason    = "UnexpectedContentType"
-)
+// ContentTypeReason is the reason of a URL that serves an HTML page.
+const ContentTypeReason = "UnexpectedContentType"
 
 // Metadata keys of the artifact that the next check's conditional request
 // is made from.
@@ -113,14 +103,14 @@ func (f *Fetcher) Fetch(ctx context.Context, req *sourcekit.Request) (*sourcekit
 	// The body goes to a file first: its digest is the revision, and a
 	// tarball is extracted only once it is whole.
 	body := filepath.Join(req.Dir, "body")
-	digest, err := f.download(resp.Body, body)
+	digest, err := sourcekit.Download(resp.Body, body, f.MaxSize)
 	if err != nil {
 		return nil, err
 	}
 	res := &sourcekit.Result{Revision: "sha256:" + digest, Dir: filepath.Join(req.Dir, "tree"),
 		Metadata: map[string]string{ETagKey: resp.Header.Get("ETag"), LastModifiedKey: resp.Header.Get("Last-Modified")}}
 	if tarball {
-		return res, f.extract(body, res.Dir)
+		return res, sourcekit.ExtractTarGz(body, res.Dir, f.MaxSize)
 	}
 	name := path.Base(u.Path)
 	if name == "/" || name == "." {
@@ -153,84 +143,6 @@ func (f *Fetcher) authenticate(ctx context.Context, req *sourcekit.Request, spec
 		return sourcekit.Stalled(sourcev1.AuthenticationFailedReason, "secret '%s' has neither token nor username", spec.SecretRef.Name)
 	}
 	return nil
-}
-
-// download writes at most MaxSize bytes of body to file and returns their
-// hex SHA-256.
-func (f *Fetcher) download(body io.Reader, file string) (string, error) {
-	out, err := os.Create(file)
-	if err != nil {
-		return "", err
-	}
-	defer out.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(out, h), io.LimitReader(body, f.MaxSize+1))
-	if err != nil {
-		return "", sourcekit.Transient(sourcev1.URLInvalidReason, "failed to download: %s", err.Error())
-	}
-	if n > f.MaxSize {
-		return "", sourcekit.Final(TooLargeReason, "the content is larger than the fetcher's limit of %d bytes", f.MaxSize)
-	}
-	return hex.EncodeToString(h.Sum(nil)), out.Close()
-}
-
-// extract unpacks the gzipped tarball file into dir: regular files and
-// directories only, no path leaving dir, at most MaxSize bytes in all.
-func (f *Fetcher) extract(file, dir string) error {
-	in, err := os.Open(file)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	zr, err := gzip.NewReader(in)
-	if err != nil {
-		return sourcekit.Final(InvalidArchiveReason, "the content is not a gzipped tarball: %s", err.Error())
-	}
-	tr, left := tar.NewReader(zr), f.MaxSize
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return sourcekit.Final(InvalidArchiveReason, "the tarball is corrupt: %s", err.Error())
-		}
-		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
-		if path.IsAbs(hdr.Name) || name == ".." || strings.HasPrefix(name, "../") {
-			return sourcekit.Final(InvalidArchiveReason, "the tarball's entry '%s' leaves its root", hdr.Name)
-		}
-		target := filepath.Join(dir, filepath.FromSlash(name))
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			err = os.MkdirAll(target, 0o755)
-		case tar.TypeReg:
-			if left -= hdr.Size; left < 0 {
-				return sourcekit.Final(TooLargeReason, "the tarball holds more than the fetcher's limit of %d bytes", f.MaxSize)
-			}
-			err = writeFile(target, tr, hdr.Size)
-		}
-		if err != nil {
-			return fmt.Errorf("extract %s: %w", name, err)
-		}
-	}
-}
-
-func writeFile(target string, r io.Reader, size int64) error {
-	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-		return err
-	}
-	out, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := io.CopyN(out, r, size); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // unwrapURLError drops the *url.Error wrapper, which repeats the URL (and

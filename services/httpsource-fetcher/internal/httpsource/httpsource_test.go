@@ -143,11 +143,11 @@ func TestFetchRefuses(t *testing.T) {
 		reason   string
 		handling failure.Handling
 	}{
-		{name: "path escaping", body: escaping, path: "/x.tar.gz", reason: InvalidArchiveReason, handling: failure.Final},
-		{name: "absolute path", body: absolute, path: "/x.tgz", reason: InvalidArchiveReason, handling: failure.Final},
-		{name: "not gzip", body: []byte("plain"), path: "/x.tar.gz", reason: InvalidArchiveReason, handling: failure.Final},
-		{name: "oversized", body: bytes.Repeat([]byte("a"), 2048), path: "/big", reason: TooLargeReason, handling: failure.Final},
-		{name: "oversized tarball", body: tarball(t, map[string]string{"a": strings.Repeat("a", 4096)}), path: "/t.tar.gz", reason: TooLargeReason, handling: failure.Final},
+		{name: "path escaping", body: escaping, path: "/x.tar.gz", reason: sourcekit.InvalidArchiveReason, handling: failure.Final},
+		{name: "absolute path", body: absolute, path: "/x.tgz", reason: sourcekit.InvalidArchiveReason, handling: failure.Final},
+		{name: "not gzip", body: []byte("plain"), path: "/x.tar.gz", reason: sourcekit.InvalidArchiveReason, handling: failure.Final},
+		{name: "oversized", body: bytes.Repeat([]byte("a"), 2048), path: "/big", reason: sourcekit.TooLargeReason, handling: failure.Final},
+		{name: "oversized tarball", body: tarball(t, map[string]string{"a": strings.Repeat("a", 4096)}), path: "/t.tar.gz", reason: sourcekit.TooLargeReason, handling: failure.Final},
 		{name: "html", body: []byte("<html>"), ctype: "text/html; charset=utf-8", path: "/x", reason: ContentTypeReason, handling: failure.Final},
 		{name: "404", status: http.StatusNotFound, path: "/x", reason: "URLInvalid", handling: failure.Final},
 		{name: "503", status: http.StatusServiceUnavailable, path: "/x", reason: "URLInvalid", handling: failure.Transient},
