@@ -144,7 +144,7 @@ help: ## Show this help.
 
 .PHONY: run
 run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C stops it).
-	$(BIN_DIR)/headwater-local -bin-dir $(BIN_DIR) -crd-dir $(CURDIR)/$(CRD_DIR) -receivers-crd-dir $(CURDIR)/$(RECEIVERS_DIR)/crd
+	$(BIN_DIR)/headwater-local -bin-dir $(BIN_DIR) -crd-dir $(CURDIR)/$(CRD_DIR) -receivers-crd-dir $(CURDIR)/$(RECEIVERS_DIR)/crd -httpsource-crd-dir $(CURDIR)/$(HTTPSOURCE_DIR)/crd
 
 ##@ Build
 
