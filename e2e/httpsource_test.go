@@ -228,6 +228,15 @@ func TestHTTPSource(t *testing.T) {
 		t.Errorf("artifact metadata %v, want the ETag", first.Artifact.Metadata)
 	}
 	waitPluginEvent(t, "HTTPSource", name, corev1.EventTypeNormal, "NewArtifact", "stored artifact for revision")
+	// Exported as Flux's kinds are (the leader's headwater_source_condition).
+	eventually(t, "headwater_source_condition of the HTTPSource", func() error {
+		for _, w := range env.Watchers() {
+			if v, err := metricSum(w.TelemetryAddr, "headwater_source_condition", `kind="HTTPSource"`, `name="`+name+`"`, `status="True"`); err == nil && v == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no watcher reports Ready True")
+	})
 
 	// Unchanged: one conditional request, answered 304, no new artifact.
 	requests, conditional, notModified := srv.counts()

@@ -274,8 +274,10 @@ func run(ctx context.Context, o options) error {
 	}
 	jobMetrics := telemetry.NewJobMetrics(crmetrics.Registry, service)
 	reconcileMetrics := controller.NewMetrics(crmetrics.Registry)
-	if err := mgr.Add(controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
-		log.WithName("source-conditions"))); err != nil {
+	sourceConditions := controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
+		log.WithName("source-conditions"))
+	sourceConditions.Plugins = plugins
+	if err := mgr.Add(sourceConditions); err != nil {
 		return err
 	}
 	steady := controller.NewSteady(o.announceInterval)
