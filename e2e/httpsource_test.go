@@ -4,14 +4,18 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
 // unservedKind is a plug-in kind the watcher reconciles but whose fetcher
@@ -328,4 +336,96 @@ func TestPluginKindWithoutFetcher(t *testing.T) {
 		t.Errorf("Ready is %+v, want False naming the fetcher's identity", c)
 	}
 	waitPluginEvent(t, "UnservedSource", name, corev1.EventTypeWarning, "NoFetcher", "deploy its fetcher")
+}
+
+// TestPluginCannotAnswerForAnotherKind: a plug-in fetcher is the least
+// trusted process on the bus. With its identity, a result for another
+// kind is refused by NATS on that kind's subjects, and by the packager on
+// its own kind's (counted as rejected); a result for its own kind with a
+// job the watcher did not issue is refused by the watcher (counted as
+// forged). No status changes.
+func TestPluginCannotAnswerForAnotherKind(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	const name = "plugin-victim"
+	_, commit := newRepo(t, name, map[string]string{"README.md": "# " + name + "\n"})
+	createSource(t, name, env.Git.RepoURL(name), branch)
+	victim := waitArtifact(t, name, revision(commit))
+
+	identity := events.PluginIdentity("HTTPSource")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := bus.Connect(ctx, bus.Options{URL: env.NATSURL, NKeyFile: env.NATSIdentities.SeedFiles[identity]}, identity, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	pub := conn.NewPublisher(identity)
+	job := events.Job{ID: "plugin-forged-" + name, RequestedAt: time.Now().UTC(), Object: events.ObjectRef{Kind: kind, Namespace: namespace,
+		Name: name, UID: string(victim.UID), Generation: victim.Generation}, Seal: victim.Status.Artifact.Digest}
+	fetched := &events.Fetched{Job: job, Revision: "evil@sha1:" + strings.Repeat("e", 40), Staging: "staging/evil.tar", ArtifactName: "evil.tar.gz"}
+
+	// Another kind's subject: NATS refuses the publish.
+	refused, cancelRefused := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancelRefused()
+	if err := pub.Publish(refused, events.PackageSubject(kind), events.TypeFetched, job, fetched); err == nil {
+		t.Errorf("%s published on %s", identity, events.PackageSubject(kind))
+	}
+
+	// Its own kind's subject, another kind's job: the packager refuses it.
+	packager := env.Service(harness.Packager)
+	rejectedBefore, err := metricSum(packager.TelemetryAddr, "headwater_jobs_total", `result="rejected"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, events.PackageSubject("HTTPSource"), events.TypeFetched, job, fetched); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the packager rejects a GitRepository's job on the HTTPSource subject", func() error {
+		n, err := metricSum(packager.TelemetryAddr, "headwater_jobs_total", `result="rejected"`)
+		if err != nil {
+			return err
+		}
+		if n <= rejectedBefore {
+			return fmt.Errorf("rejected %v, want more than %v", n, rejectedBefore)
+		}
+		return nil
+	})
+
+	// Its own kind, a job the watcher never issued: the watcher refuses
+	// the outcome.
+	src := &unstructured.Unstructured{}
+	src.SetGroupVersionKind(httpSourceGVK)
+	src.SetNamespace(namespace)
+	src.SetName(name)
+	src.Object["spec"] = map[string]any{"url": "http://127.0.0.1:1/never.tar.gz", "interval": "1h", "suspend": true}
+	createObject(t, src)
+	u, _ := getPlugin(t, httpSourceGVK, name)
+	watcher := env.Service(harness.Watcher)
+	forgedBefore, err := metricSum(watcher.TelemetryAddr, "headwater_forged_outcomes_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := events.Job{ID: "plugin-forged-own-" + name, RequestedAt: time.Now().UTC(), Seal: "made-up",
+		Object: events.ObjectRef{Kind: "HTTPSource", Namespace: namespace, Name: name, UID: string(u.GetUID()), Generation: u.GetGeneration()}}
+	failed := &events.Outcome{Job: own, Failure: &events.Failure{Condition: "FetchFailed", Reason: "Forged", Message: "forged"}}
+	if err := pub.Publish(ctx, events.PublishSubject("HTTPSource"), events.TypeFetchFailed, own, failed); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the watcher refuses the made-up job's outcome", func() error {
+		n, err := metricSum(watcher.TelemetryAddr, "headwater_forged_outcomes_total")
+		if err != nil {
+			return err
+		}
+		if n <= forgedBefore {
+			return fmt.Errorf("headwater_forged_outcomes_total %v, want more than %v", n, forgedBefore)
+		}
+		return nil
+	})
+	if _, st := getPlugin(t, httpSourceGVK, name); apimeta.FindStatusCondition(st.Conditions, "FetchFailed") != nil {
+		t.Errorf("the forged outcome reached the HTTPSource's status: %+v", st.Conditions)
+	}
+	if got := get(t, name); got.Status.Artifact == nil || got.Status.Artifact.Digest != victim.Status.Artifact.Digest {
+		t.Errorf("the GitRepository's artifact changed: %+v", got.Status.Artifact)
+	}
 }
