@@ -15,6 +15,9 @@ import (
 	"testing"
 
 	"github.com/fluxcd/pkg/apis/meta"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/sourcekit"
@@ -172,5 +175,43 @@ func TestFetchRefuses(t *testing.T) {
 				t.Errorf("the message holds the credentials: %s", err)
 			}
 		})
+	}
+}
+
+// TestFetchAuthentication: the Secret of spec.secretRef gives a bearer
+// token or basic credentials; a missing Secret stalls the source.
+func TestFetchAuthentication(t *testing.T) {
+	var got atomic.Value
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Authorization"))
+		_, _ = w.Write([]byte("x"))
+	}))
+	t.Cleanup(ts.Close)
+	secrets := fake.NewClientBuilder().WithObjects(
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "token"}, Data: map[string][]byte{"token": []byte("t0k")}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "basic"}, Data: map[string][]byte{"username": []byte("u"), "password": []byte("p")}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "empty"}},
+	).Build()
+	f := &Fetcher{MaxSize: 1024}
+	for _, tc := range []struct {
+		secret, want, reason string
+	}{
+		{secret: "token", want: "Bearer t0k"},
+		{secret: "basic", want: "Basic dTpw"},
+		{secret: "empty", reason: "AuthenticationFailed"},
+		{secret: "missing", reason: "AuthenticationFailed"},
+	} {
+		got.Store("")
+		spec, _ := json.Marshal(map[string]any{"url": ts.URL + "/f", "interval": "1m", "secretRef": map[string]string{"name": tc.secret}})
+		_, err := f.Fetch(context.Background(), &sourcekit.Request{Namespace: "ns", Name: "n", Spec: spec, Dir: t.TempDir(), Secrets: secrets})
+		if tc.reason != "" {
+			if fe := failure.As(err); fe == nil || fe.Reason != tc.reason || fe.Handling != failure.Stalling {
+				t.Errorf("secret %s: %v, want a stalled %s", tc.secret, err, tc.reason)
+			}
+			continue
+		}
+		if err != nil || got.Load() != tc.want {
+			t.Errorf("secret %s: Authorization %q, %v; want %q", tc.secret, got.Load(), err, tc.want)
+		}
 	}
 }
