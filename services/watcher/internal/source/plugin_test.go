@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -183,5 +184,18 @@ func TestPluginObjectLoadAndPatch(t *testing.T) {
 	}
 	if target.GroupVersionKind() != httpSource || target.GetName() != "n" || target.GetNamespace() != "ns" {
 		t.Errorf("patch target %v %s/%s", target.GroupVersionKind(), target.GetNamespace(), target.GetName())
+	}
+}
+
+// TestBuiltinKindsOnTheBus: the built-in fetchers' consumer takes the jobs
+// of exactly the kinds the watcher has built in, so every other kind's
+// jobs are left to its plug-in fetcher.
+func TestBuiltinKindsOnTheBus(t *testing.T) {
+	var names []string
+	for _, k := range Kinds() {
+		names = append(names, k.Name)
+	}
+	if !slices.Equal(names, events.BuiltinKinds) {
+		t.Errorf("watcher kinds %v, events.BuiltinKinds %v", names, events.BuiltinKinds)
 	}
 }
