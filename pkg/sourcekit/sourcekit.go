@@ -80,9 +80,10 @@ type Result struct {
 
 // FetchFunc fetches one object of the kind. Its errors become the
 // object's FetchFailed condition and a Warning Event: make them with
-// Stalled (retrying cannot help until the spec changes) or Transient
-// (retried with a backoff); any other error is a failure that the next
-// interval tries again. Messages must not hold credentials.
+// Stalled (retrying cannot help until the spec changes), Final (the next
+// interval tries again) or Transient (retried with a backoff); any other
+// error is a Transient one with reason FetchFailedReason. Messages must
+// not hold credentials.
 type FetchFunc func(ctx context.Context, req *Request) (*Result, error)
 
 // Stalled is a failure retrying cannot help until the spec or a Secret
@@ -116,9 +117,24 @@ type handler struct {
 	maxSize int64
 }
 
-// UnsupportedKindReason is the reason of a job that is not of the fetcher's
-// kind or carries no plug-in spec.
-const UnsupportedKindReason = "UnsupportedKind"
+// Reasons of the failures the kit reports itself.
+const (
+	// UnsupportedKindReason: a job that is not of the fetcher's kind or
+	// carries no plug-in spec.
+	UnsupportedKindReason = "UnsupportedKind"
+	// FetchFailedReason: Fetch returned an error that is no failure of
+	// the kit's constructors.
+	FetchFailedReason = "FetchFailed"
+	// InvalidResultReason: Fetch returned a Result the kit cannot use (no
+	// revision, neither or both of Dir and File, unchanged without a
+	// stored artifact).
+	InvalidResultReason = "InvalidFetchResult"
+	// ArtifactMissingReason and ArtifactVerificationFailedReason are the
+	// Warning notices of a stored artifact that is gone or corrupt, and
+	// is rebuilt.
+	ArtifactMissingReason            = "ArtifactMissing"
+	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
+)
 
 // handle is the bus.Handler of the kind's fetch jobs.
 func (h *handler) handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
@@ -136,13 +152,17 @@ func (h *handler) handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 	r := &Request{Namespace: req.Job.Object.Namespace, Name: req.Job.Object.Name, Spec: req.Plugin.Spec, Secrets: h.secrets}
 	var notices []events.Notice
 	if prev := req.Previous; prev != nil && !req.Force {
-		if err := storage.Verify(ctx, h.store, prev.Path, prev.Digest); err != nil {
-			if ctx.Err() != nil {
-				return Transient(sourcev1.StatOperationFailedReason, "checking the stored artifact: %s", ctx.Err().Error())
-			}
-			notices = append(notices, events.Notice{Warning: true, Reason: "ArtifactVerificationFailed",
-				Message: fmt.Sprintf("stored artifact '%s' is missing or corrupt: rebuilding", prev.Path)})
-		} else {
+		err := storage.Verify(ctx, h.store, prev.Path, prev.Digest)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return Transient(sourcev1.StatOperationFailedReason, "checking the stored artifact: %s", ctx.Err().Error())
+		case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrInvalidKey):
+			notices = append(notices, events.Notice{Warning: true, Reason: ArtifactMissingReason,
+				Message: fmt.Sprintf("artifact '%s' is missing from storage: rebuilding", prev.Path)})
+		case err != nil:
+			notices = append(notices, events.Notice{Warning: true, Reason: ArtifactVerificationFailedReason,
+				Message: fmt.Sprintf("failed to verify integrity of artifact '%s': rebuilding", prev.Path)})
+		default:
 			r.Previous = prev
 		}
 	}
@@ -157,12 +177,12 @@ func (h *handler) handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 	res, err := h.fetch(ctx, r)
 	if err != nil {
 		if failure.As(err) == nil {
-			err = failure.Wrap(err, sourcev1.FetchFailedCondition, sourcev1.GitOperationFailedReason)
+			err = failure.Wrap(err, sourcev1.FetchFailedCondition, FetchFailedReason)
 		}
 		return err
 	}
 	if res == nil || res.Revision == "" && !res.Unchanged {
-		return Final(sourcev1.URLInvalidReason, "the fetcher of kind '%s' returned no revision", h.kind)
+		return Final(InvalidResultReason, "the fetcher of kind '%s' returned no revision", h.kind)
 	}
 	if r.Previous != nil && (res.Unchanged || res.Revision == r.Previous.Revision) {
 		if req.Quiet {
@@ -174,7 +194,7 @@ func (h *handler) handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 		return h.pub.Publish(ctx, events.PublishSubject(h.kind), events.TypeFetchUnchanged, req.Job, out)
 	}
 	if res.Unchanged {
-		return Final(sourcev1.URLInvalidReason, "the fetcher of kind '%s' answered unchanged without a stored artifact", h.kind)
+		return Final(InvalidResultReason, "the fetcher of kind '%s' answered unchanged without a stored artifact", h.kind)
 	}
 	return h.stage(ctx, req, res, notices)
 }
@@ -210,7 +230,7 @@ func (h *handler) stage(ctx context.Context, req *events.FetchRequested, res *Re
 		}
 		size, err = h.putTree(ctx, key, res.Dir)
 	default:
-		return Final(sourcev1.URLInvalidReason, "the fetcher of kind '%s' must stage a directory or a file", h.kind)
+		return Final(InvalidResultReason, "the fetcher of kind '%s' must stage a directory or a file", h.kind)
 	}
 	if err != nil {
 		return err
