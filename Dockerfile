@@ -11,7 +11,9 @@
 #   docker run headwater/headwater:dev -target=fetcher [fetcher flags]
 #
 # -target is one of watcher, fetcher, packager, artifact-server, receiver,
-# dispatcher and setup (the install-time Job of deploy/base). VERSION,
+# dispatcher, httpsource-fetcher (the HTTPSource plug-in kind's fetcher,
+# deploy/components/httpsource) and setup (the install-time Job of
+# deploy/base). VERSION,
 # REVISION and BUILD_DATE (optional; .git is not sent to the build) are
 # stamped into the binary, which reports them on -version, in its start-up
 # log line and as headwater_build_info, and label the image. The binary is
@@ -40,6 +42,7 @@ COPY pkg/go.mod pkg/go.sum pkg/
 COPY testsupport/go.mod testsupport/go.sum testsupport/
 COPY services/watcher/go.mod services/watcher/go.sum services/watcher/
 COPY services/fetcher/go.mod services/fetcher/go.sum services/fetcher/
+COPY services/httpsource-fetcher/go.mod services/httpsource-fetcher/go.sum services/httpsource-fetcher/
 COPY services/packager/go.mod services/packager/go.sum services/packager/
 COPY services/artifact-server/go.mod services/artifact-server/go.sum services/artifact-server/
 COPY services/receiver/go.mod services/receiver/go.sum services/receiver/

@@ -12,7 +12,7 @@
 SHELL := /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
-SERVICES    := watcher fetcher packager artifact-server receiver dispatcher setup
+SERVICES    := watcher fetcher packager artifact-server receiver dispatcher setup httpsource-fetcher
 MODULES     := pkg testsupport $(addprefix services/,$(SERVICES)) cmd/headwater e2e
 # Modules outside go.work, built and tested with GOWORK=off.
 HACK_MODULES := hack/deployvalidate hack/imagebuild hack/chartgen
@@ -21,6 +21,7 @@ TOOLS_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwater/tools
 CRD_DIR     := deploy/crds
 RBAC_DIR    := deploy/base/rbac
 RECEIVERS_DIR := deploy/components/receivers
+HTTPSOURCE_DIR := deploy/components/httpsource
 
 KUBE_VERSION           := v1.34.4
 ETCD_VERSION           := v3.6.16
@@ -143,7 +144,7 @@ help: ## Show this help.
 
 .PHONY: run
 run: build kube-tools ## Run the whole system on the embedded default (Ctrl-C stops it).
-	$(BIN_DIR)/headwater-local -bin-dir $(BIN_DIR) -crd-dir $(CURDIR)/$(CRD_DIR) -receivers-crd-dir $(CURDIR)/$(RECEIVERS_DIR)/crd
+	$(BIN_DIR)/headwater-local -bin-dir $(BIN_DIR) -crd-dir $(CURDIR)/$(CRD_DIR) -receivers-crd-dir $(CURDIR)/$(RECEIVERS_DIR)/crd -httpsource-crd-dir $(CURDIR)/$(HTTPSOURCE_DIR)/crd
 
 ##@ Build
 
@@ -269,7 +270,11 @@ manifests: controller-gen ## Generate the CRDs (from the Flux API modules, sourc
 	cd services/receiver && $(CONTROLLER_GEN) crd paths=github.com/fluxcd/notification-controller/api/v1 output:crd:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/crd
 	cd services/watcher && $(CONTROLLER_GEN) rbac:roleName=headwater-watcher-receivers paths=./internal/receiver/... output:rbac:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/rbac/watcher
 	cd services/receiver && $(CONTROLLER_GEN) rbac:roleName=headwater-receiver paths=./... output:rbac:artifacts:config=$(CURDIR)/$(RECEIVERS_DIR)/rbac/receiver
+	@# The httpsource component: the HTTPSource CRD (plug-in kind example) and its deepcopy code, from services/httpsource-fetcher/api.
+	@rm -rf $(HTTPSOURCE_DIR)/crd && mkdir -p $(HTTPSOURCE_DIR)/crd
+	cd services/httpsource-fetcher && $(CONTROLLER_GEN) object paths=./api/... && $(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=$(CURDIR)/$(HTTPSOURCE_DIR)/crd
 	cd e2e && go run ./cmd/headwater-nats config > $(CURDIR)/deploy/base/nats/auth.conf
+	cd e2e && go run ./cmd/headwater-nats config -plugin-kinds HTTPSource > $(CURDIR)/$(HTTPSOURCE_DIR)/nats/auth.conf
 
 # The Helm chart is generated from deploy/ (docs/design.md, "One truth for
 # kustomize and Helm"): hack/chartgen renders every combination of the

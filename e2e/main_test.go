@@ -148,6 +148,13 @@ func testConfig() (harness.Config, error) {
 			harness.Dispatcher: {"-report-interval", "200ms"},
 		},
 		Dispatcher: true,
+		// The HTTPSource plug-in kind runs too (TestHTTPSource), as its
+		// component deploys it, and a plug-in kind whose fetcher is never
+		// deployed.
+		HTTPSource:       true,
+		HTTPSourceCRDDir: filepath.Join(root, "deploy", "components", "httpsource", "crd"),
+		PluginKinds:      []string{unservedKind},
+		PluginCRDDir:     filepath.Join(root, "e2e", "testdata", "crds"),
 	}
 	if cfg.BinDir == "" {
 		cfg.BinDir = filepath.Join(root, "bin")

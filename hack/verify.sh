@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # verify.sh checks what must stay in sync (run by `make verify`, after
 # `make manifests` has regenerated the CRDs and `make chart` the chart):
-#   - the generated CRDs, RBAC and NATS authorization (the receivers
-#     component's included) and the Helm chart (charts/headwater, from
+#   - the generated CRDs, RBAC and NATS authorization (the receivers and
+#     httpsource components' included) and the Helm chart (charts/headwater, from
 #     deploy/) match the committed ones;
 #   - go.work lists every module of the workspace;
 #   - every module's go.mod and go.sum are tidy;
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 fail=0
 say() { printf '%s\n' "$*" >&2; }
 
-generated="deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/receivers/crd deploy/components/receivers/rbac deploy/components/dispatcher/rbac pkg/apis charts/headwater"
+generated="deploy/crds deploy/base/rbac deploy/base/nats/auth.conf deploy/components/receivers/crd deploy/components/receivers/rbac deploy/components/dispatcher/rbac deploy/components/httpsource/crd deploy/components/httpsource/nats/auth.conf pkg/apis services/httpsource-fetcher/api charts/headwater"
 # shellcheck disable=SC2086 # a list of paths
 if [ -n "$(git status --porcelain -- $generated)" ]; then
 	say "generated manifests and code ($generated) are out of date: run 'make generate' and commit the result"

@@ -7,6 +7,7 @@ require (
 	github.com/headwater-gitops/headwater/services/artifact-server v0.0.0
 	github.com/headwater-gitops/headwater/services/dispatcher v0.0.0
 	github.com/headwater-gitops/headwater/services/fetcher v0.0.0
+	github.com/headwater-gitops/headwater/services/httpsource-fetcher v0.0.0
 	github.com/headwater-gitops/headwater/services/packager v0.0.0
 	github.com/headwater-gitops/headwater/services/receiver v0.0.0
 	github.com/headwater-gitops/headwater/services/setup v0.0.0
@@ -166,6 +167,7 @@ replace (
 	github.com/headwater-gitops/headwater/services/artifact-server => ../../services/artifact-server
 	github.com/headwater-gitops/headwater/services/dispatcher => ../../services/dispatcher
 	github.com/headwater-gitops/headwater/services/fetcher => ../../services/fetcher
+	github.com/headwater-gitops/headwater/services/httpsource-fetcher => ../../services/httpsource-fetcher
 	github.com/headwater-gitops/headwater/services/packager => ../../services/packager
 	github.com/headwater-gitops/headwater/services/receiver => ../../services/receiver
 	github.com/headwater-gitops/headwater/services/setup => ../../services/setup

@@ -24,6 +24,7 @@ import (
 	artifactserver "github.com/headwater-gitops/headwater/services/artifact-server/role"
 	dispatcher "github.com/headwater-gitops/headwater/services/dispatcher/role"
 	fetcher "github.com/headwater-gitops/headwater/services/fetcher/role"
+	httpsourcefetcher "github.com/headwater-gitops/headwater/services/httpsource-fetcher/role"
 	packager "github.com/headwater-gitops/headwater/services/packager/role"
 	receiver "github.com/headwater-gitops/headwater/services/receiver/role"
 	setup "github.com/headwater-gitops/headwater/services/setup/role"
@@ -38,10 +39,12 @@ var roles = map[string]func(args []string){
 	"artifact-server": artifactserver.Main,
 	"dispatcher":      dispatcher.Main,
 	"fetcher":         fetcher.Main,
-	"packager":        packager.Main,
-	"receiver":        receiver.Main,
-	"setup":           setup.Main,
-	"watcher":         watcher.Main,
+	// The plug-in source kind shipped as the example (HTTPSource).
+	"httpsource-fetcher": httpsourcefetcher.Main,
+	"packager":           packager.Main,
+	"receiver":           receiver.Main,
+	"setup":              setup.Main,
+	"watcher":            watcher.Main,
 }
 
 func main() {

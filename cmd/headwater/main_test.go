@@ -106,7 +106,7 @@ func TestBinary(t *testing.T) {
 	}
 	for _, args := range [][]string{nil, {"-target=nats"}, {"-concurrency=2"}} {
 		out, code := run(bin, nil, args...)
-		if code != 2 || !strings.Contains(out, "roles: artifact-server, dispatcher, fetcher, packager, receiver, setup, watcher") {
+		if code != 2 || !strings.Contains(out, "roles: artifact-server, dispatcher, fetcher, httpsource-fetcher, packager, receiver, setup, watcher") {
 			t.Errorf("%q: exit %d, %q; want 2 and the roles", args, code, out)
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
 // Service names, which are also the names of their binaries.
@@ -31,7 +33,14 @@ const (
 	// NATS is the name of the NATS server's Service when it runs in a
 	// process of its own (Config.NATSBin).
 	NATS = "nats"
+	// HTTPSourceFetcher fetches HTTPSources, the plug-in source kind
+	// shipped as the example; it runs with Config.HTTPSource.
+	HTTPSourceFetcher = "httpsource-fetcher"
 )
+
+// HTTPSourceKind is the registration of the HTTPSource plug-in kind the
+// watcher gets with Config.HTTPSource (its -plugin-kinds).
+const HTTPSourceKind = "source.headwater.dev/v1alpha1/HTTPSource"
 
 // ServiceNames lists the services in start order: downstream first, so a
 // job never waits for the service that takes it. They stop in reverse.
@@ -104,6 +113,21 @@ type Config struct {
 	// and stopped first; the tests and scenarios that need no
 	// Subscription leave it out.
 	Dispatcher bool
+	// HTTPSource runs the HTTPSource plug-in kind, as the httpsource
+	// component deploys it: its CRD from HTTPSourceCRDDir is installed,
+	// the watcher reconciles it (-plugin-kinds HTTPSourceKind), the NATS
+	// server admits its fetcher's identity (plugin-httpsource) and the
+	// httpsource-fetcher runs with it.
+	HTTPSource bool
+	// HTTPSourceCRDDir holds the HTTPSource CRD (`make manifests`), with
+	// HTTPSource.
+	HTTPSourceCRDDir string
+	// PluginKinds are further plug-in kinds the watcher reconciles
+	// (-plugin-kinds registrations) whose fetchers the Env does not run,
+	// their CRDs in PluginCRDDir.
+	PluginKinds []string
+	// PluginCRDDir holds the CRDs of PluginKinds.
+	PluginCRDDir string
 	// AuditLog makes kube-apiserver write an audit event of every request,
 	// at the Metadata level (who, which user agent, which verb and object,
 	// when; no bodies), to Env.AuditLogPath as JSON lines: the benchmark
@@ -136,6 +160,14 @@ func (c Config) Check() error {
 		if c.Dispatcher {
 			need(c.BinDir, "the service bin directory", []string{Dispatcher})
 		}
+		if c.HTTPSource {
+			need(c.BinDir, "the service bin directory", []string{HTTPSourceFetcher})
+		}
+	}
+	if c.HTTPSource {
+		if m, _ := filepath.Glob(filepath.Join(c.HTTPSourceCRDDir, "*.yaml")); len(m) == 0 {
+			missing = append(missing, "no HTTPSource CRD in "+c.HTTPSourceCRDDir)
+		}
 	}
 	if c.Receivers {
 		if m, _ := filepath.Glob(filepath.Join(c.ReceiverCRDDir, "*.yaml")); len(m) == 0 {
@@ -161,4 +193,21 @@ func (c Config) progress(msg string) {
 	if c.Progress != nil {
 		c.Progress(msg)
 	}
+}
+
+// pluginKinds are the plug-in kinds the Env runs, by kind name.
+func (c Config) pluginKinds() []string {
+	if c.HTTPSource {
+		return []string{"HTTPSource"}
+	}
+	return nil
+}
+
+// pluginIdentities are the bus identities of their fetchers.
+func (c Config) pluginIdentities() []string {
+	var ids []string
+	for _, k := range c.pluginKinds() {
+		ids = append(ids, events.PluginIdentity(k))
+	}
+	return ids
 }

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
@@ -106,7 +107,7 @@ func Start(ctx context.Context, c Config) (_ *Env, err error) {
 	if err := os.MkdirAll(keys, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	if e.NATSIdentities, err = natsserver.NewIdentities(keys); err != nil {
+	if e.NATSIdentities, err = natsserver.NewIdentities(keys, c.pluginIdentities()...); err != nil {
 		return nil, err
 	}
 	if c.NATSBin != "" {
@@ -166,7 +167,7 @@ func (e *Env) startNATSProcess(ctx context.Context, keys string) error {
 		Name: NATS,
 		Path: e.Config.NATSBin,
 		Args: []string{"serve", "-keys", keys, "-store", filepath.Join(e.Config.Dir, "nats"),
-			"-addr", addr, "-monitor-addr", monitor},
+			"-addr", addr, "-monitor-addr", monitor, "-plugin-kinds", strings.Join(e.Config.pluginKinds(), ",")},
 		Env:      serviceEnv(""),
 		LogPath:  filepath.Join(e.Config.Dir, "logs", NATS+".log"),
 		ReadyURL: "http://" + monitor + "/healthz?js-enabled-only=true",
@@ -217,6 +218,12 @@ func (e *Env) startControlPlane() error {
 		return fmt.Errorf("scheme: %w", err)
 	}
 	crdDirs := []string{c.CRDDir}
+	if c.HTTPSource {
+		crdDirs = append(crdDirs, c.HTTPSourceCRDDir)
+	}
+	if len(c.PluginKinds) > 0 {
+		crdDirs = append(crdDirs, c.PluginCRDDir)
+	}
 	if c.Receivers {
 		if err := notificationv1.AddToScheme(e.Scheme); err != nil {
 			return fmt.Errorf("scheme: %w", err)
@@ -333,6 +340,12 @@ func (e *Env) defineServices() error {
 	if e.Config.Receivers {
 		args[Watcher] = append(args[Watcher], "-receivers")
 	}
+	if kinds := e.Config.PluginKinds; e.Config.HTTPSource || len(kinds) > 0 {
+		if e.Config.HTTPSource {
+			kinds = append([]string{HTTPSourceKind}, kinds...)
+		}
+		args[Watcher] = append(args[Watcher], "-plugin-kinds", strings.Join(kinds, ","))
+	}
 	for _, name := range ServiceNames {
 		ready := "http://" + telemetry[name] + "/readyz"
 		if name == Watcher {
@@ -350,6 +363,11 @@ func (e *Env) defineServices() error {
 	}
 	if e.Config.Receivers {
 		e.addReceiver(receiverPorts, env, common)
+	}
+	if e.Config.HTTPSource {
+		if err := e.addHTTPSourceFetcher(env); err != nil {
+			return err
+		}
 	}
 	if err := e.addArtifactServerReplicas(ports[6 : 6+extraServers]); err != nil {
 		return err
@@ -398,6 +416,32 @@ func (e *Env) addReceiver(ports []int, env []string, common func(string) []strin
 		ReadyURL:      "http://" + telemetry + "/readyz",
 		TelemetryAddr: telemetry,
 	})
+}
+
+// addHTTPSourceFetcher defines the fetcher of the HTTPSource plug-in kind,
+// with its own bus identity, started before the watcher.
+func (e *Env) addHTTPSourceFetcher(env []string) error {
+	ports, err := FreePorts(1)
+	if err != nil {
+		return err
+	}
+	telemetry := "127.0.0.1:" + strconv.Itoa(ports[0])
+	args := []string{"-nats-url", e.NATSURL, "-telemetry-addr", telemetry, "-log-format", "text", "-storage-path", e.StoragePath}
+	if e.NATSIdentities != nil {
+		args = append(args, "-nats-nkey", e.NATSIdentities.SeedFiles[events.PluginIdentity("HTTPSource")])
+	}
+	s := &Service{
+		Name:          HTTPSourceFetcher,
+		Path:          filepath.Join(e.Config.BinDir, HTTPSourceFetcher),
+		Args:          append(args, e.Config.ExtraArgs[HTTPSourceFetcher]...),
+		Env:           env,
+		LogPath:       filepath.Join(e.Config.Dir, "logs", HTTPSourceFetcher+".log"),
+		ReadyURL:      "http://" + telemetry + "/readyz",
+		TelemetryAddr: telemetry,
+	}
+	i := slices.IndexFunc(e.services, func(s *Service) bool { return s.Name == Watcher })
+	e.services = slices.Insert(e.services, max(i, 0), s)
+	return nil
 }
 
 // useOwnTempDirs gives every service process a temporary directory of its

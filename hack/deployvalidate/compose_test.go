@@ -86,9 +86,9 @@ func TestCompose(t *testing.T) {
 		}
 		// Its own bus identity, from the keys directory.
 		if key := s.Environment["HEADWATER_NATS_NKEY"]; key == nil || !slices.ContainsFunc(s.Volumes, func(v types.ServiceVolumeConfig) bool {
-			return v.Target == *key && filepath.Base(v.Source) == name+".nk"
+			return v.Target == *key && filepath.Base(v.Source) == Identity(name)+".nk"
 		}) {
-			t.Errorf("%s: does not connect to NATS with its own key (%s.nk)", name, name)
+			t.Errorf("%s: does not connect to NATS with its own key (%s.nk)", name, Identity(name))
 		}
 		if s.Build == nil {
 			t.Errorf("%s: not built", name)

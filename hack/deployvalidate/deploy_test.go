@@ -62,9 +62,11 @@ func setNATSUserKeys(t *testing.T) {
 
 // natsSecrets are the Secrets `headwater-nats keys` creates at install
 // (e2e/cmd/headwater-nats): the users' public keys for the NATS server, and
-// each service's own key.
+// each service's own key (the HTTPSource plug-in fetcher's with
+// -plugin-kinds HTTPSource, as the httpsource component's setup Job does).
 var natsSecrets = []string{"headwater-nats-users", "headwater-nats-watcher", "headwater-nats-fetcher",
-	"headwater-nats-packager", "headwater-nats-artifact-server", "headwater-nats-receiver", "headwater-nats-dispatcher"}
+	"headwater-nats-packager", "headwater-nats-artifact-server", "headwater-nats-receiver", "headwater-nats-dispatcher",
+	"headwater-nats-plugin-httpsource"}
 
 // natsTLSSecret and natsClientTLSSecret are the certificates
 // components/nats-tls reads: the server's and the services'; the user

@@ -91,8 +91,10 @@ func ParseFlags(file, src string) FlagSet {
 // non-test Go files of services/<service>/role (what its main package and
 // headwater -target=<service> run) and in every repository package that
 // package imports directly (pkg/bus, pkg/storage,
-// services/<service>/internal/..., ...). Packages imported
-// only indirectly are not read: flags are bound from main through option
+// services/<service>/internal/..., ...), and in the platform packages
+// (pkg/...) those reach in turn (a plug-in kind's fetcher binds its flags
+// through pkg/sourcekit). A service's own packages imported only
+// indirectly are not read: flags are bound from main through option
 // structs, as the house style asks.
 func ServiceFlags(root, service string) (FlagSet, error) {
 	mainDir := filepath.Join(root, "services", service, "role")
@@ -104,24 +106,40 @@ func ServiceFlags(root, service string) (FlagSet, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("service %s: no Go files in %s", service, mainDir)
 	}
+	// The role's imports of the module, and, transitively, what the
+	// platform packages (pkg/...) it reaches import: a plug-in kind's role
+	// binds its flags through pkg/sourcekit, which binds pkg/bus's and
+	// pkg/storage's.
 	fset := token.NewFileSet()
-	for _, f := range files {
-		parsed, err := parser.ParseFile(fset, f, nil, parser.ImportsOnly)
-		if err != nil {
-			return nil, fmt.Errorf("service %s: %w", service, err)
+	for i := 0; i < len(dirs); i++ {
+		dir := dirs[i]
+		if i > 0 && !strings.HasPrefix(dir, filepath.Join(root, "pkg")+string(filepath.Separator)) {
+			continue
 		}
-		for _, imp := range parsed.Imports {
-			path, err := strconv.Unquote(imp.Path.Value)
+		files := files
+		if i > 0 {
+			if files, err = goFiles(dir); err != nil {
+				return nil, err
+			}
+		}
+		for _, f := range files {
+			parsed, err := parser.ParseFile(fset, f, nil, parser.ImportsOnly)
 			if err != nil {
-				return nil, fmt.Errorf("service %s: import %s: %w", service, imp.Path.Value, err)
+				return nil, fmt.Errorf("service %s: %w", service, err)
 			}
-			rel, ok := strings.CutPrefix(path, modulePrefix)
-			if !ok {
-				continue
-			}
-			dir := filepath.Join(root, filepath.FromSlash(rel))
-			if !slices.Contains(dirs, dir) {
-				dirs = append(dirs, dir)
+			for _, imp := range parsed.Imports {
+				path, err := strconv.Unquote(imp.Path.Value)
+				if err != nil {
+					return nil, fmt.Errorf("service %s: import %s: %w", service, imp.Path.Value, err)
+				}
+				rel, ok := strings.CutPrefix(path, modulePrefix)
+				if !ok {
+					continue
+				}
+				d := filepath.Join(root, filepath.FromSlash(rel))
+				if !slices.Contains(dirs, d) {
+					dirs = append(dirs, d)
+				}
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 )
 
 // Services are Headwater's services: each is built from services/<name>
@@ -15,8 +16,20 @@ var Services = []string{"watcher", "fetcher", "packager", "artifact-server"}
 
 // OptionalServices are built and run like Services, but deployed by a
 // component of their own: the webhook receiver (components/receivers, the
-// compose profile "receivers") and the dispatcher (components/dispatcher).
-var OptionalServices = []string{"receiver", "dispatcher"}
+// compose profile "receivers"), the dispatcher (components/dispatcher) and
+// the HTTPSource plug-in kind's fetcher (components/httpsource, the
+// compose profile "httpsource").
+var OptionalServices = []string{"receiver", "dispatcher", "httpsource-fetcher"}
+
+// Identity is the bus identity a service connects as (its NKey seed file
+// is <identity>.nk): its name, but for a plug-in kind's fetcher, whose
+// identity is plugin-<kind> (events.PluginIdentity).
+func Identity(service string) string {
+	if kind, ok := strings.CutSuffix(service, "-fetcher"); ok && service != "fetcher" {
+		return "plugin-" + kind
+	}
+	return service
+}
 
 // Commands are built like Services (services/<name>, in the headwater
 // image) but run to completion: the setup Job of deploy/base.

@@ -1094,3 +1094,39 @@ func TestWorkerRejoinsAfterNATSRestart(t *testing.T) {
 		t.Errorf("the job acknowledged before the restart was handled %d times", n)
 	}
 }
+
+// TestWorkerRefusesMisroutedJob: a result for another kind's job on a
+// kind's subject (what a plug-in fetcher, allowed only its own kind's
+// subjects, would have to publish to answer for a GitRepository) is
+// terminated before the handler sees it and counted as rejected.
+func TestWorkerRefusesMisroutedJob(t *testing.T) {
+	b := newTestBus(t)
+	cons := b.consumer(t, "misrouted", events.ConsumerOptions{})
+	terminated := b.subscribe(t, server.JSAdvisoryConsumerMsgTerminatedPre+"."+events.PublishStream+".misrouted")
+	reg := prometheus.NewRegistry()
+	var rec recorder
+	runWorker(t, &bus.Worker{
+		Service: "test", Consumer: cons, Concurrency: 1,
+		Metrics: telemetry.NewJobMetrics(reg, "test"),
+		Handler: func(_ context.Context, m *events.Message, d bus.Delivery) error {
+			rec.add(m, d)
+			return nil
+		},
+	})
+	forged := job("forged") // a GitRepository's
+	if err := b.pub.Publish(context.Background(), events.PublishSubject("HTTPSource"), events.TypePackaged, forged,
+		&events.Outcome{Job: forged}); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, "good", events.TypePackaged)
+	if a := nextAdvisory(t, terminated); a.StreamSeq != 1 {
+		t.Errorf("terminated %+v, want the misrouted job", a)
+	}
+	eventually(t, "the good message handled", func() bool { return len(rec.of("good")) == 1 })
+	if n := len(rec.of("forged")); n != 0 {
+		t.Errorf("the handler saw the misrouted job %d times", n)
+	}
+	if v := jobsTotal(t, reg, events.TypePackaged, "rejected"); v != 1 {
+		t.Errorf("jobs_total{result=rejected} = %v, want 1", v)
+	}
+}

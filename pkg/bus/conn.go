@@ -326,9 +326,15 @@ func (c *Conn) Joiner(stream, consumer string, o events.ConsumerOptions) func(co
 // the streams it uses (EnsureStreams, so services may start in any order)
 // and stream itself, one of its optional streams included, and the
 // service's durable consumer on stream, configured by events.Consumer.
+// Unless o says otherwise, the consumer takes the subjects
+// events.ConsumerFilter gives the connection's identity on stream (a
+// fetcher only its kinds' jobs).
 func (c *Conn) JoinStream(ctx context.Context, stream, consumer string, o events.ConsumerOptions) (jetstream.Consumer, error) {
 	if err := c.EnsureStreams(ctx); err != nil {
 		return nil, err
+	}
+	if len(o.FilterSubjects) == 0 {
+		o.FilterSubjects = events.ConsumerFilter(c.identity, stream)
 	}
 	var cons jetstream.Consumer
 	err := c.untilJetStream(ctx, func(ctx context.Context) (err error) {

@@ -320,7 +320,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		job := events.JobOf(m.Data)
 		log = log.WithValues("type", eventType, "job", job.ID,
 			"kind", job.Object.Kind, "namespace", job.Object.Namespace, "name", job.Object.Name)
-		err = w.runWithHeartbeat(logr.NewContext(ctx, log), m, d, msg)
+		// A job of another kind than its subject's is refused (rejected
+		// in headwater_jobs_total) before any handler sees it.
+		if err = events.CheckRoute(msg.Subject(), job); err == nil {
+			err = w.runWithHeartbeat(logr.NewContext(ctx, log), m, d, msg)
+		}
 	}
 	result := w.settle(ctx, log, msg, m, d, err)
 	if w.Metrics != nil {

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -68,6 +69,11 @@ type FetchRequested struct {
 	// ChartSource is the source a HelmChart's chart comes from, resolved
 	// by the watcher; set with HelmChart.
 	ChartSource *ChartSource `json:"chartSource,omitempty"`
+	// Plugin is the spec of a source of a plug-in kind (docs/
+	// writing-a-source-kind.md): a kind the watcher reconciles from its
+	// registration alone, fetched by a process of its own. Added in v1 as
+	// an optional field: the built-in kinds never set it.
+	Plugin *PluginSpec `json:"plugin,omitempty"`
 	// Previous is the artifact recorded in the object's status, if any. The
 	// fetcher answers FetchUnchanged when the upstream revision equals its
 	// revision and the stored file is intact.
@@ -111,8 +117,25 @@ func (r *FetchRequested) Spec() any {
 		return r.HelmRepository
 	case r.HelmChart != nil:
 		return r.HelmChart
+	case r.Plugin != nil:
+		return r.Plugin.Spec
 	}
 	return nil
+}
+
+// PluginSpec is what a fetch job of a plug-in kind carries: the object's
+// API version and kind, and its whole spec as the API server holds it.
+// The spec names Secrets; the watcher refuses none of it, so a plug-in
+// kind's schema must not hold credentials (its fetcher reads them from the
+// Secrets it names, as the built-in fetchers do).
+type PluginSpec struct {
+	// APIVersion is the object's group/version, e.g.
+	// "source.headwater.dev/v1alpha1".
+	APIVersion string `json:"apiVersion"`
+	// Kind is the object's kind, e.g. "HTTPSource"; Job.Object.Kind too.
+	Kind string `json:"kind"`
+	// Spec is the object's spec, as JSON.
+	Spec json.RawMessage `json:"spec"`
 }
 
 // Include is one artifact of another source to copy into an artifact.

@@ -627,3 +627,24 @@ func TestStreamReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRoute: a job travels only on its own kind's subjects.
+func TestCheckRoute(t *testing.T) {
+	job := Job{ID: "j", Object: ObjectRef{Kind: "HTTPSource", Namespace: "ns", Name: "n"}}
+	for _, tc := range []struct {
+		subject string
+		ok      bool
+	}{
+		{FetchSubject("HTTPSource"), true},
+		{PackageSubject("HTTPSource"), true},
+		{PublishSubject("HTTPSource"), true},
+		{PackageSubject("GitRepository"), false},
+		{PublishSubject("GitRepository"), false},
+		{EventSubject("GitRepository", "ns", "n"), true}, // not a job subject
+	} {
+		err := CheckRoute(tc.subject, job)
+		if (err == nil) != tc.ok || err != nil && !errors.Is(err, ErrMalformed) {
+			t.Errorf("CheckRoute(%s) = %v, want ok %t", tc.subject, err, tc.ok)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package events
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -32,6 +33,26 @@ const (
 	// the durable consumers of `nats` Subscriptions.
 	SubscriberIdentity = "subscriber"
 )
+
+// pluginPrefix begins the identity and the consumer of a plug-in kind's
+// fetcher (PluginIdentity, PluginConsumer).
+const pluginPrefix = "plugin-"
+
+// PluginIdentity is the bus identity of a plug-in kind's fetcher:
+// "plugin-<kind>" (kind in lower case, e.g. "plugin-httpsource"). It takes
+// that kind's fetch jobs only, through PluginConsumer(kind), and publishes
+// only on that kind's package and publish subjects, so a plug-in can
+// neither read another kind's jobs nor answer for them. Identities lists
+// the built-in identities only; a plug-in's is made where the kind is
+// registered (headwater-nats -plugin-kinds, setup -plugin-kinds).
+func PluginIdentity(kind string) string { return pluginPrefix + token(kind) }
+
+// PluginKindOf returns the kind (in lower case) whose fetcher identity is
+// identity, and whether identity is a plug-in's at all.
+func PluginKindOf(identity string) (string, bool) {
+	kind, ok := strings.CutPrefix(identity, pluginPrefix)
+	return kind, ok && kind != "" && token(kind) == kind
+}
 
 // Identities lists every identity, services first.
 func Identities() []string {
@@ -84,6 +105,12 @@ type role struct {
 	// announces are the core NATS subjects it publishes on, whole (the
 	// artifact-server's address announcement).
 	announces []string
+	// feeds are subjects it publishes on, whole, into streams it creates
+	// when missing (a plug-in fetcher's one kind's package and publish
+	// subjects).
+	feeds []string
+	// filter are the subjects its consumer takes; empty for all.
+	filter []string
 }
 
 // streamConsumer is a durable consumer on a stream.
@@ -127,7 +154,26 @@ func roleOf(identity string) (role, bool) {
 	case SubscriberIdentity:
 		return role{}, true
 	}
+	if kind, ok := PluginKindOf(identity); ok {
+		// A plug-in kind's fetcher: its kind's jobs, its kind's results.
+		return role{stream: FetchStream, consumer: PluginConsumer(kind), filter: []string{FetchSubject(kind)},
+			feeds: []string{PackageSubject(kind), PublishSubject(kind)}}, true
+	}
 	return role{}, false
+}
+
+// ConsumerFilter returns the subjects the consumer of identity takes on
+// stream: on FetchStream, a plug-in fetcher's kind and the built-in
+// fetchers' kinds (BuiltinFetchSubjects); nil (all) elsewhere.
+func ConsumerFilter(identity, stream string) []string {
+	if stream != FetchStream {
+		return nil
+	}
+	if identity == FetcherIdentity {
+		return BuiltinFetchSubjects()
+	}
+	r, _ := roleOf(identity)
+	return r.filter
 }
 
 // StreamOwner returns the identity that owns a stream: the service that
@@ -186,6 +232,13 @@ func (r role) uses(cfg jetstream.StreamConfig) bool {
 			return true
 		}
 	}
+	for _, subject := range r.feeds {
+		for _, s := range cfg.Subjects {
+			if p, ok := strings.CutSuffix(s, ">"); ok && strings.HasPrefix(subject, p) {
+				return true
+			}
+		}
+	}
 	return false
 }
 
@@ -227,6 +280,7 @@ func Permissions(identity string) (p Permission, ok bool) {
 		p.Publish = append(p.Publish, prefix+".>")
 	}
 	p.Publish = append(p.Publish, r.announces...)
+	p.Publish = append(p.Publish, r.feeds...)
 	p.Publish = append(p.Publish, "$JS.API.INFO")
 	streams := StreamsOf(identity)
 	for _, c := range r.optional {
@@ -265,6 +319,11 @@ func Permissions(identity string) (p Permission, ok bool) {
 	}
 	if r.readsStream {
 		p.Publish = append(p.Publish, "$JS.API.STREAM.MSG.GET."+r.stream)
+	}
+	if identity == WatcherIdentity {
+		// It looks up whether a plug-in kind's fetcher has joined (its
+		// consumer exists) before making the kind's jobs.
+		p.Publish = append(p.Publish, api+"INFO."+FetchStream+".*")
 	}
 	for _, b := range r.buckets {
 		p.Publish = append(p.Publish, bucketPermissions(b)...)

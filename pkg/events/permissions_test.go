@@ -68,3 +68,55 @@ func TestPermissionsCoverOnlyUsedStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestPluginIdentity: a plug-in kind's fetcher takes its kind's jobs only,
+// through its own consumer, and publishes only its kind's package and
+// publish subjects; the built-in fetchers' consumer leaves its jobs alone.
+func TestPluginIdentity(t *testing.T) {
+	id := PluginIdentity("HTTPSource")
+	if id != "plugin-httpsource" {
+		t.Fatalf("PluginIdentity = %q", id)
+	}
+	if kind, ok := PluginKindOf(id); !ok || kind != "httpsource" {
+		t.Fatalf("PluginKindOf(%q) = %q, %t", id, kind, ok)
+	}
+	for _, bad := range []string{"plugin-", "plugin-a.b", "fetcher"} {
+		if _, ok := PluginKindOf(bad); ok {
+			t.Errorf("PluginKindOf(%q) is a plug-in", bad)
+		}
+	}
+	p, ok := Permissions(id)
+	if !ok {
+		t.Fatal("no permissions for a plug-in identity")
+	}
+	for _, want := range []string{
+		"headwater.jobs.package.httpsource", "headwater.jobs.publish.httpsource",
+		"$JS.API.CONSUMER.MSG.NEXT.HEADWATER_FETCH.plugin-httpsource",
+		"$JS.ACK.HEADWATER_FETCH.plugin-httpsource.>",
+	} {
+		if !slices.Contains(p.Publish, want) {
+			t.Errorf("%s may not publish %s", id, want)
+		}
+	}
+	for _, s := range p.Publish {
+		if strings.HasPrefix(s, "headwater.") && !strings.HasSuffix(s, ".httpsource") {
+			t.Errorf("%s may publish %s", id, s)
+		}
+		if strings.Contains(s, ".fetcher") || strings.HasSuffix(s, ".>") && strings.HasPrefix(s, "headwater.") {
+			t.Errorf("%s may publish %s", id, s)
+		}
+	}
+	if got := StreamsOf(id); !slices.Equal(got, []string{FetchStream, PackageStream, PublishStream}) {
+		t.Errorf("StreamsOf(%s) = %q", id, got)
+	}
+	if got := ConsumerFilter(id, FetchStream); !slices.Equal(got, []string{"headwater.jobs.fetch.httpsource"}) {
+		t.Errorf("ConsumerFilter(%s) = %q", id, got)
+	}
+	builtin := ConsumerFilter(FetcherIdentity, FetchStream)
+	if slices.Contains(builtin, FetchSubject("HTTPSource")) || len(builtin) != len(BuiltinKinds) {
+		t.Errorf("the built-in fetchers take %q", builtin)
+	}
+	if StreamOwner(FetchStream) != FetcherIdentity {
+		t.Errorf("owner of %s: %s", FetchStream, StreamOwner(FetchStream))
+	}
+}

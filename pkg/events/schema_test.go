@@ -123,10 +123,11 @@ type schemaGen struct {
 }
 
 var (
-	timeType     = reflect.TypeFor[time.Time]()
-	metaTimeType = reflect.TypeFor[metav1.Time]()
-	durationType = reflect.TypeFor[metav1.Duration]()
-	marshaler    = reflect.TypeFor[json.Marshaler]()
+	timeType       = reflect.TypeFor[time.Time]()
+	metaTimeType   = reflect.TypeFor[metav1.Time]()
+	durationType   = reflect.TypeFor[metav1.Duration]()
+	rawMessageType = reflect.TypeFor[json.RawMessage]()
+	marshaler      = reflect.TypeFor[json.Marshaler]()
 )
 
 // defName names a struct's definition: bare for this package's types,
@@ -145,6 +146,8 @@ func (g *schemaGen) schema(t reflect.Type) (map[string]any, error) {
 		return map[string]any{"type": "string", "format": "date-time"}, nil
 	case durationType:
 		return map[string]any{"type": "string", "description": "A Go duration, e.g. \"1m30s\"."}, nil
+	case rawMessageType:
+		return map[string]any{"description": "Any JSON value, carried as it is."}, nil
 	}
 	if t.Kind() == reflect.Pointer {
 		return g.schema(t.Elem())

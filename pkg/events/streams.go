@@ -118,6 +118,12 @@ type ConsumerOptions struct {
 	// than the first one kept in the stream (for the limits-retention event
 	// stream, where old messages stay after they are acknowledged).
 	DeliverNew bool
+	// FilterSubjects, when set, are the only subjects the consumer takes.
+	// A work queue gives each subject to one consumer at most, so the
+	// built-in fetchers take their kinds' fetch subjects
+	// (BuiltinFetchSubjects) and each plug-in fetcher its own kind's
+	// (PluginConsumer).
+	FilterSubjects []string
 }
 
 // Consumer returns the durable consumer configuration of a service on its
@@ -138,16 +144,37 @@ func Consumer(stream, name string, o ConsumerOptions) jetstream.ConsumerConfig {
 		deliver = jetstream.DeliverNewPolicy
 	}
 	return jetstream.ConsumerConfig{
-		Durable:       name,
-		Description:   "Headwater " + name + " on " + stream,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       o.AckWait,
-		MaxDeliver:    o.MaxDeliver,
-		MaxAckPending: o.MaxAckPending,
-		DeliverPolicy: deliver,
-		MemoryStorage: IsWorkQueue(stream),
+		Durable:        name,
+		Description:    "Headwater " + name + " on " + stream,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        o.AckWait,
+		MaxDeliver:     o.MaxDeliver,
+		MaxAckPending:  o.MaxAckPending,
+		DeliverPolicy:  deliver,
+		MemoryStorage:  IsWorkQueue(stream),
+		FilterSubjects: o.FilterSubjects,
 	}
 }
+
+// BuiltinKinds are the kinds the built-in fetcher fetches, as they appear
+// in Job.Object.Kind.
+var BuiltinKinds = []string{"GitRepository", "Bucket", "OCIRepository", "HelmRepository", "HelmChart"}
+
+// BuiltinFetchSubjects are the fetch subjects of BuiltinKinds: the filter
+// of the built-in fetchers' consumer, which leaves the jobs of plug-in
+// kinds to their own fetchers.
+func BuiltinFetchSubjects() []string {
+	subjects := make([]string, len(BuiltinKinds))
+	for i, k := range BuiltinKinds {
+		subjects[i] = FetchSubject(k)
+	}
+	return subjects
+}
+
+// PluginConsumer is the durable consumer on FetchStream that the replicas
+// of a plug-in kind's fetcher share, filtered to FetchSubject(kind):
+// "plugin-<kind>" (kind in lower case).
+func PluginConsumer(kind string) string { return pluginPrefix + token(kind) }
 
 // IsWorkQueue reports whether stream is one of the work-queue streams of
 // Streams, where a message is removed once acknowledged.

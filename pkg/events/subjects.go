@@ -99,3 +99,23 @@ func token(s string) string {
 func MessageID(job Job, eventType string) string {
 	return job.ID + "/" + eventType
 }
+
+// CheckRoute returns an error wrapping ErrMalformed when a job message on
+// subject is about another kind than the subject's: a fetch, package or
+// publish subject ends with the kind of every job on it, and NATS lets an
+// identity publish only its kinds' subjects (a plug-in fetcher its one
+// kind's), so a job of another kind on it was forged by whoever may
+// publish there. Subjects of other prefixes are not checked.
+func CheckRoute(subject string, job Job) error {
+	for _, prefix := range []string{FetchSubjectPrefix, PackageSubjectPrefix, PublishSubjectPrefix} {
+		kind, ok := strings.CutPrefix(subject, prefix+".")
+		if !ok {
+			continue
+		}
+		if kind != token(job.Object.Kind) {
+			return fmt.Errorf("%w: a %s job on %s, a subject of kind %q", ErrMalformed, job.Object.Kind, subject, kind)
+		}
+		return nil
+	}
+	return nil
+}

@@ -75,10 +75,24 @@ type Keys struct {
 	Public, Seed map[string]string
 }
 
-// Generate makes a fresh key for every identity of events.Identities.
-func Generate() (*Keys, error) {
+// PluginIdentities are the bus identities of the fetchers of the given
+// plug-in kinds (events.PluginIdentity), from a comma-separated list of
+// kinds ("HTTPSource,Other"); empty names are skipped.
+func PluginIdentities(kinds string) []string {
+	var ids []string
+	for _, k := range strings.Split(kinds, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			ids = append(ids, events.PluginIdentity(k))
+		}
+	}
+	return ids
+}
+
+// Generate makes a fresh key for every identity of events.Identities and
+// for each of extra (plug-in fetchers' identities, PluginIdentities).
+func Generate(extra ...string) (*Keys, error) {
 	k := &Keys{Public: map[string]string{}, Seed: map[string]string{}}
-	for _, id := range events.Identities() {
+	for _, id := range append(events.Identities(), extra...) {
 		pub, seed, err := NewUser()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", id, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
@@ -37,12 +38,13 @@ type Identities struct {
 	Users []User
 }
 
-// NewIdentities makes a fresh NKey for every bus identity and writes its
-// seed into dir (mode 0600): what `make run`, the e2e harness and tests of
-// the permissions use, so the secure path is the one tested.
-func NewIdentities(dir string) (*Identities, error) {
+// NewIdentities makes a fresh NKey for every bus identity, and for each of
+// extra (plug-in fetchers' identities, events.PluginIdentity), and writes
+// its seed into dir (mode 0600): what `make run`, the e2e harness and
+// tests of the permissions use, so the secure path is the one tested.
+func NewIdentities(dir string, extra ...string) (*Identities, error) {
 	ids := &Identities{SeedFiles: map[string]string{}}
-	for _, id := range append(events.Identities(), Admin) {
+	for _, id := range slices.Concat(events.Identities(), extra, []string{Admin}) {
 		pub, seed, err := NewUserKey()
 		if err != nil {
 			return nil, fmt.Errorf("nkey for %s: %w", id, err)
@@ -57,12 +59,13 @@ func NewIdentities(dir string) (*Identities, error) {
 	return ids, nil
 }
 
-// LoadIdentities reads the seeds NewIdentities wrote into dir and returns
-// the same identities: what a NATS server started in another process
-// (`headwater-nats serve -keys DIR`) admits.
-func LoadIdentities(dir string) (*Identities, error) {
+// LoadIdentities reads the seeds NewIdentities wrote into dir (with the
+// same extra identities) and returns the same identities: what a NATS
+// server started in another process (`headwater-nats serve -keys DIR`)
+// admits.
+func LoadIdentities(dir string, extra ...string) (*Identities, error) {
 	ids := &Identities{SeedFiles: map[string]string{}}
-	for _, id := range append(events.Identities(), Admin) {
+	for _, id := range slices.Concat(events.Identities(), extra, []string{Admin}) {
 		file := filepath.Join(dir, id+".nk")
 		seed, err := os.ReadFile(file)
 		if err != nil {

@@ -25,8 +25,11 @@ type options struct {
 	// receiversCRDDir holds the Receiver CRD; set, the webhook receiver
 	// runs too.
 	receiversCRDDir string
-	assetsDir       string
-	stateDir        string
+	// httpSourceCRDDir holds the HTTPSource CRD; set, the HTTPSource
+	// plug-in kind and its fetcher run too.
+	httpSourceCRDDir string
+	assetsDir        string
+	stateDir         string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -34,6 +37,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.crdDir, "crd-dir", "deploy/crds", "Directory of the CRD manifests (make manifests).")
 	fs.StringVar(&o.receiversCRDDir, "receivers-crd-dir", "deploy/components/receivers/crd",
 		"Directory of the Receiver CRD (make manifests): the webhook receiver runs too; empty leaves it out.")
+	fs.StringVar(&o.httpSourceCRDDir, "httpsource-crd-dir", "deploy/components/httpsource/crd",
+		"Directory of the HTTPSource CRD (make manifests): the HTTPSource plug-in kind and its fetcher run too; empty leaves them out.")
 	fs.StringVar(&o.assetsDir, "assets-dir", os.Getenv("KUBEBUILDER_ASSETS"), "Directory of kube-apiserver, etcd and kubectl (default $KUBEBUILDER_ASSETS).")
 	fs.StringVar(&o.stateDir, "state-dir", ".run", "Directory for the runner's state and logs; cleared at start.")
 }

@@ -24,7 +24,7 @@ func run(ctx context.Context, o options, p *walkthrough.Printer) (err error) {
 		dst *string
 		src string
 	}{{&cfg.Dir, o.stateDir}, {&cfg.BinDir, o.binDir}, {&cfg.CRDDir, o.crdDir}, {&cfg.AssetsDir, o.assetsDir},
-		{&cfg.ReceiverCRDDir, o.receiversCRDDir}} {
+		{&cfg.ReceiverCRDDir, o.receiversCRDDir}, {&cfg.HTTPSourceCRDDir, o.httpSourceCRDDir}} {
 		if d.src == "" {
 			continue
 		}
@@ -33,6 +33,7 @@ func run(ctx context.Context, o options, p *walkthrough.Printer) (err error) {
 		}
 	}
 	cfg.Receivers = cfg.ReceiverCRDDir != ""
+	cfg.HTTPSource = cfg.HTTPSourceCRDDir != ""
 	if err := cfg.Check(); err != nil {
 		return fmt.Errorf("%w\n(`make run` builds everything first)", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
@@ -30,6 +31,9 @@ type options struct {
 	// s3 describes the S3 Secret; s3.Secret empty asks for none.
 	s3   secrets.S3
 	kube kubeconfig.Options
+	// pluginKinds are the plug-in source kinds whose fetchers get a bus
+	// identity, comma-separated.
+	pluginKinds string
 }
 
 // bindFlags registers the flags of command ("ensure" or "print") on fs.
@@ -40,6 +44,8 @@ func (o *options) bindFlags(fs *flag.FlagSet, command string) {
 	fs.StringVar(&o.s3.Bucket, "s3-bucket", "headwater-artifacts", "The S3 Secret's bucket.")
 	fs.StringVar(&o.s3.Region, "s3-region", "", "The S3 Secret's region (left out when empty).")
 	fs.BoolVar(&o.s3.Insecure, "s3-insecure", false, "Mark the S3 Secret's endpoint as plain HTTP (insecure: \"true\").")
+	fs.StringVar(&o.pluginKinds, "plugin-kinds", "",
+		"Plug-in source kinds (e.g. HTTPSource) whose fetchers get a bus identity too (Secret headwater-nats-plugin-<kind>), comma-separated.")
 	if command == "ensure" {
 		o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
 	}
@@ -48,6 +54,11 @@ func (o *options) bindFlags(fs *flag.FlagSet, command string) {
 // spec is what the options ask for.
 func (o *options) spec() secrets.Spec {
 	spec := secrets.Spec{Namespace: o.namespace}
+	for _, k := range strings.Split(o.pluginKinds, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			spec.PluginKinds = append(spec.PluginKinds, k)
+		}
+	}
 	if o.s3.Secret != "" {
 		spec.S3 = &o.s3
 	}

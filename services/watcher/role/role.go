@@ -14,11 +14,13 @@ import (
 	"time"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/jitter"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -79,6 +81,9 @@ type options struct {
 	// fluxNamespaces are where Flux's source-controller must not run
 	// (package fluxguard), comma-separated.
 	fluxNamespaces string
+	// pluginKinds are the plug-in source kinds reconciled besides Flux's
+	// (source.ParseRegistrations), comma-separated.
+	pluginKinds string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -120,6 +125,10 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.fluxNamespaces, "flux-source-controller-namespaces", "flux-system",
 		"Namespaces (comma-separated) where Flux's source-controller Deployment must be scaled to 0 before the watcher reconciles: "+
 			"it waits, not ready, until it is, and stops if it runs again. Empty checks none.")
+	fs.StringVar(&o.pluginKinds, "plugin-kinds", "",
+		"Plug-in source kinds to reconcile besides Flux's, comma-separated, each <group>/<version>/<Kind>[:<interval field>] "+
+			"(e.g. source.headwater.dev/v1alpha1/HTTPSource); their jobs go to each kind's own fetcher. "+
+			"The watcher needs RBAC for them (docs/writing-a-source-kind.md).")
 }
 
 // fluxGuardInterval is how often the watcher looks for Flux's
@@ -180,6 +189,12 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	plugins, err := source.ParseRegistrations(o.pluginKinds)
+	if err != nil {
+		return err
+	}
+	kinds := source.NewSet(plugins)
+
 	cfg, err := o.kube.Load()
 	if err != nil {
 		return err
@@ -236,7 +251,7 @@ func run(ctx context.Context, o options) error {
 		Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
 	ready.Set("flux-source-controller", guard.Ready)
 
-	crds, err := kindsWaiter(cfg, scheme, o.receivers, log.WithName("crds"))
+	crds, err := kindsWaiter(cfg, scheme, kinds, o.receivers, log.WithName("crds"))
 	if err != nil {
 		return err
 	}
@@ -267,8 +282,10 @@ func run(ctx context.Context, o options) error {
 	}
 	jobMetrics := telemetry.NewJobMetrics(crmetrics.Registry, service)
 	reconcileMetrics := controller.NewMetrics(crmetrics.Registry)
-	if err := mgr.Add(controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
-		log.WithName("source-conditions"))); err != nil {
+	sourceConditions := controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
+		log.WithName("source-conditions"))
+	sourceConditions.Plugins = plugins
+	if err := mgr.Add(sourceConditions); err != nil {
 		return err
 	}
 	steady := controller.NewSteady(o.announceInterval)
@@ -277,10 +294,14 @@ func run(ctx context.Context, o options) error {
 	}
 	triggers := map[string]*controller.Triggers{}
 	retries := map[string]*controller.Retries{}
-	for _, kind := range source.Kinds() {
-		r := &controller.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Kind: kind, Jobs: jobs, Seal: key,
+	// The plug-in kinds' objects are unstructured in the cache: these
+	// read and write them as source.PluginObjects.
+	kubeClient, liveReader := source.PluginClient(mgr.GetClient()), source.PluginReader(mgr.GetAPIReader())
+	fetchers := &controller.Fetchers{JS: conn.JS, Recheck: o.requeueDependency}
+	for _, kind := range kinds {
+		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes,
+			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes, Fetchers: fetchers,
 			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics}}
 		retries[kind.Name] = r.Retries
 		if o.receivers {
@@ -303,8 +324,9 @@ func run(ctx context.Context, o options) error {
 	}
 	// ArtifactGenerators: composed by the packagers, published as
 	// ExternalArtifacts by the watcher.
+	externalArtifacts := &externalartifact.Writer{Client: mgr.GetClient(), Metrics: externalartifact.NewMetrics(crmetrics.Registry)}
 	generators := &generator.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Jobs: jobs, Seal: key,
-		Writer:   &externalartifact.Writer{Client: mgr.GetClient(), Metrics: externalartifact.NewMetrics(crmetrics.Registry)},
+		Writer:   externalArtifacts,
 		Recorder: &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
 		Metrics:  generator.NewMetrics(crmetrics.Registry)}
 	if err := generators.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
@@ -316,8 +338,9 @@ func run(ctx context.Context, o options) error {
 		Conn:        conn,
 		Jobs:        jobs,
 		Seal:        key,
-		Client:      mgr.GetClient(),
-		Live:        mgr.GetAPIReader(),
+		Client:      kubeClient,
+		Live:        liveReader,
+		Kinds:       kinds,
 		Recorder:    &notify.Recorder{Recorder: mgr.GetEventRecorder(results.EventSource), Forwarder: notifier},
 		Notify:      notifier,
 		Instance:    instance,
@@ -327,6 +350,14 @@ func run(ctx context.Context, o options) error {
 		Steady:      steady,
 		Retries:     retries,
 		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: generators},
+		// A plug-in kind's artifact is published as an ExternalArtifact
+		// of the object's name, so Flux's kustomize- and helm-controller
+		// (feature gate ExternalArtifact) consume it unchanged.
+		OnArtifact: func(ctx context.Context, obj source.Object, art *meta.Artifact) error {
+			_, _, err := externalArtifacts.Write(ctx, obj, externalartifact.Output{
+				Name: obj.GetName(), Artifact: art, Ready: externalartifact.Stored(art)})
+			return err
+		},
 		Log:         log.WithName("results"),
 	}); err != nil {
 		return err
@@ -356,7 +387,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
-		"notifications", notifier != nil, "receivers", o.receivers)
+		"notifications", notifier != nil, "receivers", o.receivers, "pluginKinds", o.pluginKinds)
 	return mgr.Start(ctx)
 }
 
@@ -365,18 +396,24 @@ func run(ctx context.Context, o options) error {
 const crdInterval = 10 * time.Second
 
 // kindsWaiter is a crdwait.Waiter for the kinds the watcher reconciles:
-// every source kind, and Flux's Receiver with receivers.
-func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, receivers bool, log logr.Logger) (*crdwait.Waiter, error) {
+// every source kind, the plug-in kinds among them, and Flux's Receiver
+// with receivers.
+func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, kinds source.Set, receivers bool, log logr.Logger) (*crdwait.Waiter, error) {
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("discovery client: %w", err)
 	}
 	objs := []runtime.Object{}
-	for _, kind := range source.Kinds() {
+	var plugins []schema.GroupVersionKind
+	for _, kind := range kinds {
+		if kind.Plugin != nil {
+			plugins = append(plugins, kind.Plugin.GVK)
+			continue
+		}
 		objs = append(objs, kind.New())
 	}
 	objs = append(objs, &sourcev1.ExternalArtifact{}, &swv1beta1.ArtifactGenerator{})
-	hint := "install the CRDs (kubectl apply -k deploy/crds, or Flux's own)"
+	hint := "install the CRDs (kubectl apply -k deploy/crds, or Flux's own; a plug-in kind's with its component)"
 	if receivers {
 		objs = append(objs, &notificationv1.Receiver{})
 		hint = "install the CRDs (kubectl apply -k deploy/crds, or Flux's own; the Receiver's with components/receivers)"
@@ -389,6 +426,7 @@ func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, receivers bool, log l
 		}
 		w.Kinds = append(w.Kinds, gvk)
 	}
+	w.Kinds = append(w.Kinds, plugins...)
 	return w, nil
 }
 

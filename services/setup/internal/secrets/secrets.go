@@ -48,6 +48,19 @@ type Spec struct {
 	Namespace string
 	// S3, when not nil, asks for the S3 Secret too.
 	S3 *S3
+	// PluginKinds are the plug-in source kinds whose fetchers get a bus
+	// identity too (events.PluginIdentity), e.g. "HTTPSource".
+	PluginKinds []string
+}
+
+// identities are the bus identities of the installation: the built-in
+// ones and the plug-in fetchers'.
+func (s Spec) identities() []string {
+	ids := events.Identities()
+	for _, k := range s.PluginKinds {
+		ids = append(ids, events.PluginIdentity(k))
+	}
+	return ids
 }
 
 // Validate reports a Spec that cannot be made.
@@ -93,7 +106,7 @@ func Ensure(ctx context.Context, c typedcorev1.SecretsGetter, spec Spec) ([]Acti
 	client := c.Secrets(spec.Namespace)
 	var actions []Action
 	public := map[string]string{}
-	for _, id := range events.Identities() {
+	for _, id := range spec.identities() {
 		pub, created, err := ensureSeed(ctx, client, spec.Namespace, id)
 		if err != nil {
 			return actions, err
@@ -232,16 +245,16 @@ func Generate(spec Spec) ([]*corev1.Secret, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	keys, err := natskeys.Generate()
+	keys, err := natskeys.Generate(spec.identities()[len(events.Identities()):]...)
 	if err != nil {
 		return nil, err
 	}
 	users := map[string]string{}
-	for _, id := range events.Identities() {
+	for _, id := range spec.identities() {
 		users[natskeys.EnvVar(id)] = keys.Public[id]
 	}
 	out := []*corev1.Secret{secret(spec.Namespace, natskeys.UsersSecret, users)}
-	for _, id := range events.Identities() {
+	for _, id := range spec.identities() {
 		out = append(out, secret(spec.Namespace, natskeys.SeedSecret(id), map[string]string{natskeys.SeedKey: keys.Seed[id]}))
 	}
 	if spec.S3 != nil {

@@ -345,3 +345,24 @@ func without(list []string, name string) []string {
 	}
 	return out
 }
+
+// TestGeneratePluginKinds: a plug-in kind's fetcher gets a seed Secret of
+// its own and a user in the NATS server's list.
+func TestGeneratePluginKinds(t *testing.T) {
+	out, err := Generate(Spec{Namespace: "hw", PluginKinds: []string{"HTTPSource"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seed, user bool
+	for _, s := range out {
+		switch s.Name {
+		case "headwater-nats-plugin-httpsource":
+			seed = strings.HasPrefix(string(s.Data["nkey"]), "SU")
+		case "headwater-nats-users":
+			user = strings.HasPrefix(string(s.Data["PLUGIN_HTTPSOURCE_NKEY"]), "U")
+		}
+	}
+	if !seed || !user {
+		t.Errorf("plug-in identity: seed Secret %t, user %t", seed, user)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -94,6 +95,9 @@ type SourceConditions struct {
 	Scheme *runtime.Scheme
 	// Every is the least time between two reads of the cache; default 30s.
 	Every time.Duration
+	// Plugins are the plug-in kinds whose objects are reported too, read
+	// from the cache unstructured.
+	Plugins []source.Registration
 	// Log reports a failed read.
 	Log logr.Logger
 
@@ -190,6 +194,25 @@ func (s *SourceConditions) scan(ctx context.Context) ([][5]string, error) {
 		})
 		if err != nil {
 			return nil, err
+		}
+	}
+	for _, reg := range s.Plugins {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(reg.GVK.GroupVersion().WithKind(reg.GVK.Kind + "List"))
+		if err := s.Reader.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, fmt.Errorf("list %s: %w", reg.GVK.Kind, err)
+		}
+		for _, u := range list.Items {
+			status := "Unknown"
+			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+			for _, c := range conds {
+				if m, ok := c.(map[string]any); ok && m["type"] == meta.ReadyCondition {
+					if v, ok := m["status"].(string); ok {
+						status = v
+					}
+				}
+			}
+			series = append(series, [5]string{reg.GVK.Kind, u.GetNamespace(), u.GetName(), meta.ReadyCondition, status})
 		}
 	}
 	return series, nil

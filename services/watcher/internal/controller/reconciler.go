@@ -19,6 +19,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -43,7 +44,8 @@ type Publisher interface {
 
 // Reconciler reconciles the objects of one source kind.
 type Reconciler struct {
-	// Client reads (from the informer cache) and writes the objects.
+	// Client reads (from the informer cache) and writes the objects; for
+	// a plug-in kind, a source.PluginClient.
 	Client client.Client
 	// Live reads objects from the API server, after a conflicting write.
 	Live client.Reader
@@ -74,6 +76,9 @@ type Reconciler struct {
 	// Steady, when set, makes the jobs of steady sources quiet (see
 	// Steady); nil makes none quiet.
 	Steady *Steady
+	// Fetchers, for a plug-in kind, tells whether its fetcher has joined
+	// the bus; nil assumes it has.
+	Fetchers *Fetchers
 	// AlignRemotes schedules the sources that share a remote at the same
 	// moments (untilSlot), so that one listing answers them all; false
 	// applies Flux's interval jitter instead.
@@ -84,9 +89,17 @@ type Reconciler struct {
 // (generation) and reconcile requests (the requestedAt annotation) only, so
 // the watcher's own status writes never trigger a reconcile.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concurrency int) error {
+	var watched client.Object = r.Kind.New()
+	if reg := r.Kind.Plugin; reg != nil {
+		// A plug-in kind has no Go type: the cache holds its objects
+		// unstructured, and the client (source.PluginClient) converts.
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(reg.GVK)
+		watched = u
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(strings.ToLower(r.Kind.Name)).
-		For(r.Kind.New(), builder.WithPredicates(predicate.Or(
+		For(watched, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
 	if r.Kind.Setup != nil {
@@ -129,6 +142,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if r.Kind.Suspended(obj) {
 		logger.Info("reconciliation is suspended for this object")
 		return ctrl.Result{}, nil
+	}
+
+	if r.Kind.Plugin != nil {
+		served, err := r.Fetchers.Serves(ctx, r.Kind.Name)
+		if err != nil {
+			logger.Error(err, "cannot tell whether the kind's fetcher is deployed; publishing the job")
+		}
+		if !served {
+			return r.waiting(ctx, obj, r.noFetcher())
+		}
 	}
 
 	fetch := &events.FetchRequested{Previous: obj.GetArtifact()}
@@ -233,6 +256,16 @@ func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.
 		return ctrl.Result{RequeueAfter: f.RetryAfter}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.RequeueDependency}, nil
+}
+
+// noFetcher is the failure of a plug-in kind's object whose fetcher has
+// not joined the bus: FetchFailed, looked at again after RequeueDependency.
+func (r *Reconciler) noFetcher() *failure.Error {
+	f := failure.New(failure.Waiting, sourcev1.FetchFailedCondition, NoFetcherReason,
+		"no fetcher serves kind '%s': deploy its fetcher (bus identity %s, consumer %s on %s)",
+		r.Kind.Name, events.PluginIdentity(r.Kind.Name), events.PluginConsumer(r.Kind.Name), events.FetchStream)
+	f.RetryAfter = r.RequeueDependency
+	return f
 }
 
 // fluxTraces are the reasons of the waits Flux records as traces (a Normal

@@ -111,10 +111,15 @@ type Writer struct {
 }
 
 // SourceRef is the spec.sourceRef of the ExternalArtifacts producer makes.
+// The producer's kind is the one its object names (a plug-in kind's,
+// which no scheme knows), else the one the client's scheme gives its type.
 func (w *Writer) SourceRef(producer client.Object) (*meta.NamespacedObjectKindReference, error) {
-	gvk, err := apiutil.GVKForObject(producer, w.Client.Scheme())
-	if err != nil {
-		return nil, fmt.Errorf("producer kind: %w", err)
+	gvk := producer.GetObjectKind().GroupVersionKind()
+	if gvk.Kind == "" || gvk.Version == "" {
+		var err error
+		if gvk, err = apiutil.GVKForObject(producer, w.Client.Scheme()); err != nil {
+			return nil, fmt.Errorf("producer kind: %w", err)
+		}
 	}
 	return &meta.NamespacedObjectKindReference{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind,
 		Name: producer.GetName(), Namespace: producer.GetNamespace()}, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	eventv1 "github.com/fluxcd/pkg/apis/event/v1beta1"
+	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,6 +76,21 @@ type Consumer struct {
 	// fetch failed for a reason that passes, and forget its failures when
 	// an outcome succeeds (see controller.Retries); nil schedules none.
 	Retries map[string]*controller.Retries
+	// Kinds are the kinds whose outcomes are applied, the plug-in kinds
+	// included (Client and Live must then be a source.PluginClient and
+	// PluginReader); nil means the built-in kinds.
+	Kinds source.Set
+	// OnArtifact, when set, is called for a plug-in kind's new artifact
+	// once it is in the object's status: the hook of what publishes it
+	// further (an ExternalArtifact for Flux's consumers). obj is the
+	// object as written (a *source.PluginObject), art its new
+	// status.artifact, URL included. It is called at least once per new
+	// artifact (again if the outcome is redelivered, e.g. after this
+	// replica died before acknowledging it), on the elected leader, from
+	// the consumer's workers: it must be idempotent and should not block
+	// for long. An error it returns is logged; the outcome is not retried
+	// for it.
+	OnArtifact func(ctx context.Context, obj source.Object, art *meta.Artifact) error
 	// Producers, by job kind, apply the outcomes of the objects that are
 	// no Flux source kind but produce artifacts (an ArtifactGenerator's
 	// jobs): the consumer checks the seal and hands them the outcome.
@@ -122,7 +138,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		return fmt.Errorf("%w: unexpected %s on the event stream", events.ErrMalformed, msg.Event.Type())
 	}
 	log := logr.FromContextOrDiscard(ctx)
-	kind, ok := source.ByName(o.Job.Object.Kind)
+	kind, ok := c.Kinds.ByName(o.Job.Object.Kind)
 	producer := c.Producers[o.Job.Object.Kind]
 	if !ok && producer == nil {
 		return fmt.Errorf("%w: unknown kind %q", events.ErrMalformed, o.Job.Object.Kind)
@@ -204,7 +220,24 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	}
 	logOutcome(log, kind, msg.Event.Type(), o)
 	c.retry(ctx, log, key, obj, msg.Event.Type(), o)
+	c.onArtifact(ctx, log, kind, obj, msg.Event.Type(), o)
 	return nil
+}
+
+// onArtifact calls OnArtifact for a plug-in kind's new artifact, once
+// status holds it.
+func (c *Consumer) onArtifact(ctx context.Context, log logr.Logger, kind source.Kind, obj source.Object, eventType string, o *events.Outcome) {
+	if c.OnArtifact == nil || kind.Plugin == nil || eventType != events.TypeArtifactStored || o.Artifact == nil {
+		return
+	}
+	art := obj.GetArtifact()
+	if art == nil || art.Digest != o.Artifact.Digest {
+		// A newer outcome's artifact is in status already.
+		return
+	}
+	if err := c.OnArtifact(ctx, obj, art.DeepCopy()); err != nil {
+		log.Error(err, "publishing the new artifact of a plug-in kind failed", "revision", art.Revision, "digest", art.Digest)
+	}
 }
 
 // retry schedules the next reconcile of a source whose job failed for a
@@ -255,9 +288,14 @@ func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.E
 	if len(evs) == 0 {
 		return nil
 	}
-	gvk, err := apiutil.GVKForObject(obj, c.Client.Scheme())
-	if err != nil {
-		return fmt.Errorf("record events: %w", err)
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	if gvk.Empty() {
+		// A typed object read from the API server has no kind set (a
+		// plug-in kind's always has).
+		var err error
+		if gvk, err = apiutil.GVKForObject(obj, c.Client.Scheme()); err != nil {
+			return fmt.Errorf("record events: %w", err)
+		}
 	}
 	now := time.Now()
 	for i, e := range evs {
@@ -311,7 +349,7 @@ func (c *Consumer) garbageCollected(o *events.Outcome) {
 	if o.Job.ID != events.DeletionJobID(o.Job.Object.UID) || c.Recorder == nil {
 		return
 	}
-	kind, ok := source.ByName(o.Job.Object.Kind)
+	kind, ok := c.Kinds.ByName(o.Job.Object.Kind)
 	if !ok {
 		return
 	}

@@ -41,6 +41,9 @@ type Status struct {
 type Kind struct {
 	// Name is the Kubernetes kind, e.g. "GitRepository".
 	Name string
+	// Plugin is the registration of a plug-in kind (see Plugin); nil for
+	// the built-in kinds.
+	Plugin *Registration
 	// New returns an empty object of the kind.
 	New func() Object
 	// Suspended reports spec.suspend.
@@ -140,9 +143,31 @@ func Kinds() []Kind {
 	return []Kind{GitRepository(), Bucket(), OCIRepository(), HelmRepository(), HelmChart()}
 }
 
-// ByName returns the kind with the given name.
+// ByName returns the built-in kind with the given name.
 func ByName(name string) (Kind, bool) {
-	for _, k := range Kinds() {
+	return Set(Kinds()).ByName(name)
+}
+
+// Set is the kinds one watcher reconciles: the built-in ones and the
+// plug-in kinds it is configured with.
+type Set []Kind
+
+// NewSet returns the built-in kinds and a kind for each of regs.
+func NewSet(regs []Registration) Set {
+	s := Set(Kinds())
+	for _, r := range regs {
+		s = append(s, Plugin(r))
+	}
+	return s
+}
+
+// ByName returns the kind with the given name; a nil Set holds the
+// built-in kinds.
+func (s Set) ByName(name string) (Kind, bool) {
+	if s == nil {
+		s = Kinds()
+	}
+	for _, k := range s {
 		if k.Name == name {
 			return k, true
 		}

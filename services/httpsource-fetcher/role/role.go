@@ -1,0 +1,29 @@
+// Package role is the httpsource-fetcher's main (Main), importable so that
+// the httpsource-fetcher command and the headwater command (headwater
+// -target=httpsource-fetcher) run the same service: the fetcher of
+// HTTPSources, a plug-in source kind written with package sourcekit.
+package role
+
+import (
+	"flag"
+	"net/http"
+
+	"github.com/headwater-gitops/headwater/pkg/sourcekit"
+	"github.com/headwater-gitops/headwater/services/httpsource-fetcher/api/v1alpha1"
+	"github.com/headwater-gitops/headwater/services/httpsource-fetcher/internal/httpsource"
+)
+
+// Main runs the fetcher with args, the command line after the program's
+// name (or after -target), and exits the process when it ends. Besides
+// sourcekit's flags it takes -max-size, the most bytes one HTTPSource may
+// download or extract.
+func Main(args []string) {
+	f := &httpsource.Fetcher{Client: &http.Client{}}
+	sourcekit.Main(sourcekit.Kind{
+		Name:  v1alpha1.HTTPSourceKind,
+		Fetch: f.Fetch,
+		BindFlags: func(fs *flag.FlagSet) {
+			fs.Int64Var(&f.MaxSize, "max-size", 256<<20, "Most bytes one HTTPSource may download, and extract from a tarball.")
+		},
+	}, args)
+}
