@@ -310,7 +310,7 @@ func (l PoliteLoad) HelmTarget() Target {
 	}}
 }
 
-// HelmName is scenario p''s row in the table.
+// HelmName is the row of scenario p' in the table.
 func (l PoliteLoad) HelmName() string {
 	return fmt.Sprintf("p'. %d HelmCharts (half a chart repository's, half a registry's), %d fetchers, limit %g/s burst %g per host, each behind a host answering 429 above %g/s burst %g (Headwater only)",
 		l.Sources, l.Replicas, l.Rate, l.Burst, l.HostRate, l.HostBurst)

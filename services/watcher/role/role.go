@@ -350,6 +350,7 @@ func run(ctx context.Context, o options) error {
 		Steady:      steady,
 		Retries:     retries,
 		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: generators},
+		Log:         log.WithName("results"),
 		// A plug-in kind's artifact is published as an ExternalArtifact
 		// of the object's name, so Flux's kustomize- and helm-controller
 		// (feature gate ExternalArtifact) consume it unchanged.
@@ -358,7 +359,6 @@ func run(ctx context.Context, o options) error {
 				Name: obj.GetName(), Artifact: art, Ready: externalartifact.Stored(art)})
 			return err
 		},
-		Log:         log.WithName("results"),
 	}); err != nil {
 		return err
 	}
