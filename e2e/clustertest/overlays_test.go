@@ -1,11 +1,16 @@
 package clustertest
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +21,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 	"github.com/headwater-gitops/headwater/testsupport/testca"
@@ -70,8 +78,86 @@ func TestOverlays(t *testing.T) {
 				t.Errorf("artifact URL %s, want it under %s", gr.Status.Artifact.URL, want)
 			}
 			download(t, gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
+			if o.dir == "" {
+				httpSourceOnNode(t, cl)
+			}
 		})
 	}
+}
+
+// httpSourceOnNode checks components/httpsource on the node: an HTTPSource
+// of a tarball served from the node's link goes Ready, its artifact (and
+// its ExternalArtifact's, the same) downloads from a pod with its digest.
+func httpSourceOnNode(t *testing.T, cl ctrlclient.Client) {
+	t.Helper()
+	var tarball bytes.Buffer
+	gz := gzip.NewWriter(&tarball)
+	tw := tar.NewWriter(gz)
+	body := "kind: ConfigMap\n"
+	if err := tw.WriteHeader(&tar.Header{Name: "deploy/app.yaml", Mode: 0o644, Size: int64(len(body))}); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = tw.Write([]byte(body))
+	_ = tw.Close()
+	_ = gz.Close()
+	ln, err := net.Listen("tcp", net.JoinHostPort(env.c.HostIP, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/gzip")
+		w.Header().Set("ETag", `"v1"`)
+		_, _ = w.Write(tarball.Bytes())
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	gvk := schema.GroupVersionKind{Group: "source.headwater.dev", Version: "v1alpha1", Kind: "HTTPSource"}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(gvk)
+	obj.SetNamespace("default")
+	obj.SetName("bundle")
+	obj.Object["spec"] = map[string]any{"url": "http://" + ln.Addr().String() + "/bundle.tar.gz", "interval": "10m"}
+	if err := cl.Create(context.Background(), obj); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Delete(context.Background(), obj) })
+	var art map[string]any
+	eventually(t, 3*time.Minute, "HTTPSource bundle Ready with an artifact", func(ctx context.Context) error {
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(gvk)
+		if err := cl.Get(ctx, types.NamespacedName{Namespace: "default", Name: "bundle"}, got); err != nil {
+			return err
+		}
+		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+		for _, c := range conds {
+			if m, _ := c.(map[string]any); m["type"] == "Ready" && m["status"] != "True" {
+				return fmt.Errorf("Ready %v: %v", m["status"], m["message"])
+			}
+		}
+		a, ok, _ := unstructured.NestedMap(got.Object, "status", "artifact")
+		if !ok || len(conds) == 0 {
+			return fmt.Errorf("no artifact yet: %v", got.Object["status"])
+		}
+		art = a
+		return nil
+	})
+	url, digest := fmt.Sprint(art["url"]), fmt.Sprint(art["digest"])
+	download(t, url, digest)
+	ea := &sourcev1.ExternalArtifact{}
+	eventually(t, time.Minute, "ExternalArtifact bundle", func(ctx context.Context) error {
+		if err := cl.Get(ctx, types.NamespacedName{Namespace: "default", Name: "bundle"}, ea); err != nil {
+			return err
+		}
+		if ea.Status.Artifact == nil || ea.Status.Artifact.Digest != digest {
+			return fmt.Errorf("artifact %+v, want digest %s", ea.Status.Artifact, digest)
+		}
+		return nil
+	})
+	if ref := ea.Spec.SourceRef; ref == nil || ref.Kind != "HTTPSource" || ref.Name != "bundle" {
+		t.Errorf("ExternalArtifact sourceRef %+v, want the HTTPSource", ref)
+	}
+	t.Logf("HTTPSource bundle Ready, artifact %s downloaded from a pod; ExternalArtifact bundle the same", url)
 }
 
 // missingS3Secret installs overlays/s3 before its Secret exists, as a user
@@ -139,7 +225,8 @@ func natsTLSSecrets(t *testing.T) {
 }
 
 // componentsDir is a kustomization of the test's own: the default install
-// with the optional components that run pods (dispatcher, receivers).
+// with the optional components that run pods (dispatcher, receivers, the
+// HTTPSource plug-in kind and its fetcher).
 var componentsDir string
 
 func componentsInstall(t *testing.T) {
@@ -152,8 +239,9 @@ func componentsInstall(t *testing.T) {
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [%q]
-components: [%q, %q]
-`, deploy, filepath.Join(deploy, "components", "dispatcher"), filepath.Join(deploy, "components", "receivers"))
+components: [%q, %q, %q]
+`, deploy, filepath.Join(deploy, "components", "dispatcher"), filepath.Join(deploy, "components", "receivers"),
+		filepath.Join(deploy, "components", "httpsource"))
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
