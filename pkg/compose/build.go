@@ -270,7 +270,7 @@ func merge(target, src, dest string) error {
 	if err != nil {
 		return buildErr("merge %s into %q: %v", path.Base(src), dest, err)
 	}
-	out, err := yaml.Marshal(mergeMaps(base, over))
+	out, err := yaml.Marshal(MergeValues(base, over))
 	if err != nil {
 		return fmt.Errorf("merge into %q: %w", dest, err)
 	}
@@ -295,9 +295,10 @@ func readValues(name string) (map[string]any, error) {
 	return m, nil
 }
 
-// mergeMaps merges b into a as Helm merges values files: a map merges
-// into a map key by key, any other value of b replaces a's.
-func mergeMaps(a, b map[string]any) map[string]any {
+// MergeValues merges b into a as Helm merges values files: a map merges
+// into a map key by key, any other value of b replaces a's. Neither is
+// changed; the result shares their unchanged values.
+func MergeValues(a, b map[string]any) map[string]any {
 	out := make(map[string]any, len(a))
 	for k, v := range a {
 		out[k] = v
@@ -305,7 +306,7 @@ func mergeMaps(a, b map[string]any) map[string]any {
 	for k, v := range b {
 		if bm, ok := v.(map[string]any); ok {
 			if am, ok := out[k].(map[string]any); ok {
-				out[k] = mergeMaps(am, bm)
+				out[k] = MergeValues(am, bm)
 				continue
 			}
 		}

@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/compose"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
@@ -486,28 +487,10 @@ func MergeValues(ch *chart.Chart, files []string, ignoreMissing bool) (*Merged, 
 		if err := yaml.Unmarshal(raw, &values); err != nil {
 			return nil, fmt.Errorf("unmarshaling values from '%s' failed: %w", p, err)
 		}
-		out.Values = mergeMaps(out.Values, values)
+		out.Values = compose.MergeValues(out.Values, values)
 		out.Files = append(out.Files, p)
 	}
 	return out, nil
-}
-
-// mergeMaps merges b into a, recursively; b wins.
-func mergeMaps(a, b map[string]any) map[string]any {
-	out := make(map[string]any, len(a))
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		if bm, ok := v.(map[string]any); ok {
-			if am, ok := out[k].(map[string]any); ok {
-				out[k] = mergeMaps(am, bm)
-				continue
-			}
-		}
-		out[k] = v
-	}
-	return out
 }
 
 // Package writes ch with values as its default values (nil: its own,
