@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,7 +144,9 @@ func configMap(t *testing.T, name string, ok func(*corev1.ConfigMap) bool) *core
 // Kustomization per ExternalArtifact of a monorepo split by an
 // ArtifactGenerator: each applies its app; after a commit touching app b
 // only, b's Kustomization applies b's new revision while a's keeps its
-// revision and leaves a's objects untouched.
+// revision and leaves a's objects untouched. An HTTPSource (a plug-in
+// kind) is applied the same way, through the ExternalArtifact the watcher
+// publishes for it.
 func TestKustomizeControllerAppliesExternalArtifacts(t *testing.T) {
 	requireEnv(t)
 	t.Parallel()
@@ -185,4 +188,21 @@ func TestKustomizeControllerAppliesExternalArtifacts(t *testing.T) {
 	if got := configMap(t, "kc-app-a", blue); got.ResourceVersion != cmA.ResourceVersion {
 		t.Errorf("ConfigMap kc-app-a was written again: resourceVersion %s -> %s", cmA.ResourceVersion, got.ResourceVersion)
 	}
+
+	// A plug-in kind's artifact, through the ExternalArtifact the watcher
+	// publishes for it: an HTTPSource of a tarball, applied unchanged.
+	bundle := &bundleServer{}
+	bundle.serve(gzTar(t, [2]string{"configmap.yaml", cmYAML("kc-http", "red")}))
+	ts := httptest.NewServer(bundle)
+	t.Cleanup(ts.Close)
+	hs := &unstructured.Unstructured{}
+	hs.SetGroupVersionKind(httpSourceGVK)
+	hs.SetNamespace(namespace)
+	hs.SetName("kc-http")
+	hs.Object["spec"] = map[string]any{"url": ts.URL + "/bundle.tar.gz", "interval": "1h"}
+	createObject(t, hs)
+	eaHTTP := waitExternalArtifact(t, "kc-http", nil)
+	createKustomization(t, "kc-http", "kc-http")
+	kustomizationApplied(t, "kc-http", eaHTTP.Status.Artifact.Revision)
+	configMap(t, "kc-http", func(cm *corev1.ConfigMap) bool { return cm.Data["color"] == "red" })
 }
