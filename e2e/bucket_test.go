@@ -505,49 +505,6 @@ func storedBucketFiles(t *testing.T, name string) map[string]time.Time {
 	return files
 }
 
-// waitKindEvent waits for a Kubernetes Event of type and reason about the
-// object kind/name whose message satisfies match, and returns it.
-func waitKindEvent(t *testing.T, kind, name, eventType, reason string, match func(msg string) bool) corev1.Event {
-	t.Helper()
-	var found corev1.Event
-	eventually(t, fmt.Sprintf("%s Event %s for %s %s", eventType, reason, kind, name), func() error {
-		var list corev1.EventList
-		if err := env.Client.List(t.Context(), &list, client.InNamespace(namespace)); err != nil {
-			return err
-		}
-		var seen []string
-		for _, e := range list.Items {
-			if e.InvolvedObject.Kind != kind || e.InvolvedObject.Name != name {
-				continue
-			}
-			seen = append(seen, fmt.Sprintf("%s %s %q", e.Type, e.Reason, e.Message))
-			if e.Type == eventType && e.Reason == reason && (match == nil || match(e.Message)) {
-				found = e
-				return nil
-			}
-		}
-		return fmt.Errorf("events seen: %v", seen)
-	})
-	return found
-}
-
-// kindEventCount counts the Kubernetes Events of reason about the object
-// kind/name, repetitions included.
-func kindEventCount(t *testing.T, kind, name, reason string) int {
-	t.Helper()
-	var list corev1.EventList
-	if err := env.Client.List(t.Context(), &list, client.InNamespace(namespace)); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range list.Items {
-		if e.InvolvedObject.Kind == kind && e.InvolvedObject.Name == name && e.Reason == reason {
-			n += max(int(e.Count), 1)
-		}
-	}
-	return n
-}
-
 // waitCloudEvent waits for a public CloudEvent recorded by rec about the
 // source kind/name of eventType that satisfies match, and returns it.
 func waitCloudEvent(t *testing.T, rec *eventRecorder, kind, name, eventType string, match func(*events.Outcome) bool) recordedEvent {

@@ -134,7 +134,7 @@ func TestArtifactGenerator(t *testing.T) {
 	if len(g.Status.Inventory) != 3 || g.Status.ObservedSourcesDigest == "" {
 		t.Errorf("status = %+v", g.Status)
 	}
-	waitKubeEventOf(t, gen, corev1.EventTypeNormal, "NewArtifact")
+	waitKindEvent(t, swv1beta1.ArtifactGeneratorKind, gen, corev1.EventTypeNormal, "NewArtifact", nil)
 
 	// A commit touching app b only.
 	files["apps/b/deployment.yaml"] = "kind: Deployment # b v2\n"
@@ -192,24 +192,6 @@ func waitGeneratorDigestChange(t *testing.T, name, digest string) *swv1beta1.Art
 	return g
 }
 
-// waitKubeEventOf waits for an Event of type and reason about the object
-// name.
-func waitKubeEventOf(t *testing.T, name, eventType, reason string) {
-	t.Helper()
-	eventually(t, fmt.Sprintf("%s event %s for %s", eventType, reason, name), func() error {
-		var list corev1.EventList
-		if err := env.Client.List(t.Context(), &list, client.InNamespace(namespace)); err != nil {
-			return err
-		}
-		for _, e := range list.Items {
-			if e.InvolvedObject.Name == name && e.Type == eventType && e.Reason == reason {
-				return nil
-			}
-		}
-		return fmt.Errorf("none yet")
-	})
-}
-
 // TestArtifactGeneratorBadInput: a generator with a glob escaping its
 // source, two outputs of one name, a missing source, or a dependency
 // cycle (directly, or through another generator) is Ready False with a
@@ -250,7 +232,7 @@ func TestArtifactGeneratorBadInput(t *testing.T) {
 		if c := apimeta.FindStatusCondition(g.Status.Conditions, meta.ReadyCondition); !strings.Contains(c.Message, tc.match) {
 			t.Errorf("%s: Ready message %q does not say %q", tc.name, c.Message, tc.match)
 		}
-		waitKubeEventOf(t, tc.name, corev1.EventTypeWarning, tc.reason)
+		waitKindEvent(t, swv1beta1.ArtifactGeneratorKind, tc.name, corev1.EventTypeWarning, tc.reason, nil)
 		if len(g.Status.Inventory) != 0 {
 			t.Errorf("%s: inventory %+v", tc.name, g.Status.Inventory)
 		}

@@ -272,8 +272,22 @@ func condition(t *testing.T, obj *sourcev1.GitRepository, typ string) metav1.Con
 // GitRepository name whose message satisfies match, and returns it.
 func waitKubeEvent(t *testing.T, name, eventType, reason string, match func(msg string) bool) corev1.Event {
 	t.Helper()
+	return waitKindEvent(t, kind, name, eventType, reason, match)
+}
+
+// kubeEventCount counts the Kubernetes Events of reason about the
+// GitRepository name, repetitions included.
+func kubeEventCount(t *testing.T, name, reason string) int {
+	t.Helper()
+	return kindEventCount(t, kind, name, reason)
+}
+
+// waitKindEvent waits for a Kubernetes Event of type and reason about the
+// object kind/name whose message satisfies match, and returns it.
+func waitKindEvent(t *testing.T, kind, name, eventType, reason string, match func(msg string) bool) corev1.Event {
+	t.Helper()
 	var found corev1.Event
-	eventually(t, fmt.Sprintf("%s Event %s for gitrepository %s", eventType, reason, name), func() error {
+	eventually(t, fmt.Sprintf("%s Event %s for %s %s", eventType, reason, kind, name), func() error {
 		var list corev1.EventList
 		if err := env.Client.List(t.Context(), &list, client.InNamespace(namespace)); err != nil {
 			return err
@@ -294,9 +308,9 @@ func waitKubeEvent(t *testing.T, name, eventType, reason string, match func(msg 
 	return found
 }
 
-// kubeEventCount counts the Kubernetes Events of reason about the
-// GitRepository name, repetitions included.
-func kubeEventCount(t *testing.T, name, reason string) int {
+// kindEventCount counts the Kubernetes Events of reason about the object
+// kind/name, repetitions included.
+func kindEventCount(t *testing.T, kind, name, reason string) int {
 	t.Helper()
 	var list corev1.EventList
 	if err := env.Client.List(t.Context(), &list, client.InNamespace(namespace)); err != nil {
