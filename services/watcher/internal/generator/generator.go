@@ -55,6 +55,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/externalartifact"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 )
 
 // The watcher's permissions on ArtifactGenerators, generated into
@@ -156,7 +157,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
 	for kind, newObj := range sourceKinds {
 		b = b.Watches(newObj(), handler.EnqueueRequestsFromMapFunc(r.generatorsOf(kind)),
-			builder.WithPredicates(artifactChanged{}))
+			builder.WithPredicates(source.ArtifactChanged{}))
 	}
 	return b.Complete(r)
 }
@@ -175,20 +176,6 @@ func (r *Reconciler) generatorsOf(kind string) handler.MapFunc {
 		}
 		return reqs
 	}
-}
-
-// artifactChanged passes the creation and deletion of a source, and an
-// update that changes its artifact: a status write that leaves the
-// artifact alone (a condition, lastHandledReconcileAt) triggers nothing.
-type artifactChanged struct{ predicate.Funcs }
-
-func (artifactChanged) Update(e event.UpdateEvent) bool {
-	o, ok1 := e.ObjectOld.(artifactObject)
-	n, ok2 := e.ObjectNew.(artifactObject)
-	if !ok1 || !ok2 {
-		return true
-	}
-	return !equality.Semantic.DeepEqual(o.GetArtifact(), n.GetArtifact())
 }
 
 // deletedOnly passes deletions: the watcher's own writes to the

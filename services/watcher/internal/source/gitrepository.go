@@ -252,17 +252,22 @@ func gitSetup(ctx context.Context, mgr ctrl.Manager, b *builder.Builder) error {
 		}
 		return reqs
 	})
-	b.Watches(&sourcev1.GitRepository{}, includers, builder.WithPredicates(artifactChanged{}))
+	b.Watches(&sourcev1.GitRepository{}, includers, builder.WithPredicates(ArtifactChanged{}))
 	return nil
 }
 
-// artifactChanged passes updates that change an object's artifact digest,
-// and creations and deletions (an included source appearing or going).
-type artifactChanged struct{ predicate.Funcs }
+// ArtifactChanged passes updates that change an object's artifact digest,
+// and creations and deletions (a source appearing or going): a status
+// write that leaves the artifact alone (a condition,
+// lastHandledReconcileAt, the artifact's URL) triggers nothing. It serves
+// every object with an artifact in its status, ExternalArtifacts included.
+type ArtifactChanged struct{ predicate.Funcs }
 
-func (artifactChanged) Update(e event.UpdateEvent) bool {
-	oldObj, ok1 := e.ObjectOld.(Object)
-	newObj, ok2 := e.ObjectNew.(Object)
+// Update implements predicate.Predicate.
+func (ArtifactChanged) Update(e event.UpdateEvent) bool {
+	type artifactObject interface{ GetArtifact() *meta.Artifact }
+	oldObj, ok1 := e.ObjectOld.(artifactObject)
+	newObj, ok2 := e.ObjectNew.(artifactObject)
 	if !ok1 || !ok2 {
 		return false
 	}

@@ -268,8 +268,8 @@ func chartSetup(ctx context.Context, mgr ctrl.Manager, b *builder.Builder) error
 			return reqs
 		})
 	}
-	b.Watches(&sourcev1.HelmRepository{}, charts(sourcev1.HelmRepositoryKind), builder.WithPredicates(artifactChanged{}))
-	b.Watches(&sourcev1.GitRepository{}, charts(sourcev1.GitRepositoryKind), builder.WithPredicates(artifactChanged{}))
-	b.Watches(&sourcev1.Bucket{}, charts(sourcev1.BucketKind), builder.WithPredicates(artifactChanged{}))
+	b.Watches(&sourcev1.HelmRepository{}, charts(sourcev1.HelmRepositoryKind), builder.WithPredicates(ArtifactChanged{}))
+	b.Watches(&sourcev1.GitRepository{}, charts(sourcev1.GitRepositoryKind), builder.WithPredicates(ArtifactChanged{}))
+	b.Watches(&sourcev1.Bucket{}, charts(sourcev1.BucketKind), builder.WithPredicates(ArtifactChanged{}))
 	return nil
 }
