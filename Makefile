@@ -60,6 +60,11 @@ IMAGE_ARCHIVE := $(BIN_DIR)/images/headwater-images.tar
 # (TestFluxControllers, TestFluxMigration).
 FLUX_IMAGE_ARCHIVE := $(BIN_DIR)/images/flux-images.tar
 
+# What the tests are told (the tool paths they start), exported to every
+# recipe. Each is built by a prerequisite of `make test`: `make verify`
+# checks it (hack/verify-test-tools.sh), since a tools cache left by an
+# earlier run hides a missing one (a test that cannot find its tool names
+# the make target that builds it).
 export KUBEBUILDER_ASSETS
 export HEADWATER_KUBE_NODE_DIR := $(KUBE_NODE_DIR)
 export HEADWATER_IMAGES := $(IMAGE_ARCHIVE)
@@ -68,9 +73,15 @@ export HEADWATER_REGISTRY_BIN := $(REGISTRY_BIN)
 export HEADWATER_FAKE_GCS_SERVER_BIN := $(FAKE_GCS_SERVER)
 export HEADWATER_AZURITE_BIN := $(AZURITE_BLOB)
 export HEADWATER_BIN_DIR   := $(BIN_DIR)
-# What TestFluxControllers imports and applies (make flux-image-archive).
-export HEADWATER_FLUX_IMAGES := $(FLUX_IMAGE_ARCHIVE)
+# Flux's kustomize-controller (binary and CRDs), which the e2e tests run
+# against ExternalArtifacts (make flux-controllers), and notification-
+# controller's CRDs for the full cluster tests.
 export HEADWATER_FLUX_CRDS   := $(FLUX_KUSTOMIZE_CONTROLLER_DIR)/crds:$(FLUX_NOTIFICATION_CONTROLLER_DIR)/crds
+
+# The prerequisites of `make test`: every tool any test it runs starts,
+# those of the node test (test-cluster CLUSTER_TESTS=short) included.
+TEST_TOOLS := kube-tools minio bucket-emulators registry flux-controllers build \
+	kube-node cluster-deps image-archive
 
 GO_TEST_FLAGS ?= -count=1
 
@@ -305,23 +316,57 @@ crds-kustomization:
 
 ##@ Test
 
+# `make test` runs every step to the end, even past a failing one, and
+# then fails listing the steps that failed: one red package does not hide
+# the state of the others (the node test above all).
 .PHONY: test
-test: kube-tools minio bucket-emulators registry build ## Run every test: unit, integration and end-to-end.
-	@for m in $(MODULES); do \
+test: $(TEST_TOOLS) ## Run every test: unit, integration, fuzz (short) and end-to-end, the node test included; lists what failed at the end.
+	@failed=(); \
+	for m in $(MODULES); do \
 		echo "==> go test $$m"; \
-		(cd $$m && go test $(GO_TEST_FLAGS) ./...) || exit 1; \
-	done
-	@for m in $(HACK_MODULES); do \
+		(cd $$m && go test $(GO_TEST_FLAGS) ./...) || failed+=("go test $$m"); \
+	done; \
+	for m in $(HACK_MODULES); do \
 		echo "==> go test $$m"; \
-		(cd $$m && GOWORK=off go test $(GO_TEST_FLAGS) ./...) || exit 1; \
-	done
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT)
-	@$(MAKE) --no-print-directory test-cluster CLUSTER_TESTS=short
+		(cd $$m && GOWORK=off go test $(GO_TEST_FLAGS) ./...) || failed+=("go test $$m"); \
+	done; \
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT) || failed+=("make fuzz"); \
+	$(MAKE) --no-print-directory test-cluster CLUSTER_TESTS=short || failed+=("make test-cluster CLUSTER_TESTS=short"); \
+	if [ $${#failed[@]} -gt 0 ]; then \
+		echo "==> make test: $${#failed[@]} step(s) failed:"; printf '    %s\n' "$${failed[@]}"; exit 1; \
+	fi; \
+	echo "==> make test: every step passed"
+
+# `make test-fresh` runs `make test` as a new machine would: an empty tools
+# cache, bin/ and Go build cache (in FRESH_DIR, removed afterwards; the Go
+# module cache is kept: it holds downloads, not builds), and prints how long
+# it took. Run it before resolving an issue that adds a tool.
+FRESH_DIR ?= $(shell mktemp -d -u /tmp/headwater-fresh.XXXXXX)
+
+.PHONY: test-fresh
+test-fresh: ## Run `make test` with an empty tools cache, bin/ and Go build cache (as a new machine does) and print its time.
+	@echo "==> make test on a fresh tools cache, bin/ and build cache in $(FRESH_DIR)"
+	@mkdir -p $(FRESH_DIR); start=$$(date +%s); rc=0; \
+	$(MAKE) --no-print-directory test TOOLS_DIR=$(FRESH_DIR)/tools BIN_DIR=$(FRESH_DIR)/bin GOCACHE=$(FRESH_DIR)/go-build || rc=$$?; \
+	echo "==> make test-fresh: exit $$rc after $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"; \
+	chmod -R u+w $(FRESH_DIR); rm -rf $(FRESH_DIR); exit $$rc
+
+# test-tools prints TEST_TOOLS; test-env what the Makefile exports to the
+# tests, NAME=VALUE a line (hack/verify-test-tools.sh reads both).
+.PHONY: test-tools test-env
+test-tools:
+	@echo $(TEST_TOOLS)
+test-env:
+	@$(foreach v,$(sort KUBEBUILDER_ASSETS $(filter HEADWATER_%,$(.VARIABLES))),$(if $(filter environment%,$(origin $(v))),,echo '$(v)=$($(v))';))
 
 # CLUSTER_TESTS: short (what `make test` runs: the default install, one
 # GitRepository, fetchers scaled up; skipped, saying why, where the machine
 # cannot run a node) or full (every overlay, load, faults, bad input).
 CLUSTER_TESTS ?= full
+
+# What TestFluxControllers imports and applies (make flux-image-archive):
+# only the full cluster tests need (and build) it.
+test-cluster: export HEADWATER_FLUX_IMAGES := $(if $(filter full,$(CLUSTER_TESTS)),$(FLUX_IMAGE_ARCHIVE))
 
 .PHONY: test-cluster
 test-cluster: kube-tools kube-node cluster-deps image-archive $(if $(filter full,$(CLUSTER_TESTS)),flux-image-archive) ## Run Headwater's images on a real single-node cluster (containerd, kubelet, kube-proxy, DNS) through deploy/ as shipped: every overlay, scaling, faults, bad input (root).
@@ -374,8 +419,9 @@ lint: ## gofmt -l (nothing may be listed) and go vet every module.
 	@for m in $(HACK_MODULES); do echo "==> go vet $$m"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done
 
 .PHONY: verify
-verify: manifests chart ## Check generated files (the chart too), go.mod tidiness and one dependency resolution.
+verify: manifests chart ## Check generated files (the chart too), go.mod tidiness, one dependency resolution, and that `make test` builds every tool its tests start.
 	@hack/verify.sh
+	@hack/verify-test-tools.sh
 
 .PHONY: clean
 clean: ## Remove build output (the tools cache stays).

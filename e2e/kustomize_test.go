@@ -31,11 +31,16 @@ var kustomizationGVK = schema.GroupVersionKind{Group: "kustomize.toolkit.fluxcd.
 func kustomizeControllerDir(t *testing.T) string {
 	t.Helper()
 	for _, dir := range filepath.SplitList(os.Getenv("HEADWATER_FLUX_CRDS")) {
-		if strings.Contains(filepath.Base(filepath.Dir(dir)), "kustomize-controller") {
-			return filepath.Dir(dir)
+		if !strings.Contains(filepath.Base(filepath.Dir(dir)), "kustomize-controller") {
+			continue
 		}
+		dir = filepath.Dir(dir)
+		if fi, err := os.Stat(filepath.Join(dir, "kustomize-controller")); err != nil || fi.IsDir() {
+			t.Fatalf("Flux's kustomize-controller is not built in %s: run `make flux-controllers` (`make test` runs it first)", dir)
+		}
+		return dir
 	}
-	t.Fatal("HEADWATER_FLUX_CRDS names no kustomize-controller directory: run the tests with `make test`, which fetches Flux's controllers")
+	t.Fatal("HEADWATER_FLUX_CRDS names no kustomize-controller directory: run `make flux-controllers` and the tests through `make test`")
 	return ""
 }
 

@@ -4,7 +4,11 @@
 # server and the CNCF distribution registry -- from the Go module proxy, and
 # caches them by version.
 #
-# Usage: hack/build-tools.sh <tools-dir> [kube|kube-node|etcd|minio|fake-gcs-server|azurite|registry|controller-gen|flux|kustomize-controller|notification-controller|nats-server|coredns ...]
+# Usage: hack/build-tools.sh [-print-dirs] <tools-dir> [kube|kube-node|etcd|minio|fake-gcs-server|azurite|registry|controller-gen|flux|kustomize-controller|notification-controller|nats-server|coredns ...]
+#
+# -print-dirs builds nothing: it prints the directory each component is
+# built into, a line each (hack/verify-test-tools.sh checks with it that
+# `make test` builds every tool its tests start).
 #
 # fake-gcs-server (Google Cloud Storage's JSON API, built from its Go module)
 # and Azurite (Azure Blob Storage, installed from the npm registry; it needs
@@ -36,7 +40,12 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-tools_dir=${1:?usage: build-tools.sh <tools-dir> [component...]}
+print_dirs=
+if [ "${1:-}" = -print-dirs ]; then
+	print_dirs=1
+	shift
+fi
+tools_dir=${1:?usage: build-tools.sh [-print-dirs] <tools-dir> [component...]}
 shift
 components=("$@")
 [ ${#components[@]} -gt 0 ] || components=(kube etcd minio fake-gcs-server azurite registry controller-gen)
@@ -58,19 +67,35 @@ export GOWORK=off CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 log() { printf '==> %s\n' "$*" >&2; }
 
-# build_once <dir> <label> <command...>: runs the command unless <dir>/.done exists.
+# build_once <dir> <label> <command...>: runs the command unless <dir>/.done
+# exists. Two runs at once (two clones sharing the cache) take turns on a
+# lock, so the second reuses what the first built instead of building into
+# the same temporary directory.
 build_once() {
 	local dir=$1 label=$2
 	shift 2
+	if [ -n "$print_dirs" ]; then
+		echo "$dir"
+		return 0
+	fi
 	if [ -f "$dir/.done" ]; then
 		return 0
 	fi
+	mkdir -p "$(dirname "$dir")"
+	exec {lock}>"$dir.lock"
+	flock "$lock"
+	if [ -f "$dir/.done" ]; then
+		exec {lock}>&-
+		return 0
+	fi
 	log "building $label into $dir (first time only; takes a few minutes)"
+	rm -rf "$dir.tmp"
 	mkdir -p "$dir.tmp"
 	(cd "$here" && "$@" "$dir.tmp")
 	rm -rf "$dir"
 	mv "$dir.tmp" "$dir"
 	touch "$dir/.done"
+	exec {lock}>&-
 	log "built $label"
 }
 

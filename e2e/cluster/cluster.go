@@ -88,16 +88,17 @@ func (o Options) Available() error {
 			missing = append(missing, "/usr/lib/cni/"+plugin+" (Debian: containernetworking-plugins)")
 		}
 	}
-	for _, b := range []struct{ dir, name string }{
-		{o.KubeDir, "kube-apiserver"}, {o.KubeDir, "kubectl"}, {o.KubeDir, "etcd"},
-		{o.NodeDir, "kubelet"}, {o.NodeDir, "kube-proxy"}, {o.NodeDir, "kube-scheduler"}, {o.NodeDir, "kube-controller-manager"},
+	for _, b := range []struct{ dir, name, target string }{
+		{o.KubeDir, "kube-apiserver", "kube-tools"}, {o.KubeDir, "kubectl", "kube-tools"}, {o.KubeDir, "etcd", "kube-tools"},
+		{o.NodeDir, "kubelet", "kube-node"}, {o.NodeDir, "kube-proxy", "kube-node"},
+		{o.NodeDir, "kube-scheduler", "kube-node"}, {o.NodeDir, "kube-controller-manager", "kube-node"},
 	} {
 		if b.dir == "" {
 			missing = append(missing, b.name+" (no directory given: run through `make test-cluster`)")
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(b.dir, b.name)); err != nil {
-			missing = append(missing, filepath.Join(b.dir, b.name)+" (hack/build-tools.sh builds it)")
+			missing = append(missing, fmt.Sprintf("%s (`make %s` builds it)", filepath.Join(b.dir, b.name), b.target))
 		}
 	}
 	for _, img := range o.Images {

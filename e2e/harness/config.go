@@ -139,29 +139,31 @@ type Config struct {
 // error wraps ErrNotBuilt.
 func (c Config) Check() error {
 	var missing []string
-	need := func(dir, what string, names []string) {
+	// need notes each of names missing from dir, with the make target
+	// that builds it.
+	need := func(dir, what, target string, names []string) {
 		if dir == "" {
-			missing = append(missing, what+" is not set")
+			missing = append(missing, fmt.Sprintf("%s is not set (run `make %s`)", what, target))
 			return
 		}
 		for _, name := range names {
 			fi, err := os.Stat(filepath.Join(dir, name))
 			if err != nil || fi.IsDir() {
-				missing = append(missing, fmt.Sprintf("%s not found in %s (%s)", name, dir, what))
+				missing = append(missing, fmt.Sprintf("%s not found in %s (%s; run `make %s`)", name, dir, what, target))
 			}
 		}
 	}
-	need(c.AssetsDir, "KUBEBUILDER_ASSETS", controlPlaneBinaries)
+	need(c.AssetsDir, "KUBEBUILDER_ASSETS", "kube-tools", controlPlaneBinaries)
 	if !c.NoServices {
-		need(c.BinDir, "the service bin directory", ServiceNames)
+		need(c.BinDir, "the service bin directory", "build", ServiceNames)
 		if c.Receivers {
-			need(c.BinDir, "the service bin directory", []string{Receiver})
+			need(c.BinDir, "the service bin directory", "build", []string{Receiver})
 		}
 		if c.Dispatcher {
-			need(c.BinDir, "the service bin directory", []string{Dispatcher})
+			need(c.BinDir, "the service bin directory", "build", []string{Dispatcher})
 		}
 		if c.HTTPSource {
-			need(c.BinDir, "the service bin directory", []string{HTTPSourceFetcher})
+			need(c.BinDir, "the service bin directory", "build", []string{HTTPSourceFetcher})
 		}
 	}
 	if c.HTTPSource {

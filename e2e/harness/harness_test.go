@@ -133,8 +133,8 @@ func TestConfigCheck(t *testing.T) {
 		missing string // "" for a config that passes
 	}{
 		{"complete", Config{Dir: t.TempDir(), BinDir: full, AssetsDir: full, CRDDir: crds}, ""},
-		{"no assets", Config{Dir: t.TempDir(), BinDir: full, CRDDir: crds}, "KUBEBUILDER_ASSETS is not set"},
-		{"no services", Config{Dir: t.TempDir(), BinDir: t.TempDir(), AssetsDir: full, CRDDir: crds}, "watcher not found"},
+		{"no assets", Config{Dir: t.TempDir(), BinDir: full, CRDDir: crds}, "KUBEBUILDER_ASSETS is not set (run `make kube-tools`)"},
+		{"no services", Config{Dir: t.TempDir(), BinDir: t.TempDir(), AssetsDir: full, CRDDir: crds}, "watcher not found in "},
 		{"no crds", Config{Dir: t.TempDir(), BinDir: full, AssetsDir: full, CRDDir: t.TempDir()}, "no CRD manifests"},
 	}
 	for _, tt := range tests {

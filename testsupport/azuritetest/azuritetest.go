@@ -29,6 +29,9 @@ import (
 // BinEnv names the environment variable holding azurite-blob's path.
 const BinEnv = "HEADWATER_AZURITE_BIN"
 
+// Tool is azurite-blob the Makefile builds (`make azurite`) and exports in BinEnv.
+var Tool = process.Tool{Env: BinEnv, What: "Azurite", Target: "azurite"}
+
 const (
 	// readyTimeout bounds the wait for a started server to become ready
 	// (node takes a second or two to load Azurite).
@@ -58,13 +61,13 @@ type Server struct {
 // Azurite is not available.
 func New(tb testing.TB) *Server {
 	tb.Helper()
-	return process.ForTest(tb, BinEnv, "Azurite", start)
+	return process.ForTest(tb, Tool, start)
 }
 
 // Start starts a server with its data in dir (created if needed), for use
 // outside tests; the caller must Stop it.
 func Start(dir string) (*Server, error) {
-	bin, err := process.Binary(BinEnv, "Azurite")
+	bin, err := process.Binary(Tool)
 	if err != nil {
 		return nil, fmt.Errorf("azuritetest: %w", err)
 	}

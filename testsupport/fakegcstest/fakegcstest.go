@@ -29,6 +29,9 @@ import (
 // BinEnv names the environment variable holding fake-gcs-server's path.
 const BinEnv = "HEADWATER_FAKE_GCS_SERVER_BIN"
 
+// Tool is fake-gcs-server the Makefile builds (`make fake-gcs-server`) and exports in BinEnv.
+var Tool = process.Tool{Env: BinEnv, What: "fake-gcs-server", Target: "fake-gcs-server"}
+
 const (
 	// readyTimeout bounds the wait for a started server to become ready.
 	readyTimeout = 30 * time.Second
@@ -49,13 +52,13 @@ type Server struct {
 // fails the test when the binary is not available.
 func New(tb testing.TB) *Server {
 	tb.Helper()
-	return process.ForTest(tb, BinEnv, "fake-gcs-server", start)
+	return process.ForTest(tb, Tool, start)
 }
 
 // Start starts a server for use outside tests (the e2e harness); the
 // caller must Stop it. dir is unused: objects live in memory.
 func Start(dir string) (*Server, error) {
-	bin, err := process.Binary(BinEnv, "fake-gcs-server")
+	bin, err := process.Binary(Tool)
 	if err != nil {
 		return nil, fmt.Errorf("fakegcstest: %w", err)
 	}

@@ -28,6 +28,9 @@ import (
 // BinEnv names the environment variable holding the MinIO binary's path.
 const BinEnv = "HEADWATER_MINIO_BIN"
 
+// Tool is the MinIO binary the Makefile builds (`make minio`) and exports in BinEnv.
+var Tool = process.Tool{Env: BinEnv, What: "MinIO", Target: "minio"}
+
 const (
 	// readyTimeout bounds the wait for a started server to become ready.
 	readyTimeout = 30 * time.Second
@@ -58,7 +61,7 @@ type Server struct {
 // tests can use it.
 func New(tb testing.TB) *Server {
 	tb.Helper()
-	return process.ForTest(tb, BinEnv, "MinIO", start)
+	return process.ForTest(tb, Tool, start)
 }
 
 // Start starts a server with its data in dir (created if needed), for use
@@ -67,7 +70,7 @@ func Start(dir string) (*Server, error) { return StartOn(dir, "127.0.0.1") }
 
 // Binary returns the MinIO binary named by HEADWATER_MINIO_BIN.
 func Binary() (string, error) {
-	bin, err := process.Binary(BinEnv, "MinIO")
+	bin, err := process.Binary(Tool)
 	if err != nil {
 		return "", fmt.Errorf("miniotest: %w", err)
 	}

@@ -126,10 +126,10 @@ func TestNewWithoutBinary(t *testing.T) {
 			if s := <-done; s != nil {
 				t.Fatal("New returned a server without a binary")
 			}
-			if !strings.Contains(rec.msg, "run `make test` (it builds MinIO)") {
+			if !strings.Contains(rec.msg, "run `make minio` (it builds MinIO") {
 				t.Fatalf("fatal message %q does not say how to get MinIO", rec.msg)
 			}
-			if _, err := Start(t.TempDir()); err == nil || !strings.Contains(err.Error(), "make test") {
+			if _, err := Start(t.TempDir()); err == nil || !strings.Contains(err.Error(), "make minio") {
 				t.Fatalf("Start without a binary: %v", err)
 			}
 		})

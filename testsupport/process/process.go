@@ -130,15 +130,27 @@ func (t *tailBuffer) String() string {
 	return string(t.buf)
 }
 
-// Binary returns the path of the binary the environment variable env
-// names; what names the server in errors ("MinIO").
-func Binary(env, what string) (string, error) {
-	bin := os.Getenv(env)
+// Tool is a binary the tests start: the Makefile builds it with Target, a
+// prerequisite of `make test`, and exports its path in Env.
+type Tool struct {
+	// Env is the environment variable holding the binary's path.
+	Env string
+	// What names the binary in messages ("MinIO").
+	What string
+	// Target is the make target that builds it ("minio").
+	Target string
+}
+
+// Binary returns the path of the tool's binary, or an error naming the
+// make target that builds it when the variable is unset or the file is
+// missing.
+func Binary(tool Tool) (string, error) {
+	bin := os.Getenv(tool.Env)
 	if bin == "" {
-		return "", fmt.Errorf("%s is not set: run `make test` (it builds %s)", env, what)
+		return "", fmt.Errorf("%s is not set: run `make %s` (it builds %s; `make test` runs it first)", tool.Env, tool.Target, tool.What)
 	}
 	if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
-		return "", fmt.Errorf("%s binary %s (from %s) is missing: run `make test` (it builds %s)", what, bin, env, what)
+		return "", fmt.Errorf("%s binary %s (from %s) is missing: run `make %s` (it builds %s; `make test` runs it first)", tool.What, bin, tool.Env, tool.Target, tool.What)
 	}
 	return bin, nil
 }
@@ -149,13 +161,14 @@ type Server interface {
 	Output() string
 }
 
-// ForTest starts a server for tb with start, on the binary env names and a
+// ForTest starts a server for tb with start, on the tool's binary and a
 // temporary directory, and stops it when the test ends, logging the tail
-// of its output if the test failed. It fails the test when the binary is
-// not available or the server does not start.
-func ForTest[S Server](tb testing.TB, env, what string, start func(bin, dir string) (S, error)) S {
+// of its output if the test failed. It fails the test, naming the make
+// target to run, when the binary is not available, and when the server
+// does not start.
+func ForTest[S Server](tb testing.TB, tool Tool, start func(bin, dir string) (S, error)) S {
 	tb.Helper()
-	bin, err := Binary(env, what)
+	bin, err := Binary(tool)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -168,7 +181,7 @@ func ForTest[S Server](tb testing.TB, env, what string, start func(bin, dir stri
 			tb.Error(err)
 		}
 		if tb.Failed() {
-			tb.Logf("%s output (tail):\n%s", what, s.Output())
+			tb.Logf("%s output (tail):\n%s", tool.What, s.Output())
 		}
 	})
 	return s

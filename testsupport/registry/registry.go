@@ -41,6 +41,9 @@ import (
 // BinEnv names the environment variable holding the registry binary's path.
 const BinEnv = "HEADWATER_REGISTRY_BIN"
 
+// Tool is the distribution registry binary the Makefile builds (`make registry`) and exports in BinEnv.
+var Tool = process.Tool{Env: BinEnv, What: "the registry", Target: "registry"}
+
 const (
 	// readyTimeout bounds the wait for a started server to become ready.
 	readyTimeout = 30 * time.Second
@@ -94,7 +97,7 @@ type Request struct {
 // binary is not available.
 func New(tb testing.TB, o Options) *Server {
 	tb.Helper()
-	return process.ForTest(tb, BinEnv, "registry", func(bin, dir string) (*Server, error) { return start(bin, dir, o) })
+	return process.ForTest(tb, Tool, func(bin, dir string) (*Server, error) { return start(bin, dir, o) })
 }
 
 // Start starts a server with its storage in dir (created if needed), for
@@ -112,7 +115,7 @@ func Start(dir string, o Options) (*Server, error) {
 
 // Binary returns the registry binary named by HEADWATER_REGISTRY_BIN.
 func Binary() (string, error) {
-	bin, err := process.Binary(BinEnv, "the registry")
+	bin, err := process.Binary(Tool)
 	if err != nil {
 		return "", fmt.Errorf("registry: %w", err)
 	}

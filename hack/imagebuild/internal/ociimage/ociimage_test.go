@@ -381,7 +381,7 @@ func distribution(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv("HEADWATER_REGISTRY_BIN")
 	if bin == "" {
-		t.Fatal("HEADWATER_REGISTRY_BIN is not set: run `make test` (it builds the distribution registry)")
+		t.Fatal("HEADWATER_REGISTRY_BIN is not set: run `make registry` (it builds the distribution registry; `make test` runs it first)")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
