@@ -19,6 +19,8 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
@@ -256,6 +258,16 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	ready.Set("crds", crds.Ready)
+	// What is missing (on an older Flux's CRDs, which kinds and which Flux
+	// release brought them) is also a Warning Event on the watcher's Pod,
+	// where `kubectl describe pod` and `kubectl get events` show it.
+	if pod := os.Getenv("POD_NAME"); pod != "" {
+		recorder := mgr.GetEventRecorder("headwater-watcher")
+		self := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns}}
+		crds.Report = func(missing *crdwait.MissingError) {
+			recorder.Eventf(self, nil, corev1.EventTypeWarning, "CRDsMissing", "WaitForCRDs", "%s", missing.Error())
+		}
+	}
 
 	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
@@ -267,6 +279,14 @@ func run(ctx context.Context, o options) error {
 	}
 	onBus.Up(conn)
 	jobs := conn.NewPublisher(service)
+	// Once on the bus, the kinds must be served before the controllers
+	// are set up (their field indexes need every kind mapped: an older
+	// Flux's CRDs lack the ArtifactGenerator, and the watcher exited) and
+	// before the manager starts its informers, which would otherwise give
+	// up after two minutes and exit.
+	if err := crds.Wait(ctx); err != nil {
+		return err
+	}
 
 	// Every Event recorded is also posted to Flux's notification-controller
 	// when -events-addr is set, as Flux's source-controller does.
@@ -371,11 +391,6 @@ func run(ctx context.Context, o options) error {
 		Metrics:     jobMetrics,
 		Log:         log.WithName("subscriptions"),
 	}); err != nil {
-		return err
-	}
-	// The kinds must be served before the manager starts its informers,
-	// which would otherwise give up after two minutes and exit.
-	if err := crds.Wait(ctx); err != nil {
 		return err
 	}
 	if len(guard.Namespaces) > 0 {
