@@ -32,6 +32,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/fluxflags"
 )
 
 // versionFlag prints the build information and exits. It is read from the
@@ -42,6 +43,9 @@ const versionFlag = "version"
 // Main is the whole main of a service: a flag set named after the service,
 // bound by bind and parsed (Parse), a logger made by logger from the parsed
 // flags, the signal context (Start), and run's end (Exit).
+//
+// Flux's flags that have no effect in the service (see package fluxflags)
+// are logged once, after "starting".
 //
 // Every service also gets -pprof-addr (HEADWATER_PPROF_ADDR): when set, Go's
 // runtime profiles are served there (ServeProfiles). It is off by default:
@@ -60,6 +64,7 @@ func MainArgs(service string, args []string, bind func(*flag.FlagSet), logger fu
 	Parse(fs, args)
 	ctx, stop := Start(logger())
 	defer stop()
+	fluxflags.LogNoEffect(fs, logr.FromContextOrDiscard(ctx))
 	if err := ServeProfiles(ctx, *pprofAddr); err != nil {
 		Exit(ctx, err)
 		return
