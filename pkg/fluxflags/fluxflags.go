@@ -90,6 +90,8 @@ const (
 	noKube    = "this role does not talk to the Kubernetes API"
 	noStorage = "this role keeps no artifacts (the fetchers, packagers and artifact-servers do)"
 	notServer = "only the artifact-server serves artifacts"
+	// noHelmCache: Flux's in-memory index cache serves HelmCharts.
+	noHelmCache = "the fetcher keeps no parsed Helm repository indexes in memory: it keeps the few it downloaded last on disk for a minute and revalidates an index with the server (ETag)"
 )
 
 // SourceController are the flags of Flux's source-controller v1.9.1: its
@@ -117,15 +119,15 @@ var SourceController = []Flag{
 	{Name: "requeue-dependency", Default: "30s", Usage: "The interval at which failing dependencies are reevaluated.",
 		NoEffect: "only the watcher requeues a source that waits for another", kind: durationKind},
 	{Name: "helm-cache-max-size", Default: "0", Usage: "The maximum size of the cache in number of indexes.",
-		NoEffect: "Headwater keeps no in-memory cache of parsed Helm repository indexes: an unchanged index is recognised by its digest", kind: intKind},
+		NoEffect: noHelmCache, kind: intKind},
 	{Name: "helm-cache-ttl", Default: "15m", Usage: "The TTL of an index in the cache.",
-		NoEffect: "Headwater keeps no in-memory cache of parsed Helm repository indexes", kind: durationKind},
+		NoEffect: noHelmCache, kind: durationKind},
 	{Name: "helm-cache-purge-interval", Default: "1m", Usage: "The interval at which the cache is purged.",
-		NoEffect: "Headwater keeps no in-memory cache of parsed Helm repository indexes", kind: durationKind},
+		NoEffect: noHelmCache, kind: durationKind},
 	{Name: "ssh-kex-algos", Usage: "The list of key exchange algorithms to use for ssh connections, arranged from most preferred to the least.",
-		NoEffect: "the fetcher's SSH client offers the Go SSH library's default algorithms", kind: stringSliceKind},
+		NoEffect: "the fetcher's SSH client offers the default key exchanges of Go's SSH library", kind: stringSliceKind},
 	{Name: "ssh-hostkey-algos", Usage: "The list of hostkey algorithms to use for ssh connections, arranged from most preferred to the least.",
-		NoEffect: "the fetcher's SSH client offers the Go SSH library's default algorithms", kind: stringSliceKind},
+		NoEffect: "the fetcher's SSH client offers the algorithms of the keys the source's known_hosts holds for the host", kind: stringSliceKind},
 	{Name: "default-service-account", Usage: "Default service account to use for workload identity when not specified in resources.",
 		NoEffect: "object-level workload identity is not supported", kind: stringKind},
 	{Name: "storage-path", Default: "/data", Usage: "The path to the directory where artifacts will be stored.",
@@ -163,7 +165,7 @@ var SourceController = []Flag{
 	{Name: "max-retry-delay", Default: "15m0s", Usage: "The maximum amount of time for which an object being reconciled will have to wait before a retry.",
 		NoEffect: "only the watcher schedules the retries of failed reconciles", kind: durationKind},
 	{Name: "feature-gates", Usage: "A comma separated list of key=value pairs defining the state of experimental features.",
-		NoEffect: "Headwater implements none of Flux's source-controller feature gates", kind: gatesKind},
+		NoEffect: featureGatesNoEffect, kind: gatesKind},
 	{Name: "watch-configs-label-selector", Default: "toolkit.fluxcd.io/watch=enabled", Usage: "Watch for ConfigMaps and Secrets with matching labels.",
 		NoEffect: "Headwater does not watch Secrets or ConfigMaps: a changed Secret is read at the source's next fetch", kind: stringKind},
 	{Name: "interval-jitter-percentage", Default: "5", Usage: "Percentage of jitter to apply to interval durations.",

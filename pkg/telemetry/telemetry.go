@@ -61,8 +61,10 @@ var LogFormats = []string{"json", "text", "console"}
 func (o *Options) BindFlags(fs *flag.FlagSet, defaultAddr string) {
 	fs.StringVar(&o.Addr, "telemetry-addr", defaultAddr, "Address serving /metrics, /healthz and /readyz; empty disables it.")
 	o.LogLevel, o.LogFormat = "info", "json"
-	fs.Var(oneOf{&o.LogLevel, slices.Sorted(maps.Keys(LogLevels))}, "log-level", "Log level: trace, debug, info or error.")
-	fs.Var(oneOf{&o.LogFormat, LogFormats}, "log-format", "Log format: json (Flux's keys, which `flux logs` reads) or text (console).")
+	level := oneOf{p: &o.LogLevel, values: slices.Sorted(maps.Keys(LogLevels))}
+	format := oneOf{p: &o.LogFormat, values: LogFormats}
+	fs.Var(level, "log-level", "Log level: trace, debug, info or error.")
+	fs.Var(format, "log-format", "Log format: json (Flux's keys, which `flux logs` reads) or text (console).")
 }
 
 // Validate says which option is not one of its values.
@@ -134,7 +136,7 @@ func fluxKeys(groups []string, a slog.Attr) slog.Attr {
 	}
 	switch a.Key {
 	case slog.TimeKey:
-		return slog.String("ts", a.Value.Time().Format(fluxTimeFormat))
+		return slog.Attr{Key: "ts", Value: slog.StringValue(a.Value.Time().Format(fluxTimeFormat))}
 	case slog.LevelKey:
 		return slog.String(slog.LevelKey, fluxLevel(a.Value.Any().(slog.Level)))
 	case "err":
