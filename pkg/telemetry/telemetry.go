@@ -321,9 +321,10 @@ func (c *Checks) serveReadyz(w http.ResponseWriter, r *http.Request) {
 // on addr until ctx ends. A service calls it as soon as its flags are
 // valid, before it connects to anything, and sets its checks as its parts
 // come up. It returns once the listener is bound, so a bad address is
-// reported at start-up; an empty addr serves nothing.
+// reported at start-up; an empty addr, or "0" (controller-runtime's and
+// so Flux's --metrics-addr=0), serves nothing.
 func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready *Checks, log logr.Logger) error {
-	if addr == "" {
+	if addr == "" || addr == "0" {
 		return nil
 	}
 	mux := http.NewServeMux()
