@@ -5,11 +5,13 @@ package role
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -111,7 +113,19 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Longest delay between two retries of a source whose fetch keeps failing for a reason that passes (Flux's flag, whose default is 15m).")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
 	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
-	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux), when -align-remotes is false.")
+	o.intervalJitter = 5
+	fs.Func("interval-jitter-percentage", "Jitter applied to every interval, in percent, when -align-remotes is false: at least 0 and less than 100, as Flux (default 5).",
+		func(s string) error {
+			p, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return errors.New("parse error")
+			}
+			if p < 0 || p >= 100 {
+				return errors.New("must be at least 0 and less than 100")
+			}
+			o.intervalJitter = p
+			return nil
+		})
 	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
 		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
