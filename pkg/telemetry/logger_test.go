@@ -153,3 +153,17 @@ func TestLogFlags(t *testing.T) {
 		t.Error("Validate accepts log level loud")
 	}
 }
+
+// TestTextLogLevels: the text format names levels as the JSON format.
+func TestTextLogLevels(t *testing.T) {
+	var buf bytes.Buffer
+	o := Options{LogLevel: "trace", LogFormat: "console"}
+	log := o.newLogger(&buf, "t")
+	log.V(1).Info("d")
+	log.V(2).Info("t")
+	for _, want := range []string{"level=debug msg=d", "level=trace msg=t"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, buf.String())
+		}
+	}
+}

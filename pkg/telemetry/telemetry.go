@@ -115,7 +115,7 @@ func (o *Options) newLogger(w io.Writer, service string) logr.Logger {
 	var h slog.Handler
 	switch strings.ToLower(o.LogFormat) {
 	case "text", "console":
-		h = slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})
+		h = slog.NewTextHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: fluxLevels})
 	default:
 		h = slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: fluxKeys})
 	}
@@ -138,10 +138,19 @@ func fluxKeys(groups []string, a slog.Attr) slog.Attr {
 	case slog.TimeKey:
 		return slog.Attr{Key: "ts", Value: slog.StringValue(a.Value.Time().Format(fluxTimeFormat))}
 	case slog.LevelKey:
-		return slog.String(slog.LevelKey, fluxLevel(a.Value.Any().(slog.Level)))
+		return fluxLevels(groups, a)
 	case "err":
 		// logr's slog sink writes Error's error as "err".
 		return slog.Attr{Key: "error", Value: a.Value}
+	}
+	return a
+}
+
+// fluxLevels names the levels of the text format as the JSON format's
+// (logr's V(1) "debug" rather than slog's "INFO-1").
+func fluxLevels(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.LevelKey {
+		return slog.Attr{Key: slog.LevelKey, Value: slog.StringValue(fluxLevel(a.Value.Any().(slog.Level)))}
 	}
 	return a
 }
