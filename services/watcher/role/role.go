@@ -5,11 +5,13 @@ package role
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,6 +70,9 @@ type options struct {
 	leaseDuration           time.Duration
 	renewDeadline           time.Duration
 	retryPeriod             time.Duration
+	releaseOnCancel         bool
+	minRetryDelay           time.Duration
+	maxRetryDelay           time.Duration
 	concurrency             int
 	eventConcurrency        int
 	intervalJitter          float64
@@ -102,9 +107,27 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"How long the leader keeps trying to renew its lease before it gives up leading; as Flux.")
 	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 5*time.Second,
 		"How often the leader renews its lease, and a standby tries to take it: each renewal is a write to the API server; as Flux.")
+	fs.BoolVar(&o.releaseOnCancel, "leader-election-release-on-cancel", true,
+		"The leader releases its lease when it stops, so a standby takes over at once; as Flux.")
+	fs.DurationVar(&o.minRetryDelay, "min-retry-delay", controller.DefaultRetryBase,
+		"Delay before the first retry of a source whose fetch failed for a reason that passes; it doubles with each failure (Flux's flag, whose default is 750ms).")
+	fs.DurationVar(&o.maxRetryDelay, "max-retry-delay", controller.DefaultRetryMax,
+		"Longest delay between two retries of a source whose fetch keeps failing for a reason that passes (Flux's flag, whose default is 15m).")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
 	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
-	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux), when -align-remotes is false.")
+	o.intervalJitter = 5
+	fs.Func("interval-jitter-percentage", "Jitter applied to every interval, in percent, when -align-remotes is false: at least 0 and less than 100, as Flux (default 5).",
+		func(s string) error {
+			p, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return errors.New("parse error")
+			}
+			if p < 0 || p >= 100 {
+				return errors.New("must be at least 0 and less than 100")
+			}
+			o.intervalJitter = p
+			return nil
+		})
 	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
 		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
@@ -147,6 +170,14 @@ func namespaceList(s string) []string {
 		}
 	}
 	return out
+}
+
+// Flags returns the role's flags as Main parses them (command.NewFlagSet),
+// bound to options of their own: for tests and the flag reference
+// (docs/flags.md).
+func Flags() *flag.FlagSet {
+	var o options
+	return command.NewFlagSet(service, o.bindFlags)
 }
 
 // Main runs the watcher with args, the command line after the program's
@@ -238,7 +269,7 @@ func run(ctx context.Context, o options) error {
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "headwater-watcher",
 		LeaderElectionNamespace:       ns,
-		LeaderElectionReleaseOnCancel: true,
+		LeaderElectionReleaseOnCancel: o.releaseOnCancel,
 		LeaseDuration:                 positive(o.leaseDuration),
 		RenewDeadline:                 positive(o.renewDeadline),
 		RetryPeriod:                   positive(o.retryPeriod),
@@ -322,7 +353,8 @@ func run(ctx context.Context, o options) error {
 		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
 			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes, Fetchers: fetchers,
-			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics}}
+			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics,
+				Base: o.minRetryDelay, Max: o.maxRetryDelay}}
 		retries[kind.Name] = r.Retries
 		if o.receivers {
 			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
