@@ -79,8 +79,8 @@ type Handler struct {
 	Provenance *provenance.Checker
 	// Verified, when set, lets an unchanged reconcile skip reading a
 	// stored artifact this fetcher verified recently and storage still
-	// describes the same way (see Verified); nil reads it every time.
-	Verified *Verified
+	// describes the same way (see storage.Verified); nil reads it every time.
+	Verified *storage.Verified
 }
 
 // Handle is a bus.Handler for the fetch stream. A failed fetch is a
@@ -551,28 +551,10 @@ func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, r
 // verify checks that the previous artifact is stored intact. It returns the
 // notice to carry when it is not; an error only when storage cannot tell.
 func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Notice, error) {
-	var info storage.Info
-	statted := false
-	if h.Verified != nil {
-		// What storage says of the artifact before it is read: if it says
-		// the same next time, the read can be skipped for a while.
-		if i, err := h.Storage.Stat(ctx, prev.Path); err == nil {
-			if h.Verified.Fresh(prev, i) {
-				return nil, nil
-			}
-			info, statted = i, true
-		}
-	}
-	err := storage.Verify(ctx, h.Storage, prev.Path, prev.Digest)
-	if err != nil {
-		h.Verified.Forget(prev)
-	}
+	err := h.Verified.Verify(ctx, h.Storage, prev.Path, prev.Digest)
 	var mismatch *storage.DigestMismatchError
 	switch {
 	case err == nil:
-		if statted {
-			h.Verified.Remember(prev, info)
-		}
 		return nil, nil
 	case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrInvalidKey):
 		return &events.Notice{Warning: true, Reason: ArtifactMissingReason,
