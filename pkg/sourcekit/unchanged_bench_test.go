@@ -74,7 +74,9 @@ func BenchmarkUnchangedCheck(b *testing.B) {
 		}
 		return &Result{Unchanged: true}, nil
 	}
-	h := &handler{kind: "Widget", fetch: fetch, store: store, workDir: dir, timeout: time.Minute}
+	// The kit's defaults (BindFlags): the stored artifact is trusted for
+	// an hour while storage describes it the same way.
+	h := newHandler("Widget", fetch, store, nil, nil, Options{WorkDir: dir, Timeout: time.Minute, VerifyInterval: storage.DefaultVerifyInterval})
 	msg := &events.Message{Data: &events.FetchRequested{
 		Job:      events.Job{ID: "j", Object: events.ObjectRef{Kind: "Widget", Namespace: "ns", Name: "w"}},
 		Previous: prev, Quiet: true,
