@@ -2,6 +2,8 @@ package fetch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"reflect"
@@ -11,7 +13,6 @@ import (
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -295,7 +296,7 @@ func TestSharingReusesTheContentCache(t *testing.T) {
 	s := f.h.sharing(fetchJob("a"), &resolvedContent{identity: identity}, "main@sha1:0123", nil)
 	info, err := f.store.Put(f.ctx, "gitrepository/ns/other/0123.tar.gz", strings.NewReader("artifact"))
 	must(t, err)
-	idx := contentcache.Index{Key: s.key, Artifact: contentcache.ArtifactKey(s.key), Digest: digest.SHA256.FromString("artifact").String(),
+	idx := contentcache.Index{Key: s.key, Artifact: contentcache.ArtifactKey(s.key), Digest: sha256Of("artifact"),
 		Algorithm: "sha256", Size: info.Size, Revision: "main@sha1:0123", ArtifactName: "0123.tar.gz"}
 	must(t, contentcache.Record(f.ctx, f.store, info, idx))
 	if result, err := s.join(f.ctx, f.ctx); result != ResultReused || err != nil {
@@ -316,4 +317,10 @@ func TestSharingReusesTheContentCache(t *testing.T) {
 	if result, err := v.join(f.ctx, f.ctx); result != "" || err != nil {
 		t.Errorf("join over a damaged cache = %q, %v; want to download", result, err)
 	}
+}
+
+// sha256Of is the digest of content in Flux's format.
+func sha256Of(content string) string {
+	sum := sha256.Sum256([]byte(content))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
