@@ -348,6 +348,17 @@ type Notice struct {
 	Message string `json:"message"`
 }
 
+// Reasons of the Notices a fetcher gives about the stored artifact a job
+// names as Previous (Flux's Event reasons): the artifact is rebuilt, and
+// the watcher shows the notice as a Warning Event.
+const (
+	// ArtifactMissingReason: the stored artifact is gone.
+	ArtifactMissingReason = "ArtifactMissing"
+	// ArtifactVerificationFailedReason: the stored artifact does not
+	// match its digest, or cannot be read.
+	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
+)
+
 // HookReceived is the data of TypeHookReceived: a webhook receiver
 // accepted a valid request for a Receiver. The watcher reads the Receiver
 // again before it acts, so the resources listed here say what the receiver

@@ -18,6 +18,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/fetchjob"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -40,6 +41,10 @@ type Options struct {
 	MaxFileSize int64
 	// WorkDir holds the jobs' temporary directories.
 	WorkDir string
+	// VerifyInterval is how long an unchanged check trusts a stored
+	// artifact found intact while storage describes it the same way
+	// (storage.Verified); 0 reads it through at every check.
+	VerifyInterval time.Duration
 }
 
 // BindFlags registers the options on fs.
@@ -53,6 +58,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "Longest time one job may take (a kind's spec may ask for less).")
 	fs.Int64Var(&o.MaxFileSize, "max-file-size", 512<<20, "Largest file of a staged tree, in bytes; 0 for no limit.")
 	fs.StringVar(&o.WorkDir, "work-dir", os.TempDir(), "Directory of the jobs' temporary files.")
+	fs.DurationVar(&o.VerifyInterval, "artifact-verify-interval", storage.DefaultVerifyInterval,
+		"How long an unchanged check trusts a stored artifact this fetcher read and found intact, while storage reports the same size and modification time (ETag); 0 reads it through at every check, as Flux.")
 }
 
 // Kind is a plug-in kind's fetcher, as Main runs it.
@@ -104,6 +111,9 @@ func Run(ctx context.Context, kind string, fetch FetchFunc, o Options) error {
 	if o.Concurrency < 1 || o.MaxAttempts < 1 || o.Timeout <= 0 {
 		return errors.New("--concurrency, --max-attempts and --timeout must be positive")
 	}
+	if o.VerifyInterval < 0 {
+		return errors.New("--artifact-verify-interval must not be negative")
+	}
 	service, identity := ServiceName(kind), events.PluginIdentity(kind)
 	log := logr.FromContextOrDiscard(ctx)
 	ctrllog.SetLogger(log)
@@ -138,8 +148,7 @@ func Run(ctx context.Context, kind string, fetch FetchFunc, o Options) error {
 		return err
 	}
 	ep.Bus.Up(conn)
-	h := &handler{kind: kind, fetch: fetch, store: store, pub: conn.NewPublisher(service), secrets: secrets,
-		workDir: o.WorkDir, timeout: o.Timeout, maxSize: o.MaxFileSize}
+	h := newHandler(kind, fetch, store, conn.NewPublisher(service), secrets, o)
 	w := &bus.Worker{
 		Service:     service,
 		Consumer:    consumer,
@@ -153,6 +162,12 @@ func Run(ctx context.Context, kind string, fetch FetchFunc, o Options) error {
 	}
 	log.Info("fetching", "kind", kind, "concurrency", o.Concurrency, "subject", events.FetchSubject(kind))
 	return w.Run(ctx)
+}
+
+// newHandler is the handler of kind's jobs, as o configures it.
+func newHandler(kind string, fetch FetchFunc, store storage.Storage, pub fetchjob.Publisher, secrets client.Reader, o Options) *handler {
+	return &handler{kind: kind, fetch: fetch, store: store, verified: &storage.Verified{Interval: o.VerifyInterval}, pub: pub,
+		secrets: secrets, workDir: o.WorkDir, timeout: o.Timeout, maxSize: o.MaxFileSize}
 }
 
 // secretReader is an uncached reader of Secrets (a fetcher reads the few

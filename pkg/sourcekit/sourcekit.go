@@ -7,7 +7,9 @@
 // Fetch downloaded (a tree, archived, or one file) in the shared storage,
 // and answers with the same events the built-in fetchers publish
 // (Fetched, FetchUnchanged, FetchFailed), the sealed job carried
-// unchanged. The watcher, packager and artifact-server do the rest.
+// unchanged: it follows the protocol of every fetcher (package fetchjob),
+// with the same cache of artifacts found intact (storage.Verified). The
+// watcher, packager and artifact-server do the rest.
 package sourcekit
 
 import (
@@ -15,9 +17,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"strings"
@@ -32,6 +32,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/pkg/fetchjob"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 )
 
@@ -105,16 +106,20 @@ func Final(reason, format string, args ...any) error {
 	return failure.New(failure.Final, sourcev1.FetchFailedCondition, reason, format, args...)
 }
 
-// handler handles the fetch jobs of one kind.
+// handler handles the fetch jobs of one kind, on the protocol of every
+// fetcher (package fetchjob).
 type handler struct {
-	kind    string
-	fetch   FetchFunc
-	store   storage.Storage
-	pub     *bus.Publisher
-	secrets client.Reader
-	workDir string
-	timeout time.Duration
-	maxSize int64
+	kind  string
+	fetch FetchFunc
+	store storage.Storage
+	// verified is the cache of stored artifacts found intact, which lets
+	// an unchanged check stat an artifact instead of reading it.
+	verified *storage.Verified
+	pub      fetchjob.Publisher
+	secrets  client.Reader
+	workDir  string
+	timeout  time.Duration
+	maxSize  int64
 }
 
 // Reasons of the failures the kit reports itself.
@@ -131,47 +136,41 @@ const (
 	InvalidResultReason = "InvalidFetchResult"
 	// ArtifactMissingReason and ArtifactVerificationFailedReason are the
 	// Warning notices of a stored artifact that is gone or corrupt, and
-	// is rebuilt.
-	ArtifactMissingReason            = "ArtifactMissing"
-	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
+	// is rebuilt: the bus contract's, as every fetcher gives them.
+	ArtifactMissingReason            = events.ArtifactMissingReason
+	ArtifactVerificationFailedReason = events.ArtifactVerificationFailedReason
 )
 
 // handle is the bus.Handler of the kind's fetch jobs.
 func (h *handler) handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
-	req, ok := msg.Data.(*events.FetchRequested)
-	if !ok {
-		return fmt.Errorf("%w: unexpected %s on the fetch stream", events.ErrMalformed, msg.Event.Type())
+	req, err := fetchjob.Requested(msg)
+	if err != nil {
+		return err
 	}
 	if req.Plugin == nil || !strings.EqualFold(req.Plugin.Kind, h.kind) || !strings.EqualFold(req.Job.Object.Kind, h.kind) {
 		return Stalled(UnsupportedKindReason, "this fetcher fetches sources of kind '%s' only, not '%s'", h.kind, req.Job.Object.Kind)
 	}
-	log := logr.FromContextOrDiscard(ctx)
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
 
 	r := &Request{Namespace: req.Job.Object.Namespace, Name: req.Job.Object.Name, Spec: req.Plugin.Spec, Secrets: h.secrets}
 	var notices []events.Notice
 	if prev := req.Previous; prev != nil && !req.Force {
-		err := storage.Verify(ctx, h.store, prev.Path, prev.Digest)
+		notice, err := fetchjob.CheckPrevious(ctx, h.store, h.verified, prev)
 		switch {
-		case err != nil && ctx.Err() != nil:
-			return Transient(sourcev1.StatOperationFailedReason, "checking the stored artifact: %s", ctx.Err().Error())
-		case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrInvalidKey):
-			notices = append(notices, events.Notice{Warning: true, Reason: ArtifactMissingReason,
-				Message: fmt.Sprintf("artifact '%s' is missing from storage: rebuilding", prev.Path)})
 		case err != nil:
-			notices = append(notices, events.Notice{Warning: true, Reason: ArtifactVerificationFailedReason,
-				Message: fmt.Sprintf("failed to verify integrity of artifact '%s': rebuilding", prev.Path)})
+			return Transient(sourcev1.StatOperationFailedReason, "checking the stored artifact: %s", err.Error())
+		case notice != nil:
+			notices = append(notices, *notice)
 		default:
 			r.Previous = prev
 		}
 	}
-	dir, err := os.MkdirTemp(h.workDir, "fetch-")
+	dir, remove, err := fetchjob.WorkDir(ctx, h.workDir)
 	if err != nil {
-		return failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.DirCreationFailedReason,
-			"failed to create temporary working directory: %w", err)
+		return err
 	}
-	defer os.RemoveAll(dir)
+	defer remove()
 	r.Dir = dir
 
 	res, err := h.fetch(ctx, r)
@@ -185,13 +184,8 @@ func (h *handler) handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 		return Final(InvalidResultReason, "the fetcher of kind '%s' returned no revision", h.kind)
 	}
 	if r.Previous != nil && (res.Unchanged || res.Revision == r.Previous.Revision) {
-		if req.Quiet {
-			log.V(1).Info("revision unchanged; steady source, nothing published", "revision", r.Previous.Revision)
-			return nil
-		}
-		out := &events.Outcome{Job: req.Job, Revision: r.Previous.Revision, Artifact: r.Previous}
-		log.V(1).Info("revision unchanged", "revision", r.Previous.Revision)
-		return h.pub.Publish(ctx, events.PublishSubject(h.kind), events.TypeFetchUnchanged, req.Job, out)
+		_, err := fetchjob.Unchanged(ctx, h.pub, req)
+		return err
 	}
 	if res.Unchanged {
 		return Final(InvalidResultReason, "the fetcher of kind '%s' answered unchanged without a stored artifact", h.kind)
@@ -199,8 +193,8 @@ func (h *handler) handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 	return h.stage(ctx, req, res, notices)
 }
 
-// stage writes the result's content to the job's staging key and publishes
-// Fetched for the packager.
+// stage writes the result's content to the job's staging key and hands it
+// to the packager.
 func (h *handler) stage(ctx context.Context, req *events.FetchRequested, res *Result, notices []events.Notice) error {
 	key := storage.StagingKey(req.Job.ID)
 	out := &events.Fetched{Job: req.Job, Revision: res.Revision, Staging: key, ArtifactName: res.ArtifactName,
@@ -223,12 +217,12 @@ func (h *handler) stage(ctx context.Context, req *events.FetchRequested, res *Re
 		if out.ArtifactName == "" {
 			out.ArtifactName = name + path.Ext(res.File)
 		}
-		size, err = h.putFile(ctx, key, res.File)
+		size, err = fetchjob.StageFile(ctx, h.store, key, res.File)
 	case res.Dir != "" && res.File == "":
 		if out.ArtifactName == "" {
 			out.ArtifactName = name + ".tar.gz"
 		}
-		size, err = h.putTree(ctx, key, res.Dir)
+		size, err = fetchjob.StageTree(ctx, h.store, key, os.DirFS(res.Dir), archive.TarOptions{MaxFileSize: h.maxSize})
 	default:
 		return Final(InvalidResultReason, "the fetcher of kind '%s' must stage a directory or a file", h.kind)
 	}
@@ -238,67 +232,15 @@ func (h *handler) stage(ctx context.Context, req *events.FetchRequested, res *Re
 	if out.EventMessage == "" {
 		out.EventMessage = fmt.Sprintf("stored artifact for revision '%s'", res.Revision)
 	}
-	if err := h.pub.Publish(ctx, events.PackageSubject(h.kind), events.TypeFetched, req.Job, out); err != nil {
+	if err := fetchjob.Hand(ctx, h.pub, out); err != nil {
 		return err
 	}
 	logr.FromContextOrDiscard(ctx).Info("content staged", "revision", res.Revision, "staging", key, "bytes", size)
 	return nil
 }
 
-// putTree archives dir into storage at key.
-func (h *handler) putTree(ctx context.Context, key, dir string) (int64, error) {
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		_, err := archive.WriteTar(ctx, pw, dir, archive.TarOptions{MaxFileSize: h.maxSize})
-		pw.CloseWithError(err)
-		done <- err
-	}()
-	info, err := h.store.Put(ctx, key, pr)
-	pr.CloseWithError(errStagingStopped)
-	if werr := <-done; werr != nil && !errors.Is(werr, errStagingStopped) {
-		handling := failure.Transient
-		if errors.Is(werr, archive.ErrTooLarge) {
-			// The same content is as large the next time.
-			handling = failure.Final
-		}
-		return 0, failure.New(handling, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
-			"unable to archive artifact to storage: %w", werr)
-	}
-	if err != nil {
-		return 0, failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
-			"unable to archive artifact to storage: %w", err)
-	}
-	return info.Size, nil
-}
-
-// errStagingStopped ends the archive writer when storage stops reading.
-var errStagingStopped = errors.New("staging stopped")
-
-// putFile stores file at key as it is.
-func (h *handler) putFile(ctx context.Context, key, file string) (int64, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return 0, failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
-			"unable to stage artifact: %w", err)
-	}
-	defer f.Close()
-	info, err := h.store.Put(ctx, key, f)
-	if err != nil {
-		return 0, failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
-			"unable to copy artifact to storage: %w", err)
-	}
-	return info.Size, nil
-}
-
 // report is the worker's bus.Reporter: a failed fetch is published as the
 // job's FetchFailed outcome.
 func (h *handler) report(ctx context.Context, msg *events.Message, f *failure.Error) error {
-	req, ok := msg.Data.(*events.FetchRequested)
-	if !ok {
-		return fmt.Errorf("report: %T is not a fetch request", msg.Data)
-	}
-	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data(), Notices: f.Notices}
-	// The kind's own subject: the only one this identity may publish on.
-	return h.pub.Publish(ctx, events.PublishSubject(h.kind), events.TypeFetchFailed, req.Job, out)
+	return fetchjob.Report(ctx, h.pub, msg, f, nil)
 }

@@ -85,7 +85,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"How long a Git remote's reference listing answers other fetches of the same remote with the same credentials; 0 disables sharing.")
 	fs.IntVar(&o.tokenCacheSize, "token-cache-max-size", providertoken.DefaultCacheEntries,
 		"Most access tokens of Git providers (GitHub App installations, the Azure workload identity) kept until shortly before they expire, as Flux's flag of that name; 0 mints a token for every fetch.")
-	fs.DurationVar(&o.verifyInterval, "artifact-verify-interval", fetch.DefaultVerifyInterval,
+	fs.DurationVar(&o.verifyInterval, "artifact-verify-interval", storage.DefaultVerifyInterval,
 		"How long an unchanged reconcile trusts a stored artifact this fetcher read and found intact, while storage reports the same size and modification time (ETag); 0 reads it through on every reconcile, as Flux.")
 	fs.BoolVar(&o.contentCache, "content-cache", true,
 		"Reuse the stored artifact of identical content (same upstream, revision and content-affecting spec) instead of fetching it again, and combine identical fetches in flight across the fetcher replicas.")
@@ -264,7 +264,7 @@ func run(ctx context.Context, o options) error {
 		ContentCache: o.contentCache,
 		Leases:       leases,
 		Provenance:   checker,
-		Verified:     &fetch.Verified{Interval: o.verifyInterval},
+		Verified:     &storage.Verified{Interval: o.verifyInterval},
 	}
 	worker := &bus.Worker{
 		Service:     service,

@@ -12,41 +12,34 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"sync"
 	"time"
 
-	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/bus"
-	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/pkg/fetchjob"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
-// Notice reasons the fetcher reports besides the outcome.
+// Notice reasons the fetcher reports besides the outcome: the bus
+// contract's (events.ArtifactMissingReason, ...), named here too.
 const (
 	// ArtifactVerificationFailedReason: the stored artifact does not match
 	// its digest and is rebuilt (Flux's Event reason).
-	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
+	ArtifactVerificationFailedReason = events.ArtifactVerificationFailedReason
 	// ArtifactMissingReason: the stored artifact is gone and is rebuilt.
-	ArtifactMissingReason = "ArtifactMissing"
+	ArtifactMissingReason = events.ArtifactMissingReason
 )
 
 // Publisher publishes CloudEvents; *bus.Publisher is one.
-type Publisher interface {
-	Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error
-}
-
-// errStagingStopped ends the archive writer when storage stops reading.
-var errStagingStopped = errors.New("staging stopped")
+type Publisher = fetchjob.Publisher
 
 // Handler handles fetch jobs.
 type Handler struct {
@@ -79,17 +72,17 @@ type Handler struct {
 	Provenance *provenance.Checker
 	// Verified, when set, lets an unchanged reconcile skip reading a
 	// stored artifact this fetcher verified recently and storage still
-	// describes the same way (see Verified); nil reads it every time.
-	Verified *Verified
+	// describes the same way (see storage.Verified); nil reads it every time.
+	Verified *storage.Verified
 }
 
 // Handle is a bus.Handler for the fetch stream. A failed fetch is a
 // *failure.Error, which the worker reports (Report) and settles; any other
 // error is the platform's (the bus, the storage).
 func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
-	req, ok := msg.Data.(*events.FetchRequested)
-	if !ok {
-		return fmt.Errorf("%w: unexpected event type %s on the fetch stream", events.ErrMalformed, msg.Event.Type())
+	req, err := fetchjob.Requested(msg)
+	if err != nil {
+		return err
 	}
 	if h.Provenance != nil {
 		if err := h.Provenance.Check(ctx, req); err != nil {
@@ -138,20 +131,19 @@ func (h *Handler) refuse(ctx context.Context, err error) error {
 // job's FetchFailed outcome, with the revision resolved before the failure
 // and a failed signature check, if that is what failed.
 func (h *Handler) Report(ctx context.Context, msg *events.Message, f *failure.Error) error {
-	req, ok := msg.Data.(*events.FetchRequested)
-	if !ok {
-		return fmt.Errorf("report: %T is not a fetch request", msg.Data)
-	}
-	out := &events.Outcome{Job: req.Job, Revision: f.Revision, Failure: f.Data(), Notices: f.Notices}
+	var verification *events.Verification
 	var unverified *source.Unverified
 	if errors.As(f, &unverified) {
-		out.Verification = unverified.Verification
+		verification = unverified.Verification
 	}
-	return h.Publisher.Publish(ctx, events.PublishSubject(req.Job.Object.Kind), events.TypeFetchFailed, req.Job, out)
+	return fetchjob.Report(ctx, h.Publisher, msg, f, verification)
 }
 
 // fetch does the job and publishes its result, except a failure, which it
-// returns as a *failure.Error; any other error is the platform's.
+// returns as a *failure.Error; any other error is the platform's. Its
+// steps: resolve the upstream revision, answer unchanged when the stored
+// artifact holds it, share the content another fetch has or is fetching,
+// otherwise download and stage it, and hand it to the packager.
 func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ string, err error) {
 	kind := req.Job.Object.Kind
 	src, ok := h.Sources[kind]
@@ -162,32 +154,12 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 	// part of it.
 	work, cancel := context.WithTimeout(ctx, src.Timeout(req))
 	defer cancel()
-	log := logr.FromContextOrDiscard(ctx)
 
-	res, err := src.Resolve(work, req)
+	res, err := h.resolve(ctx, work, src, req)
 	if err != nil {
-		f := source.AsError(err, sourcev1.GitOperationFailedReason)
-		// The stored artifact is checked whether or not the upstream
-		// answers: a corrupt or missing one is reported now, not once
-		// the upstream is back.
-		if prev := req.Previous; prev != nil && f.Handling != failure.Waiting {
-			if notice, verr := h.verify(ctx, prev); verr == nil && notice != nil {
-				if notice.Reason == ArtifactMissingReason {
-					notice.Message = fmt.Sprintf("artifact '%s' is missing from storage: it is rebuilt once the source can be fetched", prev.Path)
-				}
-				f.Notices = append(f.Notices, *notice)
-			}
-		}
-		return "", f
+		return "", err
 	}
-	if c, ok := res.(io.Closer); ok {
-		// What resolving downloaded (a Helm index) is removed with the job.
-		defer func() {
-			if err := c.Close(); err != nil {
-				log.Error(err, "removing resolved content")
-			}
-		}()
-	}
+	defer closeResolved(ctx, res)
 	revision := res.Revision()
 	// A failure from here on happened with a new upstream revision known.
 	defer func() {
@@ -196,137 +168,108 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 		}
 	}()
 
-	var notices []events.Notice
-	if prev := req.Previous; prev != nil && !req.Force && revision != "" && revision == prev.Revision {
-		notice, err := h.verify(work, prev)
-		if err != nil {
-			return "", err
-		}
-		if notice == nil && req.Quiet {
-			// A steady source: its outcome would change nothing in
-			// status, so the job is its only message.
-			log.V(1).Info("revision unchanged; steady source, nothing published", "revision", revision)
-			return ResultQuiet, nil
-		}
-		if notice == nil {
-			out := &events.Outcome{Job: req.Job, Revision: revision, Artifact: prev}
-			if err := h.Publisher.Publish(ctx, events.PublishSubject(kind), events.TypeFetchUnchanged, req.Job, out); err != nil {
-				return "", err
-			}
-			log.V(1).Info("revision unchanged", "revision", revision)
-			return ResultUnchanged, nil
-		}
-		log.Info("stored artifact is not usable: rebuilding", "reason", notice.Reason, "message", notice.Message)
-		notices = append(notices, *notice)
+	notices, result, err := h.unchanged(ctx, work, req, revision)
+	if result != "" || err != nil {
+		return result, err
 	}
 
-	// Content that may be shared is known by one key: the content cache's
-	// and the one concurrent fetches of it join on.
-	share, identity := h.shareable(res)
-	var contentKey string
-	if share != nil {
-		contentKey = contentcache.Key(kind, identity, revision, req.Includes, h.MaxFileSize)
+	sh := h.sharing(req, res, revision, notices)
+	defer sh.leave(ctx)
+	if result, err := sh.join(ctx, work); result != "" || err != nil {
+		return result, err
 	}
 
-	var lead func(staged *events.Fetched)
-	var lease *Lease
-	if share != nil {
-		// A stored artifact that no longer matches its digest may be the
-		// very file the content cache shares (a hard link): the cache's
-		// copy is reused only if it checks out.
-		verify := hasNotice(notices, ArtifactVerificationFailedReason)
-		if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
-			return result, err
-		}
-		// Fetches of the same content that run now join the first: it
-		// downloads, the others copy what it staged.
-		fl, leader := h.flights.join(contentKey)
-		if !leader {
-			if result, done, err := h.follow(ctx, work, req, fl, share, notices); done || err != nil {
-				if done {
-					h.Metrics.countCombined(CombineFollowedLocal)
-				}
-				return result, err
-			}
-			// The leader failed, or it found the content cached, with
-			// nothing staged: the cache, if it has it now, saves the
-			// download.
-			if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
-				return result, err
-			}
-		} else {
-			// copied, when set, is this job's copy of content another
-			// fetch staged: the flight lands with it, so that the fetches
-			// that joined this one copy it in turn.
-			var copied *events.Fetched
-			if staged := h.flights.recent(contentKey); staged != nil {
-				// A flight of the content landed a moment ago: its staged
-				// content, if still there, or the content cache, which
-				// knows the content once the packager deleted it, saves
-				// the download.
-				if err := share.ProveAccess(work); err != nil {
-					h.flights.land(contentKey, fl, nil)
-					return "", source.AsError(err, sourcev1.GitOperationFailedReason)
-				}
-				if copied = h.copyOf(ctx, work, req, staged, notices); copied != nil {
-					h.Metrics.countCombined(CombineFollowedLocal)
-				} else if result, done, err := h.reuse(ctx, work, req, revision, contentKey, share, notices, verify); done || err != nil {
-					h.flights.land(contentKey, fl, nil)
-					return result, err
-				}
-			}
-			// The fetches of the same content in other fetchers join too:
-			// one of them downloads.
-			if copied == nil && h.Leases != nil {
-				var result string
-				var done bool
-				lease, copied, result, done, err = h.combine(ctx, work, req, revision, contentKey, share, notices, verify)
-				if done || err != nil {
-					h.flights.land(contentKey, fl, nil)
-					return result, err
-				}
-				if lease != nil {
-					defer lease.Release(ctx)
-				}
-			}
-			landed := false
-			lead = func(staged *events.Fetched) {
-				if !landed {
-					landed = true
-					h.flights.land(contentKey, fl, staged)
-				}
-			}
-			defer lead(nil)
-			if copied != nil {
-				// This fetcher's followers copy the copy.
-				lead(copied)
-				return h.publishCopy(ctx, req, copied)
-			}
-		}
-	}
-
-	dir, err := os.MkdirTemp(h.TempDir, "fetch-")
-	if err != nil {
-		return "", &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.DirCreationFailedReason,
-			Err: fmt.Errorf("failed to create temporary working directory: %w", err)}
-	}
-	defer func() {
-		if err := os.RemoveAll(dir); err != nil {
-			log.Error(err, "removing temporary working directory", "dir", dir)
-		}
-	}()
-	content, err := res.Download(work, dir)
-	if err != nil {
-		return "", source.AsError(err, sourcev1.GitOperationFailedReason)
-	}
-
-	key := storage.StagingKey(req.Job.ID)
-	size, err := h.stage(work, key, content)
+	out, err := h.download(ctx, work, req, res, notices)
 	if err != nil {
 		return "", err
 	}
+	out.ContentKey = sh.contentKey(out.Revision)
+	sh.offer(ctx, out)
+	if err := fetchjob.Hand(ctx, h.Publisher, out); err != nil {
+		return "", err
+	}
+	return ResultFetched, nil
+}
+
+// resolve asks src for the job's upstream revision. A failure to resolve
+// carries the notice of a stored artifact that is not intact: it is
+// checked whether or not the upstream answers, so a corrupt or missing
+// one is reported now, not once the upstream is back.
+func (h *Handler) resolve(ctx, work context.Context, src source.Source, req *events.FetchRequested) (source.Resolved, error) {
+	res, err := src.Resolve(work, req)
+	if err == nil {
+		return res, nil
+	}
+	f := source.AsError(err, sourcev1.GitOperationFailedReason)
+	if prev := req.Previous; prev != nil && f.Handling != failure.Waiting {
+		if notice, verr := fetchjob.CheckPrevious(ctx, h.Storage, h.Verified, prev); verr == nil && notice != nil {
+			if notice.Reason == events.ArtifactMissingReason {
+				notice.Message = fmt.Sprintf("artifact '%s' is missing from storage: it is rebuilt once the source can be fetched", prev.Path)
+			}
+			f.Notices = append(f.Notices, *notice)
+		}
+	}
+	return nil, f
+}
+
+// closeResolved removes what resolving downloaded (a Helm index), if
+// anything.
+func closeResolved(ctx context.Context, res source.Resolved) {
+	if c, ok := res.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			logr.FromContextOrDiscard(ctx).Error(err, "removing resolved content")
+		}
+	}
+}
+
+// unchanged answers the job, and returns its result, when the upstream
+// revision is the one the stored artifact holds and the artifact is
+// intact. When it is not intact, it returns the notice that says so: the
+// artifact is rebuilt. Forced jobs are never unchanged.
+func (h *Handler) unchanged(ctx, work context.Context, req *events.FetchRequested, revision string) ([]events.Notice, string, error) {
+	prev := req.Previous
+	if prev == nil || req.Force || revision == "" || revision != prev.Revision {
+		return nil, "", nil
+	}
+	notice, err := fetchjob.CheckPrevious(work, h.Storage, h.Verified, prev)
+	if err != nil {
+		return nil, "", err
+	}
+	if notice != nil {
+		logr.FromContextOrDiscard(ctx).Info("stored artifact is not usable: rebuilding", "reason", notice.Reason, "message", notice.Message)
+		return []events.Notice{*notice}, "", nil
+	}
+	published, err := fetchjob.Unchanged(ctx, h.Publisher, req)
+	switch {
+	case err != nil:
+		return nil, "", err
+	case published:
+		return nil, ResultUnchanged, nil
+	}
+	return nil, ResultQuiet, nil
+}
+
+// download downloads the resolved content into a temporary directory and
+// stages it at the job's staging key, and returns the job's Fetched for
+// the packager, notices included.
+func (h *Handler) download(ctx, work context.Context, req *events.FetchRequested, res source.Resolved,
+	notices []events.Notice) (*events.Fetched, error) {
+	dir, remove, err := fetchjob.WorkDir(ctx, h.TempDir)
+	if err != nil {
+		return nil, err
+	}
+	defer remove()
+	content, err := res.Download(work, dir)
+	if err != nil {
+		return nil, source.AsError(err, sourcev1.GitOperationFailedReason)
+	}
+	key := storage.StagingKey(req.Job.ID)
+	size, err := h.stage(work, key, content)
+	if err != nil {
+		return nil, err
+	}
 	if h.Metrics != nil {
-		h.Metrics.bytes.WithLabelValues(kind).Add(float64(size))
+		h.Metrics.bytes.WithLabelValues(req.Job.Object.Kind).Add(float64(size))
 	}
 	out := &events.Fetched{
 		Job:          req.Job,
@@ -342,313 +285,17 @@ func (h *Handler) fetch(ctx context.Context, req *events.FetchRequested) (_ stri
 	if content.File != "" {
 		out.Format = events.FormatFile
 	}
-	if share != nil {
-		// The content downloaded may be of a newer revision than resolved.
-		out.ContentKey = contentcache.Key(kind, identity, content.Revision, req.Includes, h.MaxFileSize)
-	}
-	if lead != nil {
-		// The followers copy the staged content before the packager,
-		// once it has the job, deletes it.
-		lead(out)
-	}
-	if lease != nil {
-		// So do the followers in other fetchers, or they find the
-		// content cache, which the packager fills before it deletes.
-		if err := lease.Land(ctx, out); err != nil {
-			log.Error(err, "offering the staged content to other fetchers failed", "key", contentKey)
-		}
-	}
-	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
-		return "", err
-	}
-	log.Info("content staged", "revision", content.Revision, "staging", key, "bytes", size)
-	return ResultFetched, nil
-}
-
-// hasNotice reports whether notices hold one with the given reason.
-func hasNotice(notices []events.Notice, reason string) bool {
-	for _, n := range notices {
-		if n.Reason == reason {
-			return true
-		}
-	}
-	return false
-}
-
-// shareable returns res as a source.Shareable, with its content identity,
-// when the content cache is on and res's content may be shared; nil
-// otherwise.
-func (h *Handler) shareable(res source.Resolved) (source.Shareable, []string) {
-	if !h.ContentCache {
-		return nil, nil
-	}
-	share, ok := res.(source.Shareable)
-	if !ok {
-		return nil, nil
-	}
-	identity, ok := share.ContentIdentity()
-	if !ok {
-		return nil, nil
-	}
-	return share, identity
-}
-
-// follow waits for the fetch leading the flight of the same content and
-// hands what it staged to the packager as this job's: a copy of it at the
-// job's own staging key, after this source's own credentials proved they
-// can read the upstream. done is false when the leader failed or the copy
-// could not be made: the caller then fetches itself.
-func (h *Handler) follow(ctx, work context.Context, req *events.FetchRequested, fl *flight, share source.Shareable,
-	notices []events.Notice) (result string, done bool, err error) {
-	release := sync.OnceFunc(fl.copied)
-	defer release()
-	// Proven while the leader downloads.
-	if err := share.ProveAccess(work); err != nil {
-		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
-	}
-	staged := fl.wait(work)
-	if staged == nil {
-		return "", false, nil
-	}
-	return h.stageCopy(ctx, work, req, staged, notices, release)
-}
-
-// stageCopy copies staged content to the job's staging key, calls release
-// once the copy is made, and hands the copy to the packager.
-func (h *Handler) stageCopy(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched,
-	notices []events.Notice, release func()) (result string, done bool, err error) {
-	out := h.copyOf(ctx, work, req, staged, notices)
-	if out == nil {
-		return "", false, nil
-	}
-	release()
-	result, err = h.publishCopy(ctx, req, out)
-	return result, err == nil, err
-}
-
-// copyOf copies the content another fetch staged to the job's staging key
-// and returns the job's Fetched for the copy; nil when the content could
-// not be copied (it is gone).
-func (h *Handler) copyOf(ctx, work context.Context, req *events.FetchRequested, staged *events.Fetched,
-	notices []events.Notice) *events.Fetched {
-	key := storage.StagingKey(req.Job.ID)
-	if _, err := h.Storage.Copy(work, staged.Staging, key); err != nil {
-		logr.FromContextOrDiscard(ctx).Info("the content another fetch staged could not be copied", "error", err.Error())
-		return nil
-	}
-	out := *staged
-	out.Job, out.Staging, out.Notices, out.Includes = req.Job, key, notices, req.Includes
-	return &out
-}
-
-// publishCopy hands the copy of content another fetch staged to the
-// packager.
-func (h *Handler) publishCopy(ctx context.Context, req *events.FetchRequested, out *events.Fetched) (string, error) {
-	if err := h.Publisher.Publish(ctx, events.PackageSubject(req.Job.Object.Kind), events.TypeFetched, req.Job, out); err != nil {
-		return "", err
-	}
-	logr.FromContextOrDiscard(ctx).Info("content staged by another fetch of the same content", "revision", out.Revision, "staging", out.Staging)
-	return ResultJoined, nil
-}
-
-// combine takes part, for the fetch leading the flight of key in this
-// fetcher, in the fetches of the same content in other fetcher replicas
-// (see Leases). It returns the lease when this fetcher leads them: the
-// caller downloads, then lands or releases it. When another fetcher led,
-// it returns copied, this job's Fetched for its copy of what that fetcher
-// staged, yet to be published; or done, once published, when the content
-// cache held the content that fetcher staged and the packager took. With
-// none of them, the caller downloads alone: the bucket cannot be read, or
-// the other fetcher failed or died.
-func (h *Handler) combine(ctx, work context.Context, req *events.FetchRequested, revision, key string, share source.Shareable,
-	notices []events.Notice, verify bool) (lease *Lease, copied *events.Fetched, result string, done bool, err error) {
-	log := logr.FromContextOrDiscard(ctx)
-	lease, err = h.Leases.Acquire(work, key)
-	if err != nil {
-		if work.Err() == nil {
-			log.Error(err, "the fetches in flight in other fetchers cannot be read: fetching alone", "key", key)
-			h.Metrics.countCombined(CombineBypassed)
-		}
-		return nil, nil, "", false, nil
-	}
-	if lease != nil {
-		h.Metrics.countCombined(CombineLed)
-		return lease, nil, "", false, nil
-	}
-	// Proven before the copy, as a follower in this fetcher does.
-	if err := share.ProveAccess(work); err != nil {
-		return nil, nil, "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
-	}
-	staged, outcome := h.Leases.Wait(work, key)
-	if staged == nil {
-		h.Metrics.countCombined(outcome)
-		return nil, nil, "", false, nil
-	}
-	if copied = h.copyOf(ctx, work, req, staged, notices); copied != nil {
-		h.Metrics.countCombined(CombineFollowedRemote)
-		return nil, copied, "", false, nil
-	}
-	// The packager took the staged content, after it recorded it in the
-	// content cache.
-	result, done, err = h.reuse(ctx, work, req, revision, key, share, notices, verify)
-	if done {
-		h.Metrics.countCombined(CombineFollowedRemote)
-	}
-	return nil, nil, result, done, err
-}
-
-// reuse looks the content of key (of revision) up in the content cache and, on a hit,
-// hands the cached artifact to the packager instead of downloading: done
-// is true when it published the Fetched job. A cache that cannot be read
-// is a miss; the content is downloaded. With verify, the cached artifact
-// must match its digest.
-func (h *Handler) reuse(ctx, work context.Context, req *events.FetchRequested, revision, key string, share source.Shareable,
-	notices []events.Notice, verify bool) (result string, done bool, err error) {
-	kind := req.Job.Object.Kind
-	log := logr.FromContextOrDiscard(ctx)
-	idx, err := contentcache.Lookup(work, h.Storage, key, revision)
-	if err != nil {
-		if work.Err() == nil {
-			log.Error(err, "content cache lookup failed: fetching", "key", key)
-		}
-		return "", false, nil
-	}
-	if idx == nil {
-		return "", false, nil
-	}
-	if verify {
-		if err := storage.Verify(work, h.Storage, idx.Artifact, idx.Digest); err != nil {
-			log.Info("cached artifact is not intact: fetching", "key", key, "error", err.Error())
-			return "", false, nil
-		}
-	}
-	// The cached bytes are handed over only to a source whose own
-	// credentials can read the upstream.
-	if err := share.ProveAccess(work); err != nil {
-		return "", false, source.AsError(err, sourcev1.GitOperationFailedReason)
-	}
-	out := &events.Fetched{
-		Job:      req.Job,
-		Revision: revision,
-		// Nothing is staged; the key lets the packager clean up what an
-		// earlier attempt of the job may have staged.
-		Staging:      storage.StagingKey(req.Job.ID),
-		ArtifactName: idx.ArtifactName,
-		Metadata:     idx.Metadata,
-		EventMessage: idx.EventMessage,
-		Notices:      notices,
-		Includes:     req.Includes,
-		ContentKey:   key,
-		Reuse:        &events.Reuse{Key: idx.Artifact, Digest: idx.Digest, Size: idx.Size},
-	}
-	if err := h.Publisher.Publish(ctx, events.PackageSubject(kind), events.TypeFetched, req.Job, out); err != nil {
-		return "", false, err
-	}
-	log.Info("content reused", "revision", revision, "key", key, "artifact", idx.Artifact)
-	return ResultReused, true, nil
-}
-
-// verify checks that the previous artifact is stored intact. It returns the
-// notice to carry when it is not; an error only when storage cannot tell.
-func (h *Handler) verify(ctx context.Context, prev *meta.Artifact) (*events.Notice, error) {
-	var info storage.Info
-	statted := false
-	if h.Verified != nil {
-		// What storage says of the artifact before it is read: if it says
-		// the same next time, the read can be skipped for a while.
-		if i, err := h.Storage.Stat(ctx, prev.Path); err == nil {
-			if h.Verified.Fresh(prev, i) {
-				return nil, nil
-			}
-			info, statted = i, true
-		}
-	}
-	err := storage.Verify(ctx, h.Storage, prev.Path, prev.Digest)
-	if err != nil {
-		h.Verified.Forget(prev)
-	}
-	var mismatch *storage.DigestMismatchError
-	switch {
-	case err == nil:
-		if statted {
-			h.Verified.Remember(prev, info)
-		}
-		return nil, nil
-	case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrInvalidKey):
-		return &events.Notice{Warning: true, Reason: ArtifactMissingReason,
-			Message: fmt.Sprintf("artifact '%s' is missing from storage: rebuilding", prev.Path)}, nil
-	case errors.As(err, &mismatch):
-		return &events.Notice{Warning: true, Reason: ArtifactVerificationFailedReason, Message: mismatch.Error()}, nil
-	case ctx.Err() != nil:
-		return nil, ctx.Err()
-	default:
-		// An unreadable artifact is rebuilt like a corrupt one.
-		return &events.Notice{Warning: true, Reason: ArtifactVerificationFailedReason,
-			Message: fmt.Sprintf("failed to verify integrity of artifact: %s", err.Error())}, nil
-	}
+	logr.FromContextOrDiscard(ctx).Info("content staged", "revision", content.Revision, "staging", key, "bytes", size)
+	return out, nil
 }
 
 // stage streams the tar of content, or its file, into storage at key and
-// returns its size. An archiving failure is a *failure.Error; a storage
-// failure is not.
+// returns its size (see fetchjob.StageTree and StageFile).
 func (h *Handler) stage(ctx context.Context, key string, content *source.Content) (int64, error) {
 	if content.File != "" {
-		return h.stageFile(ctx, key, content.File)
+		return fetchjob.StageFile(ctx, h.Storage, key, content.File)
 	}
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		_, err := archive.WriteTarFS(ctx, pw, content.Tree(), archive.TarOptions{Exclude: content.Exclude, MaxFileSize: h.MaxFileSize})
-		pw.CloseWithError(err)
-		done <- err
-	}()
-	info, err := h.Storage.Put(ctx, key, pr)
-	// Unblock the writer if Put stopped reading early.
-	pr.CloseWithError(errStagingStopped)
-	if werr := <-done; werr != nil && !errors.Is(werr, errStagingStopped) {
-		handling := failure.Transient
-		if errors.Is(werr, archive.ErrTooLarge) {
-			// The same content is as large the next time. The message
-			// names the file by its path in the tree.
-			handling = failure.Final
-		}
-		return 0, stageFailure(handling, "archive", werr)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			// The spec's timeout ran out while staging.
-			return 0, stageFailure(failure.Transient, "archive", ctx.Err())
-		}
-		// A storage that cannot take the content (full, refusing) is
-		// Flux's StorageOperationFailed, shown on the source at once and
-		// retried: the operator sees it where Flux users look.
-		return 0, stageFailure(failure.Transient, "archive", err)
-	}
-	return info.Size, nil
-}
-
-// stageFile stores the file that is the artifact itself at key, as it is.
-// A file that cannot be read and a storage that cannot take it are each a
-// *failure.Error (StorageOperationFailed).
-func (h *Handler) stageFile(ctx context.Context, key, file string) (int64, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return 0, failure.New(failure.Transient, sourcev1.StorageOperationFailedCondition, sourcev1.ArchiveOperationFailedReason,
-			"unable to stage artifact: %w", err)
-	}
-	defer f.Close()
-	info, err := h.Storage.Put(ctx, key, f)
-	if err != nil {
-		return 0, stageFailure(failure.Transient, "copy", err)
-	}
-	return info.Size, nil
-}
-
-// stageFailure is a failure to stage content, in Flux's words ("unable to
-// archive artifact to storage", "unable to copy ...").
-func stageFailure(h failure.Handling, verb string, err error) *failure.Error {
-	return &failure.Error{Condition: sourcev1.StorageOperationFailedCondition, Reason: sourcev1.ArchiveOperationFailedReason,
-		Handling: h, Err: fmt.Errorf("unable to %s artifact to storage: %w", verb, err)}
+	return fetchjob.StageTree(ctx, h.Storage, key, content.Tree(), archive.TarOptions{Exclude: content.Exclude, MaxFileSize: h.MaxFileSize})
 }
 
 func (h *Handler) observe(kind, result string, start time.Time) {

@@ -35,7 +35,7 @@ func TestVerifiedArtifactIsNotReadAgain(t *testing.T) {
 	e := newEnv(t, 5, func(h *Handler) {
 		counting = &openCounting{Storage: h.Storage}
 		h.Storage = counting
-		h.Verified = &Verified{Interval: time.Hour, now: func() time.Time { return now }}
+		h.Verified = &storage.Verified{Interval: time.Hour, Now: func() time.Time { return now }}
 	})
 	prev := e.artifact(t, "artifact bytes", "artifact bytes")
 	unchanged := func(job string) {
