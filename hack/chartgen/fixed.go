@@ -106,6 +106,12 @@ sources:
 		return err
 	}
 	c.Files["values.yaml"] = values
+	readme, err := ChartReadme(values)
+	if err != nil {
+		return err
+	}
+	c.Files["README.md"] = []byte(readme)
+	c.Files["templates/NOTES.txt"] = []byte(notes)
 	schema, err := json.MarshalIndent(valuesSchema(), "", "  ")
 	if err != nil {
 		return err
@@ -148,18 +154,19 @@ storage:
     # ReadWriteOnce: one volume, the pods that mount it kept on its node
     # (overlays/single-node); ReadWriteMany: overlays/rwx.
     accessMode: ReadWriteOnce
+    # The volume's size.
     size: %s
 `, d.ClaimSize)
 	section := func(comment, key string, enabled, replicas, image bool) error {
 		fmt.Fprintf(&b, "\n# %s\n%s:\n", comment, key)
 		if enabled {
-			b.WriteString("  enabled: false\n")
+			b.WriteString("  # Installs it.\n  enabled: false\n")
 		}
 		if replicas {
-			fmt.Fprintf(&b, "  replicas: %v\n", d.Replicas[key])
+			fmt.Fprintf(&b, "  # Its Deployment's replicas.\n  replicas: %v\n", d.Replicas[key])
 		}
 		if image {
-			fmt.Fprintf(&b, "  image: %s\n", d.Images[key])
+			fmt.Fprintf(&b, "  # Its image.\n  image: %s\n", d.Images[key])
 		}
 		res, ok := d.Resources[key]
 		if !ok {
@@ -169,7 +176,7 @@ storage:
 		if err != nil {
 			return err
 		}
-		b.WriteString("  # Requests and limits of its container (the whole map: a key left out\n  # is not set).\n")
+		b.WriteString("  # Requests and limits of its container.\n")
 		for _, l := range strings.Split(strings.TrimSuffix(string(y), "\n"), "\n") {
 			b.WriteString("  " + l + "\n")
 		}
@@ -197,12 +204,12 @@ storage:
 # The bundled NATS JetStream server.
 nats:
 `)
-	fmt.Fprintf(&b, "  image: %s\n", d.Images["nats"])
+	fmt.Fprintf(&b, "  # Its image.\n  image: %s\n", d.Images["nats"])
 	y, err := yaml.Marshal(map[string]any{"resources": d.Resources["nats"]})
 	if err != nil {
 		return nil, err
 	}
-	b.WriteString("  # Requests and limits of its container (the whole map: a key left out\n  # is not set).\n")
+	b.WriteString("  # Requests and limits of its container.\n")
 	for _, l := range strings.Split(strings.TrimSuffix(string(y), "\n"), "\n") {
 		b.WriteString("  " + l + "\n")
 	}

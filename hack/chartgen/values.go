@@ -9,32 +9,35 @@ import (
 // objects and holds the defaults of every workload's pod settings.
 const globalValues = `
 # The cluster-scoped objects (ClusterRoles and their bindings) are named
-# <fullname>-<role>: fullnameOverride, else the release's name if it
-# contains "headwater" (or nameOverride), else <release>-headwater. The
-# release headwater gets deploy/'s names. Namespaced objects keep deploy/'s
-# names (the Service source-controller is what Flux's consumers dial):
-# install one release per namespace.
+# <fullname>-<role>; the release headwater gets deploy/'s names.
+# Namespaced objects keep deploy/'s names (the Service source-controller is
+# what Flux's consumers dial): install one release per namespace.
+# nameOverride: the chart's name in <release>-<name>, the full name of a
+# release whose name does not contain it.
 nameOverride: ""
+# The full name, whatever the release's.
 fullnameOverride: ""
 
 # Pulled with these Secrets (of the release's namespace), every pod:
 # [{name: my-registry}].
 imagePullSecrets: []
 
-# Defaults of every workload's nodeSelector, tolerations and
-# priorityClassName (a workload's own, when set, replaces it).
+# Every workload's nodeSelector, unless its own is set.
 nodeSelector: {}
+# Every workload's tolerations, unless its own are set.
 tolerations: []
+# Every workload's PriorityClass, unless its own is set.
 priorityClassName: ""
-# Added to every pod's labels and annotations (a workload's own, when set,
-# adds to them and wins on the same key).
+# Added to every pod's labels (a workload's podLabels win on the same key).
 podLabels: {}
+# Added to every pod's annotations (a workload's podAnnotations win on the
+# same key).
 podAnnotations: {}
 
-# The CRDs (Flux's source API, the Receiver with receivers.enabled, and
-# Headwater's Subscription): false where they are installed otherwise (a
-# second release, or Flux's own). helm uninstall keeps them either way.
 crds:
+  # The CRDs (Flux's source API, the Receiver with receivers.enabled, and
+  # Headwater's Subscription): false where they are installed otherwise (a
+  # second release, or Flux's own). helm uninstall keeps them either way.
   install: true
 `
 
