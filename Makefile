@@ -182,6 +182,22 @@ image-archive: $(if $(THIRD_PARTY),minio nats-server coredns) ## Write bin/image
 
 comma := ,
 
+# A release (deploy/README.md, "Releases"): into bin/release/, never
+# committed, the images (an OCI layout archive, for PLATFORMS), the default
+# install and the Flux drop-in in one file each with Headwater's image
+# pinned to the version's tag and digest, the chart packaged with the
+# version, digests.txt and checksums.txt.
+RELEASE_DIR := $(BIN_DIR)/release
+
+.PHONY: release
+release: IMAGE_TAG = $(VERSION)
+release: ## Write the release VERSION=vX.Y.Z into bin/release: images (headwater-images.tar, PLATFORMS default linux/amd64,linux/arm64), install.yaml, install-flux-system.yaml, headwater-X.Y.Z.tgz, digests.txt, checksums.txt.
+	@if ! [[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]]; then echo "make release VERSION=vX.Y.Z (VERSION is '$(VERSION)')"; exit 1; fi
+	@rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	@$(call build_images,$(or $(PLATFORMS),linux/amd64$(comma)linux/arm64),-archive $(RELEASE_DIR)/headwater-images.tar -digests $(RELEASE_DIR)/digests.txt,)
+	@cd hack/chartgen && GOWORK=off go run . -root $(CURDIR) -release $(VERSION) -release-dir $(RELEASE_DIR) -digests $(RELEASE_DIR)/digests.txt
+	@cd $(RELEASE_DIR) && cat checksums.txt
+
 .PHONY: flux-image-archive
 flux-image-archive: flux flux-controllers ## Write bin/images/flux-images.tar: Flux's source-, kustomize- and notification-controller (linux/amd64), which the full cluster tests run beside Headwater and switch from and back to, and the helmrelease Job (e2e/cmd/helmrelease).
 	@mkdir -p $(IMAGES_DIR)

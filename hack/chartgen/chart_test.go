@@ -31,19 +31,27 @@ func (o object) key() string {
 }
 
 // helmTemplate renders the chart as `helm template` does (the values
-// checked against values.schema.json) into release namespace ns.
+// checked against values.schema.json) as the release headwater in
+// namespace ns.
 func helmTemplate(t *testing.T, ns string, values map[string]any) (map[string]object, error) {
 	t.Helper()
-	chrt, err := loader.Load(chartDir)
+	return helmTemplateRelease(t, chartDir, "headwater", ns, values)
+}
+
+// helmTemplateRelease renders the chart at path (a directory or a
+// package) as release in namespace ns.
+func helmTemplateRelease(t *testing.T, path, release, ns string, values map[string]any) (map[string]object, error) {
+	t.Helper()
+	chrt, err := loader.Load(path)
 	if err != nil {
-		t.Fatalf("load %s: %v", chartDir, err)
+		t.Fatalf("load %s: %v", path, err)
 	}
 	install := action.NewInstall(&action.Configuration{})
 	install.DryRun = true
 	install.DryRunOption = "true"
 	install.ClientOnly = true
 	install.Replace = true
-	install.ReleaseName = "headwater"
+	install.ReleaseName = release
 	install.Namespace = ns
 	install.IncludeCRDs = true
 	rel, err := install.Run(chrt, values)

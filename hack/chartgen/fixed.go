@@ -55,6 +55,27 @@ bundled
 {{- end -}}
 {{- end -}}
 
+{{- /*
+headwater.fullname: the release's full name, which replaces "headwater-"
+in the names of the cluster-scoped objects (ClusterRoles and their
+bindings), so that releases in two namespaces do not share them:
+fullnameOverride, else the release's name if it contains the chart's (or
+nameOverride), else both joined. The release headwater renders deploy/'s
+names. Namespaced objects keep deploy/'s names: one release per namespace.
+*/ -}}
+{{- define "headwater.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* headwater.chart: the value of the label helm.sh/chart. */ -}}
 {{- define "headwater.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
@@ -85,6 +106,12 @@ sources:
 		return err
 	}
 	c.Files["values.yaml"] = values
+	readme, err := ChartReadme(values)
+	if err != nil {
+		return err
+	}
+	c.Files["README.md"] = []byte(readme)
+	c.Files["templates/NOTES.txt"] = []byte(notes)
 	schema, err := json.MarshalIndent(valuesSchema(), "", "  ")
 	if err != nil {
 		return err
@@ -110,6 +137,7 @@ func valuesYAML(d Defaults) ([]byte, error) {
 image:
 `)
 	fmt.Fprintf(&b, "  repository: %s\n  tag: %s\n", d.Repository, d.Tag)
+	b.WriteString(globalValues)
 	fmt.Fprintf(&b, `
 # Where artifacts are stored (deploy/README.md, "Pick the storage").
 storage:
@@ -126,18 +154,19 @@ storage:
     # ReadWriteOnce: one volume, the pods that mount it kept on its node
     # (overlays/single-node); ReadWriteMany: overlays/rwx.
     accessMode: ReadWriteOnce
+    # The volume's size.
     size: %s
 `, d.ClaimSize)
 	section := func(comment, key string, enabled, replicas, image bool) error {
 		fmt.Fprintf(&b, "\n# %s\n%s:\n", comment, key)
 		if enabled {
-			b.WriteString("  enabled: false\n")
+			b.WriteString("  # Installs it.\n  enabled: false\n")
 		}
 		if replicas {
-			fmt.Fprintf(&b, "  replicas: %v\n", d.Replicas[key])
+			fmt.Fprintf(&b, "  # Its Deployment's replicas.\n  replicas: %v\n", d.Replicas[key])
 		}
 		if image {
-			fmt.Fprintf(&b, "  image: %s\n", d.Images[key])
+			fmt.Fprintf(&b, "  # Its image.\n  image: %s\n", d.Images[key])
 		}
 		res, ok := d.Resources[key]
 		if !ok {
@@ -147,9 +176,11 @@ storage:
 		if err != nil {
 			return err
 		}
+		b.WriteString("  # Requests and limits of its container.\n")
 		for _, l := range strings.Split(strings.TrimSuffix(string(y), "\n"), "\n") {
 			b.WriteString("  " + l + "\n")
 		}
+		b.WriteString(podValuesYAML(key))
 		return nil
 	}
 	for _, s := range []struct {
@@ -173,14 +204,16 @@ storage:
 # The bundled NATS JetStream server.
 nats:
 `)
-	fmt.Fprintf(&b, "  image: %s\n", d.Images["nats"])
+	fmt.Fprintf(&b, "  # Its image.\n  image: %s\n", d.Images["nats"])
 	y, err := yaml.Marshal(map[string]any{"resources": d.Resources["nats"]})
 	if err != nil {
 		return nil, err
 	}
+	b.WriteString("  # Requests and limits of its container.\n")
 	for _, l := range strings.Split(strings.TrimSuffix(string(y), "\n"), "\n") {
 		b.WriteString("  " + l + "\n")
 	}
+	b.WriteString(podValuesYAML("nats"))
 	b.WriteString(`  # Three servers, every stream in three copies (components/nats-cluster).
   cluster:
     enabled: false
@@ -231,7 +264,8 @@ func valuesSchema() map[string]any {
 	resources := object(map[string]any{"requests": quantities, "limits": quantities})
 	replicas := map[string]any{"type": "integer", "minimum": 0}
 	service := func(enabled, withReplicas, image bool) map[string]any {
-		props := map[string]any{"resources": resources}
+		props := podValuesSchema()
+		props["resources"] = resources
 		if enabled {
 			props["enabled"] = boolean
 		}
@@ -267,15 +301,24 @@ func valuesSchema() map[string]any {
 			"dispatcher":     service(true, true, false),
 			"minio":          service(false, false, true),
 			"setup":          service(false, false, false),
-			"nats": object(map[string]any{
+			"nats": object(with(podValuesSchema(), map[string]any{
 				"image":     str,
 				"resources": resources,
 				"cluster":   toggle,
 				"tls":       toggle,
 				"external":  object(map[string]any{"enabled": boolean, "existingSecret": str}),
-			}),
-			"monitoring": toggle,
-			"fluxDropIn": toggle,
+			})),
+			"nameOverride":      map[string]any{"type": "string"},
+			"fullnameOverride":  map[string]any{"type": "string"},
+			"imagePullSecrets":  imagePullSecretsSchema,
+			"nodeSelector":      stringMap,
+			"tolerations":       objectList,
+			"priorityClassName": map[string]any{"type": "string"},
+			"podAnnotations":    stringMap,
+			"podLabels":         stringMap,
+			"crds":              object(map[string]any{"install": boolean}),
+			"monitoring":        toggle,
+			"fluxDropIn":        toggle,
 		},
 	}
 }

@@ -99,7 +99,11 @@ func Generate(root string) (*Chart, error) {
 		if _, dup := chart.Files[name]; dup {
 			return nil, fmt.Errorf("two objects make %s", name)
 		}
-		chart.Files[name] = []byte(Emit(g, variants))
+		text, err := Emit(g, variants, ObjectCond(obj.kind, obj.name))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+		chart.Files[name] = []byte(text)
 	}
 	if err := chart.addFixed(p.Defaults); err != nil {
 		return nil, err
@@ -109,10 +113,13 @@ func Generate(root string) (*Chart, error) {
 
 // Emit writes the template of one object from its variants: the lines of
 // all of them, each run of lines guarded by the choices that render it,
-// the whole by the choices that render the object at all. Actions sit at
-// the start of a line and trim nothing, so every variant's text is
-// reproduced byte for byte (blank lines of block scalars included).
-func Emit(g Grid, variants []Variant) string {
+// the whole by the choices that render the object at all and by cond (a
+// condition on other values, or ""). Actions sit at the start of a line
+// and trim nothing, so every variant's text is reproduced byte for byte
+// (blank lines of block scalars included); a line marked noNewline writes
+// its own newline, and one marked unguarded (it opens or closes an action
+// that spans lines) must be in every variant.
+func Emit(g Grid, variants []Variant, cond string) (string, error) {
 	present := make(Set, g.Size())
 	for _, v := range variants {
 		present = present.Union(v.In)
@@ -121,6 +128,9 @@ func Emit(g Grid, variants []Variant) string {
 	conds := make([]string, len(lines))
 	for i, l := range lines {
 		conds[i] = g.Cond(l.In, present)
+		if strings.Contains(l.Text, unguarded) && conds[i] != "" {
+			return "", fmt.Errorf("line %q spans lines but only renders where %s", l.Text, conds[i])
+		}
 	}
 	objCond := g.exact(present)
 
@@ -131,6 +141,12 @@ func Emit(g Grid, variants []Variant) string {
 		if d.Var != "" && strings.Contains(body, d.Var) {
 			fmt.Fprintf(&b, "{{- %s := include %q . -}}\n", d.Var, d.Helper)
 		}
+	}
+	switch {
+	case objCond != "" && cond != "":
+		objCond = fmt.Sprintf("and (%s) %s", objCond, cond)
+	case cond != "":
+		objCond = cond
 	}
 	if objCond != "" {
 		fmt.Fprintf(&b, "{{- if %s -}}\n", objCond)
@@ -147,7 +163,11 @@ func Emit(g Grid, variants []Variant) string {
 			}
 			open = conds[i]
 		}
-		b.WriteString(prefix + l.Text + "\n")
+		text, own := strings.CutSuffix(strings.ReplaceAll(l.Text, unguarded, ""), noNewline)
+		b.WriteString(prefix + text)
+		if !own {
+			b.WriteString("\n")
+		}
 	}
 	if open != "" {
 		b.WriteString("{{ end }}")
@@ -155,7 +175,7 @@ func Emit(g Grid, variants []Variant) string {
 	if objCond != "" {
 		b.WriteString("{{- end }}\n")
 	}
-	return b.String()
+	return b.String(), nil
 }
 
 // headwaterImages reads the repository and tag of Headwater's image from

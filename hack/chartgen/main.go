@@ -15,7 +15,8 @@
 //	cd hack/chartgen && GOWORK=off go run . -root ../.. -out ../../charts/headwater
 //
 // `make generate` runs it and `make verify` checks its output is
-// committed.
+// committed. With -release vX.Y.Z it writes a release's manifests, the
+// chart's package and their checksums instead (`make release`).
 package main
 
 import (
@@ -35,8 +36,14 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("chartgen", flag.ContinueOnError)
 	root := fs.String("root", "../..", "the repository's root, holding deploy/")
 	out := fs.String("out", "../../charts/headwater", "the chart's directory, written afresh")
+	release := fs.String("release", "", "Write the release of this version (vX.Y.Z) into -release-dir instead of the chart.")
+	releaseDir := fs.String("release-dir", "../../bin/release", "The release's directory.")
+	digests := fs.String("digests", "", "With -release: a file of the images' ref@digest lines (imagebuild -digests), to pin Headwater's image to its digest.")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *release != "" {
+		return Release(*root, *release, *releaseDir, *digests)
 	}
 	chart, err := Generate(*root)
 	if err != nil {

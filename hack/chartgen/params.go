@@ -11,21 +11,25 @@ import (
 // values set, under Key.
 type Workload struct {
 	Kind, Name, Container string
-	// Key is the values key: .Values.<Key>.replicas, .resources, .image.
+	// Key is the values key: .Values.<Key>.replicas, .resources, .image,
+	// and the pod's settings (PodValues).
 	Key string
+	// ServiceAccount is the ServiceAccount its pods run as, whose name,
+	// creation and annotations .Values.<Key>.serviceAccount sets.
+	ServiceAccount string
 }
 
 // Workloads are the workloads the chart's values size.
 var Workloads = []Workload{
-	{"Deployment", "watcher", "watcher", "watcher"},
-	{"Deployment", "fetcher", "fetcher", "fetcher"},
-	{"Deployment", "packager", "packager", "packager"},
-	{"Deployment", "artifact-server", "artifact-server", "artifactServer"},
-	{"Deployment", "receiver", "receiver", "receivers"},
-	{"Deployment", "dispatcher", "dispatcher", "dispatcher"},
-	{"StatefulSet", "nats", "nats", "nats"},
-	{"StatefulSet", "minio", "minio", "minio"},
-	{"Job", "headwater-setup", "setup", "setup"},
+	{"Deployment", "watcher", "watcher", "watcher", "watcher"},
+	{"Deployment", "fetcher", "fetcher", "fetcher", "fetcher"},
+	{"Deployment", "packager", "packager", "packager", "packager"},
+	{"Deployment", "artifact-server", "artifact-server", "artifactServer", "artifact-server"},
+	{"Deployment", "receiver", "receiver", "receivers", "receiver"},
+	{"Deployment", "dispatcher", "dispatcher", "dispatcher", "dispatcher"},
+	{"StatefulSet", "nats", "nats", "nats", "nats"},
+	{"StatefulSet", "minio", "minio", "minio", "minio"},
+	{"Job", "headwater-setup", "setup", "setup", "setup"},
 }
 
 // Namespace is the namespace deploy/ installs into, which the chart makes
@@ -105,10 +109,10 @@ func NewParameterizer(repository, tag string) *Parameterizer {
 // token returns the placeholder that stands for expr in marshalled YAML.
 func (p *Parameterizer) token(kind, name, expr string) string {
 	t := "HWTMPL." + kind + "." + name + ".HWEND"
-	if kind == "block" {
-		p.block[t] = expr
-	} else {
+	if kind == "inline" {
 		p.inline[t] = expr
+	} else {
+		p.block[t] = expr
 	}
 	return t
 }
@@ -198,8 +202,23 @@ func (p *Parameterizer) Parameterize(o Object) error {
 		if !found {
 			return fmt.Errorf("%s has no container %s", o.Key(), w.Container)
 		}
+		if sa := pod["serviceAccountName"]; sa != w.ServiceAccount {
+			return fmt.Errorf("%s runs as ServiceAccount %v, not %s", o.Key(), sa, w.ServiceAccount)
+		}
+		pod["serviceAccountName"] = p.serviceAccountName(w)
+		template, err := mapAt(spec, "template")
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.Key(), err)
+		}
+		for _, c := range containers {
+			if c := c.(map[string]any); c["name"] == w.Container {
+				if err := p.podSettings(w, template, pod, c); err != nil {
+					return fmt.Errorf("%s: %w", o.Key(), err)
+				}
+			}
+		}
 	}
-	return nil
+	return p.releaseNames(o)
 }
 
 // mapAt returns the map at path in m, creating it where missing.
@@ -243,6 +262,9 @@ func (p *Parameterizer) Template(y string) (string, error) {
 		return fmt.Sprintf("%s%s:{{- toYaml %s | nindent %d }}", m[1], m[2], expr, len(m[1])+2)
 	})
 	if err != nil {
+		return "", err
+	}
+	if y, err = p.expandStructural(y); err != nil {
 		return "", err
 	}
 	for t, expr := range p.inline {

@@ -85,3 +85,13 @@ func (r *Renderer) RenderDir(dir string) ([]Object, error) {
 func (r *Renderer) WriteFile(path string, data []byte) error {
 	return r.fsys.WriteFile(path, data)
 }
+
+// BuildYAML renders the kustomization in dir of the in-memory tree as
+// `kustomize build` prints it.
+func (r *Renderer) BuildYAML(dir string) ([]byte, error) {
+	rm, err := r.k.Run(r.fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize build: %w", err)
+	}
+	return rm.AsYaml()
+}

@@ -44,6 +44,7 @@ type options struct {
 	insecure   bool
 	sizes      bool
 	baseDir    string
+	digests    string
 }
 
 // listFlag is a repeatable string flag.
@@ -66,6 +67,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.push, "push", "", "Push every image to this registry prefix (host[:port][/path]), as <prefix>/<name>:<tag>.")
 	fs.BoolVar(&o.insecure, "insecure", false, "Allow plain HTTP when pushing (a local registry).")
 	fs.BoolVar(&o.sizes, "sizes", true, "Print a Markdown table of the images' sizes.")
+	fs.StringVar(&o.digests, "digests", "", "Write every image's reference and index digest into this file, a ref@digest line each (make release's digests.txt).")
 	fs.StringVar(&o.baseDir, "base-dir", "", "Only write the images' base files (CA roots, passwd, group, /data, /tmp) into this directory, for the Dockerfile.")
 }
 
@@ -115,6 +117,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	var built []*ociimage.Built
+	var digests strings.Builder
 	for _, s := range specs {
 		img, err := b.Build(s, platforms)
 		if err != nil {
@@ -125,7 +128,13 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("digest of %s: %w", s.Ref, err)
 		}
 		fmt.Fprintf(os.Stderr, "==> %s@%s\n", s.Ref, d)
+		fmt.Fprintf(&digests, "%s@%s\n", s.Ref, d)
 		built = append(built, img)
+	}
+	if o.digests != "" {
+		if err := os.WriteFile(o.digests, []byte(digests.String()), 0o644); err != nil {
+			return fmt.Errorf("write the digests: %w", err)
+		}
 	}
 
 	if o.layout != "" {

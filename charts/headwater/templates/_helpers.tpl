@@ -44,6 +44,27 @@ bundled
 {{- end -}}
 {{- end -}}
 
+{{- /*
+headwater.fullname: the release's full name, which replaces "headwater-"
+in the names of the cluster-scoped objects (ClusterRoles and their
+bindings), so that releases in two namespaces do not share them:
+fullnameOverride, else the release's name if it contains the chart's (or
+nameOverride), else both joined. The release headwater renders deploy/'s
+names. Namespaced objects keep deploy/'s names: one release per namespace.
+*/ -}}
+{{- define "headwater.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* headwater.chart: the value of the label helm.sh/chart. */ -}}
 {{- define "headwater.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
