@@ -74,13 +74,13 @@ export HEADWATER_FAKE_GCS_SERVER_BIN := $(FAKE_GCS_SERVER)
 export HEADWATER_AZURITE_BIN := $(AZURITE_BLOB)
 export HEADWATER_BIN_DIR   := $(BIN_DIR)
 # Flux's kustomize-controller (binary and CRDs), which the e2e tests run
-# against ExternalArtifacts (make flux-controllers), and notification-
-# controller's CRDs for the full cluster tests.
-export HEADWATER_FLUX_CRDS   := $(FLUX_KUSTOMIZE_CONTROLLER_DIR)/crds:$(FLUX_NOTIFICATION_CONTROLLER_DIR)/crds
+# against ExternalArtifacts (make flux-kustomize-controller); the full
+# cluster tests add notification-controller's CRDs (test-cluster below).
+export HEADWATER_FLUX_CRDS   := $(FLUX_KUSTOMIZE_CONTROLLER_DIR)/crds
 
 # The prerequisites of `make test`: every tool any test it runs starts,
 # those of the node test (test-cluster CLUSTER_TESTS=short) included.
-TEST_TOOLS := kube-tools minio bucket-emulators registry flux-controllers build \
+TEST_TOOLS := kube-tools minio bucket-emulators registry flux-kustomize-controller build \
 	kube-node cluster-deps image-archive
 
 GO_TEST_FLAGS ?= -count=1
@@ -383,6 +383,7 @@ CLUSTER_TESTS ?= full
 # What TestFluxControllers imports and applies (make flux-image-archive):
 # only the full cluster tests need (and build) it.
 test-cluster: export HEADWATER_FLUX_IMAGES := $(if $(filter full,$(CLUSTER_TESTS)),$(FLUX_IMAGE_ARCHIVE))
+test-cluster: export HEADWATER_FLUX_CRDS := $(FLUX_KUSTOMIZE_CONTROLLER_DIR)/crds$(if $(filter full,$(CLUSTER_TESTS)),:$(FLUX_NOTIFICATION_CONTROLLER_DIR)/crds)
 
 .PHONY: test-cluster
 test-cluster: kube-tools kube-node cluster-deps image-archive $(if $(filter full,$(CLUSTER_TESTS)),flux-image-archive) ## Run Headwater's images on a real single-node cluster (containerd, kubelet, kube-proxy, DNS) through deploy/ as shipped: every overlay, scaling, faults, bad input (root).
@@ -420,6 +421,10 @@ bench: kube-tools registry minio build flux ## Run every scenario on Headwater a
 .PHONY: flux
 flux: ## Flux's source-controller, built from its module for the side-by-side benchmark (cached).
 	@hack/build-tools.sh $(TOOLS_DIR) flux
+
+.PHONY: flux-kustomize-controller
+flux-kustomize-controller: ## Flux's kustomize-controller alone, which `make test` runs against ExternalArtifacts (cached).
+	@hack/build-tools.sh $(TOOLS_DIR) kustomize-controller
 
 .PHONY: flux-controllers
 flux-controllers: ## Flux's kustomize- and notification-controller, built from their modules for the cluster tests (cached).

@@ -36,11 +36,11 @@ func kustomizeControllerDir(t *testing.T) string {
 		}
 		dir = filepath.Dir(dir)
 		if fi, err := os.Stat(filepath.Join(dir, "kustomize-controller")); err != nil || fi.IsDir() {
-			t.Fatalf("Flux's kustomize-controller is not built in %s: run `make flux-controllers` (`make test` runs it first)", dir)
+			t.Fatalf("Flux's kustomize-controller is not built in %s: run `make flux-kustomize-controller` (`make test` runs it first)", dir)
 		}
 		return dir
 	}
-	t.Fatal("HEADWATER_FLUX_CRDS names no kustomize-controller directory: run `make flux-controllers` and the tests through `make test`")
+	t.Fatal("HEADWATER_FLUX_CRDS names no kustomize-controller directory: run `make flux-kustomize-controller` and the tests through `make test`")
 	return ""
 }
 
