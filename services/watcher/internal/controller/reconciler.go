@@ -21,7 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,6 +32,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
@@ -296,9 +296,8 @@ func (r *Reconciler) makeStatic(ctx context.Context, obj source.Object) error {
 	if obj.GetArtifact() == nil && len(obj.GetConditions()) == 0 && *r.Kind.Status(obj).ObservedGeneration == 0 {
 		return nil
 	}
-	if err := r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"status":null}`)),
-		client.FieldOwner(status.FieldOwner)); err != nil {
-		return client.IgnoreNotFound(fmt.Errorf("reset status: %w", err))
+	if err := (patch.Writer{Client: r.Client}).ResetStatus(ctx, obj); err != nil {
+		return client.IgnoreNotFound(err)
 	}
 	log.FromContext(ctx).Info("static object: artifacts deleted, status reset")
 	return nil
@@ -330,15 +329,16 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 }
 
 // patchFinalizers adds or removes the source finalizer (change is
-// controllerutil.AddFinalizer or RemoveFinalizer) with a merge patch guarded
-// by the object's resourceVersion: the patch replaces the whole finalizers
-// list, so without the guard a finalizer another controller added since
-// obj was read would be lost. A stale read conflicts, and the reconcile is
-// retried on a fresh one.
+// controllerutil.AddFinalizer or RemoveFinalizer) through the watcher's
+// writer, guarded by the object's resourceVersion (as patch.Writer's
+// AddFinalizer): the patch replaces the whole finalizers list, so without
+// the guard a finalizer another controller added since obj was read would
+// be lost. A stale read conflicts, and the reconcile is retried on a fresh
+// one.
 func patchFinalizers(ctx context.Context, c client.Client, obj source.Object, change func(client.Object, string) bool) error {
-	base := obj.DeepCopyObject().(client.Object)
-	change(obj, sourcev1.SourceFinalizer)
-	return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(status.FieldOwner))
+	return patch.Writer{Client: c}.Object(ctx, obj, patch.Options{OnConflict: patch.ReturnConflict}, func() bool {
+		return change(obj, sourcev1.SourceFinalizer)
+	})
 }
 
 // job makes the fetch job for this reconcile. Its ID names the object,

@@ -34,7 +34,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,6 +53,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/externalartifact"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 )
@@ -222,9 +222,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.finalize(ctx, gen)
 	}
 	if !controllerutil.ContainsFinalizer(gen, swv1beta1.Finalizer) {
-		base := gen.DeepCopy()
-		controllerutil.AddFinalizer(gen, swv1beta1.Finalizer)
-		if err := r.Client.Patch(ctx, gen, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if err := r.writer().AddFinalizer(ctx, gen, swv1beta1.Finalizer); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
@@ -256,21 +254,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// write is guarded by the resourceVersion read: a conflict means the
 	// generator changed since (an outcome applied), so the job may not be
 	// needed, and the reconcile looks again on a fresher read instead.
-	before := gen.DeepCopy()
-	setCondition(gen, meta.ReconcilingCondition, metav1.ConditionTrue, meta.ProgressingReason, "building artifacts for sources "+srcs.digest)
-	if c := apimeta.FindStatusCondition(gen.Status.Conditions, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionFalse {
-		setCondition(gen, meta.ReadyCondition, metav1.ConditionUnknown, meta.ProgressingReason, "building artifacts")
+	err = r.writer().Status(ctx, gen, patch.Options{OnConflict: patch.ReturnConflict}, func() bool {
+		setCondition(gen, meta.ReconcilingCondition, metav1.ConditionTrue, meta.ProgressingReason, "building artifacts for sources "+srcs.digest)
+		if c := apimeta.FindStatusCondition(gen.Status.Conditions, meta.ReadyCondition); c == nil || c.Status != metav1.ConditionFalse {
+			setCondition(gen, meta.ReadyCondition, metav1.ConditionUnknown, meta.ProgressingReason, "building artifacts")
+		}
+		apimeta.RemoveStatusCondition(&gen.Status.Conditions, meta.StalledCondition)
+		return true
+	})
+	if apierrors.IsConflict(err) {
+		log.V(1).Info("generator changed since read: looking again")
+		return ctrl.Result{RequeueAfter: staleRead}, nil
 	}
-	apimeta.RemoveStatusCondition(&gen.Status.Conditions, meta.StalledCondition)
-	if !equality.Semantic.DeepEqual(before.Status, gen.Status) {
-		err := r.Client.Status().Patch(ctx, gen, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-		if apierrors.IsConflict(err) {
-			log.V(1).Info("generator changed since read: looking again")
-			return ctrl.Result{RequeueAfter: staleRead}, nil
-		}
-		if err != nil {
-			return ctrl.Result{}, fmt.Errorf("patch status: %w", err)
-		}
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	job := r.job(gen, srcs.digest, token, previous)
 	req2 := &events.GenerateRequested{Job: job, Revision: srcs.digest, Sources: srcs.list,
@@ -540,37 +537,25 @@ func (r *Reconciler) finalize(ctx context.Context, gen *swv1beta1.ArtifactGenera
 			return err
 		}
 	}
-	base := gen.DeepCopy()
-	controllerutil.RemoveFinalizer(gen, swv1beta1.Finalizer)
-	if err := r.Client.Patch(ctx, gen, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+	if err := r.writer().RemoveFinalizer(ctx, gen, swv1beta1.Finalizer); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
 	logr.FromContextOrDiscard(ctx).Info("stored artifacts scheduled for deletion; finalizer removed", "outputs", len(previous))
 	return nil
 }
 
-// patchStatus changes gen's status with mutate and writes it with a merge
-// patch guarded by its resourceVersion, re-reading it live and mutating
-// again on a conflict. Nothing is written when nothing changed.
+// patchStatus writes what mutate does to gen's status through the
+// watcher's writer, reading gen live and mutating again after a conflict
+// (patch.Retry). Nothing is written when nothing changed.
 func (r *Reconciler) patchStatus(ctx context.Context, gen *swv1beta1.ArtifactGenerator, mutate func(*swv1beta1.ArtifactGenerator)) error {
-	for attempt := 0; ; attempt++ {
-		before := gen.DeepCopy()
+	return r.writer().Status(ctx, gen, patch.Options{OnConflict: patch.Retry}, func() bool {
 		mutate(gen)
-		if equality.Semantic.DeepEqual(before.Status, gen.Status) {
-			return nil
-		}
-		err := r.Client.Status().Patch(ctx, gen, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-		if err == nil {
-			return nil
-		}
-		if !apierrors.IsConflict(err) || attempt == 8 {
-			return fmt.Errorf("patch status: %w", err)
-		}
-		if err := r.Live.Get(ctx, client.ObjectKeyFromObject(gen), gen); err != nil {
-			return fmt.Errorf("patch status: re-read after conflict: %w", err)
-		}
-	}
+		return true
+	})
 }
+
+// writer is the watcher's writer of generators' status and finalizers.
+func (r *Reconciler) writer() patch.Writer { return patch.Writer{Client: r.Client, Live: r.Live} }
 
 // setCondition sets a condition for the generator's generation.
 func setCondition(g *swv1beta1.ArtifactGenerator, typ string, status metav1.ConditionStatus, reason, message string) {

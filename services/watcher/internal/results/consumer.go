@@ -30,6 +30,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
@@ -318,7 +319,7 @@ func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.E
 			Regarding: corev1.ObjectReference{Kind: gvk.Kind, APIVersion: gvk.GroupVersion().String(),
 				Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion()},
 		}
-		if err := c.Client.Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := (patch.Writer{Client: c.Client}).Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("record %s event: %w", e.Reason, err)
 		}
 		c.Notify.Forward(obj, metadata(e), e.Type, e.Reason, e.Message)
