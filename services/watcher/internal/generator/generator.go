@@ -55,7 +55,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/watcher/internal/externalartifact"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 )
 
 // The watcher's permissions on ArtifactGenerators, generated into
@@ -157,7 +157,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
 	for kind, newObj := range sourceKinds {
 		b = b.Watches(newObj(), handler.EnqueueRequestsFromMapFunc(r.generatorsOf(kind)),
-			builder.WithPredicates(source.ArtifactChanged{}))
+			builder.WithPredicates(sourcekind.ArtifactChanged{}))
 	}
 	return b.Complete(r)
 }

@@ -6,7 +6,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 )
 
 // FieldOwner is the field manager of every write the watcher makes
@@ -25,8 +25,8 @@ const FieldOwner = patch.FieldOwner
 // One request per status change, where Flux's patch helper makes two (one
 // for conditions, one for the rest): at thousands of sources, API writes
 // are what the control plane spends its CPU on.
-func Patch(ctx context.Context, c client.Client, live client.Reader, kind source.Kind, obj source.Object,
-	mutate func(source.Object) bool) error {
+func Patch(ctx context.Context, c client.Client, live client.Reader, kind sourcekind.Kind, obj sourcekind.Object,
+	mutate func(sourcekind.Object) bool) error {
 	w := patch.Writer{Client: c, Live: live}
 	return w.Status(ctx, obj, patch.Options{OnConflict: patch.Retry}, func() bool {
 		if !mutate(obj) {

@@ -39,7 +39,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 )
 
 // Event is a Kubernetes Event to record for the object.
@@ -93,9 +93,9 @@ func ProgressingMessage(observed, current int64) string {
 const NewRevisionReason = "NewRevision"
 
 // NewRevisionOutdated is Flux's ArtifactOutdated for most kinds (see
-// source.Kind.Outdated): NewRevision "new upstream revision '<revision>'"
+// sourcekind.Kind.Outdated): NewRevision "new upstream revision '<revision>'"
 // when a revision was resolved that is not the stored artifact's.
-func NewRevisionOutdated(_ source.Object, prev *meta.Artifact, revision string) (string, string, bool) {
+func NewRevisionOutdated(_ sourcekind.Object, prev *meta.Artifact, revision string) (string, string, bool) {
 	if revision == "" || (prev != nil && prev.Revision == revision) {
 		return "", "", false
 	}
@@ -104,7 +104,7 @@ func NewRevisionOutdated(_ source.Object, prev *meta.Artifact, revision string) 
 
 // MarkProgressing records that the object's current generation is being
 // processed: Reconciling=True, reason Progressing (so Ready is Unknown).
-func MarkProgressing(obj source.Object, st source.Status) {
+func MarkProgressing(obj sourcekind.Object, st sourcekind.Status) {
 	msg := ProgressingMessage(*st.ObservedGeneration, obj.GetGeneration())
 	conditions.MarkReconciling(obj, meta.ProgressingReason, "%s", msg)
 }
@@ -114,9 +114,9 @@ func MarkProgressing(obj source.Object, st source.Status) {
 // but ArtifactOutdated are cleared: they described an earlier attempt), and
 // Stalled when retrying cannot help. A failure without a condition (a failed
 // signature check) is written by the kind into another field.
-func MarkFailure(kind source.Kind, obj source.Object, f *failure.Error) {
+func MarkFailure(kind sourcekind.Kind, obj sourcekind.Object, f *failure.Error) {
 	for _, c := range kind.Conditions {
-		if source.NegativePolarity(c) && c != f.Condition && c != sourcev1.ArtifactOutdatedCondition {
+		if sourcekind.NegativePolarity(c) && c != f.Condition && c != sourcev1.ArtifactOutdatedCondition {
 			conditions.Delete(obj, c)
 		}
 	}
@@ -136,7 +136,7 @@ func MarkFailure(kind source.Kind, obj source.Object, f *failure.Error) {
 // unchanged outcome to a steady object changes nothing in its status (but
 // for an artifact URL whose advertised address changed, which the caller
 // checks).
-func Steady(kind source.Kind, obj source.Object) bool {
+func Steady(kind sourcekind.Kind, obj sourcekind.Object) bool {
 	if obj.GetArtifact() == nil || !conditions.IsReady(obj) {
 		return false
 	}
@@ -150,7 +150,7 @@ func Steady(kind source.Kind, obj source.Object) bool {
 
 // Summarize derives Ready from the other conditions, in Flux's order (see
 // the package documentation). It is the only writer of Ready.
-func Summarize(kind source.Kind, obj source.Object) {
+func Summarize(kind sourcekind.Kind, obj sourcekind.Object) {
 	from := func(c *metav1.Condition, status metav1.ConditionStatus) {
 		conditions.Set(obj, &metav1.Condition{Type: meta.ReadyCondition, Status: status, Reason: c.Reason, Message: c.Message})
 	}
@@ -160,7 +160,7 @@ func Summarize(kind source.Kind, obj source.Object) {
 	}
 	for _, t := range kind.Conditions {
 		failing := metav1.ConditionFalse
-		if source.NegativePolarity(t) {
+		if sourcekind.NegativePolarity(t) {
 			failing = metav1.ConditionTrue
 		}
 		if c := conditions.Get(obj, t); c != nil && c.Status == failing {
@@ -187,7 +187,7 @@ func Summarize(kind source.Kind, obj source.Object) {
 // have ended (the watcher killed, the Event refused) before its Event was
 // written: the watcher writes this one, so a new artifact's Event is
 // recorded at least once.
-func Reannounce(kind source.Kind, obj source.Object, eventType string, o *events.Outcome) []Event {
+func Reannounce(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *events.Outcome) []Event {
 	prev := *kind.Status(obj).Artifact
 	if eventType != events.TypeArtifactStored || o.Artifact == nil || prev == nil ||
 		prev.Digest != o.Artifact.Digest || !prev.LastUpdateTime.Equal(&o.Artifact.LastUpdateTime) {
@@ -203,7 +203,7 @@ func Reannounce(kind source.Kind, obj source.Object, eventType string, o *events
 // newArtifactEvent is the Event of a new artifact: NewArtifact with the
 // outcome's message (Flux's), or the kind's own reason (a HelmChart's
 // ChartPullSucceeded); msg and reason are the ArtifactInStorage condition's.
-func newArtifactEvent(kind source.Kind, o *events.Outcome, reason, msg string) Event {
+func newArtifactEvent(kind sourcekind.Kind, o *events.Outcome, reason, msg string) Event {
 	m := o.EventMessage
 	if m == "" {
 		m = msg
@@ -219,7 +219,7 @@ func newArtifactEvent(kind source.Kind, o *events.Outcome, reason, msg string) E
 // events.TypeArtifactStored) into obj's status, but for Ready (see
 // Summarize), and returns the Events it deserves. obj must be the live
 // object with the job's UID.
-func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outcome) []Event {
+func Apply(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *events.Outcome) []Event {
 	st := kind.Status(obj)
 	job := o.Job
 	wasFailing := conditions.IsFalse(obj, meta.ReadyCondition)
@@ -252,7 +252,7 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 		conditions.MarkTrue(obj, sourcev1.ArtifactInStorageCondition, reason, "%s", msg)
 		for _, c := range kind.Conditions {
-			if source.NegativePolarity(c) {
+			if sourcekind.NegativePolarity(c) {
 				conditions.Delete(obj, c)
 			}
 		}

@@ -1,7 +1,7 @@
-// Package source adapts each Flux source kind to the watcher's generic
+// Package sourcekind adapts each Flux source kind to the watcher's generic
 // reconciler and outcome handler: how to make an empty object, what its
 // fetch request carries, and where its common status fields live.
-package source
+package sourcekind
 
 import (
 	"context"
