@@ -103,10 +103,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 		For(watched, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
-	if r.Kind.Setup != nil {
-		if err := r.Kind.Setup(ctx, mgr, b); err != nil {
-			return err
-		}
+	if err := r.Kind.Setup(ctx, mgr, b); err != nil {
+		return err
 	}
 	if r.Triggers != nil {
 		b = b.WatchesRawSource(r.Triggers.Source())
@@ -136,7 +134,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		gone = err == nil
 		return ctrl.Result{}, err
 	}
-	if r.Kind.Static != nil && r.Kind.Static(obj) {
+	if r.Kind.Static(obj) {
 		return ctrl.Result{}, r.makeStatic(ctx, obj)
 	}
 	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
@@ -188,9 +186,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			status.MarkProgressing(o, st)
 		}
 		conditions.Delete(o, sourcev1.IncludeUnavailableCondition)
-		if r.Kind.Progress != nil {
-			r.Kind.Progress(o, fetch)
-		}
+		r.Kind.Progress(o, fetch)
 		return true
 	})
 	if err != nil {
@@ -214,7 +210,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // its jittered interval otherwise.
 func (r *Reconciler) requeueAfter(obj sourcekind.Object) time.Duration {
 	interval := obj.GetRequeueAfter()
-	if r.AlignRemotes && r.Kind.Remote != nil {
+	if r.AlignRemotes {
 		if remote := r.Kind.Remote(obj); remote != "" {
 			return untilSlot(r.now(), interval, remote)
 		}

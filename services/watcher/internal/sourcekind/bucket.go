@@ -15,42 +15,41 @@ import (
 // Bucket adapts sourcev1.Bucket.
 func Bucket() Kind {
 	return Kind{
-		Name: sourcev1.BucketKind,
-		Remote: func(o Object) string {
-			s := o.(*sourcev1.Bucket).Spec
-			return RemoteKey(o, s.Provider+"|"+s.Endpoint+"|"+s.BucketName+"|"+s.Region+"|"+s.Prefix,
-				localRef(s.SecretRef), localRef(s.CertSecretRef), localRef(s.ProxySecretRef), s.ServiceAccountName)
-		},
-		New:       func() Object { return &sourcev1.Bucket{} },
-		Suspended: func(o Object) bool { return o.(*sourcev1.Bucket).Spec.Suspend },
-		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
-			b := o.(*sourcev1.Bucket)
-			if err := refuseCredentials("spec.endpoint", b.Spec.Endpoint); err != nil {
-				return false, err
-			}
-			req.Bucket = b.Spec.DeepCopy()
-			return b.Status.Artifact != nil && !reflect.DeepEqual(b.Spec.Ignore, b.Status.ObservedIgnore), nil
-		},
-		Observe: func(o Object) {
-			b := o.(*sourcev1.Bucket)
-			b.Status.ObservedIgnore = b.Spec.Ignore
-			if a := b.Status.Artifact; a != nil && a.URL != "" {
-				// Flux's status.url: the stable URL of the latest artifact.
-				b.Status.URL = latestURL(a.URL)
-			}
-		},
+		Name:           sourcev1.BucketKind,
 		ReadyFormat:    "stored artifact: revision '%s'",
 		UpToDateReason: sourcev1.ArtifactUpToDateReason,
-		Status: func(o Object) Status {
-			st := &o.(*sourcev1.Bucket).Status
-			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
-		},
 		// Flux's order (bucketReadyCondition).
 		Conditions: []string{
 			sourcev1.StorageOperationFailedCondition,
 			sourcev1.FetchFailedCondition,
 			sourcev1.ArtifactOutdatedCondition,
 		},
+		Adapter: Adapt(Funcs[*sourcev1.Bucket]{
+			New: func() *sourcev1.Bucket { return &sourcev1.Bucket{} },
+			Status: func(b *sourcev1.Bucket) Status {
+				return Status{&b.Status.ObservedGeneration, &b.Status.Artifact, &b.Status.LastHandledReconcileAt}
+			},
+			Suspended: func(b *sourcev1.Bucket) bool { return b.Spec.Suspend },
+			Remote: func(b *sourcev1.Bucket) string {
+				s := b.Spec
+				return RemoteKey(b, s.Provider+"|"+s.Endpoint+"|"+s.BucketName+"|"+s.Region+"|"+s.Prefix,
+					localRef(s.SecretRef), localRef(s.CertSecretRef), localRef(s.ProxySecretRef), s.ServiceAccountName)
+			},
+			Request: func(_ context.Context, _ client.Reader, b *sourcev1.Bucket, req *events.FetchRequested) (bool, error) {
+				if err := refuseCredentials("spec.endpoint", b.Spec.Endpoint); err != nil {
+					return false, err
+				}
+				req.Bucket = b.Spec.DeepCopy()
+				return b.Status.Artifact != nil && !reflect.DeepEqual(b.Spec.Ignore, b.Status.ObservedIgnore), nil
+			},
+			Observe: func(b *sourcev1.Bucket) {
+				b.Status.ObservedIgnore = b.Spec.Ignore
+				if a := b.Status.Artifact; a != nil && a.URL != "" {
+					// Flux's status.url: the stable URL of the latest artifact.
+					b.Status.URL = latestURL(a.URL)
+				}
+			},
+		}),
 	}
 }
 

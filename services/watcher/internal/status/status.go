@@ -89,18 +89,8 @@ func ProgressingMessage(observed, current int64) string {
 }
 
 // NewRevisionReason is Flux's ArtifactOutdated reason for a new upstream
-// revision whose artifact could not be made.
-const NewRevisionReason = "NewRevision"
-
-// NewRevisionOutdated is Flux's ArtifactOutdated for most kinds (see
-// sourcekind.Kind.Outdated): NewRevision "new upstream revision '<revision>'"
-// when a revision was resolved that is not the stored artifact's.
-func NewRevisionOutdated(_ sourcekind.Object, prev *meta.Artifact, revision string) (string, string, bool) {
-	if revision == "" || (prev != nil && prev.Revision == revision) {
-		return "", "", false
-	}
-	return NewRevisionReason, fmt.Sprintf("new upstream revision '%s'", revision), true
-}
+// revision whose artifact could not be made (sourcekind.NewRevisionReason).
+const NewRevisionReason = sourcekind.NewRevisionReason
 
 // MarkProgressing records that the object's current generation is being
 // processed: Reconciling=True, reason Progressing (so Ready is Unknown).
@@ -193,23 +183,31 @@ func Reannounce(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o
 		prev.Digest != o.Artifact.Digest || !prev.LastUpdateTime.Equal(&o.Artifact.LastUpdateTime) {
 		return nil
 	}
-	reason, msg := meta.SucceededReason, kind.ReadyMessage(prev.Revision)
-	if kind.StoredCondition != nil {
-		reason, msg = kind.StoredCondition(obj, o)
+	reason, msg, own := storedCondition(kind, obj, o, prev.Revision)
+	return []Event{newArtifactEvent(o, reason, msg, own)}
+}
+
+// storedCondition is the reason and message of ArtifactInStorage for an
+// outcome with an artifact of revision: the kind's own (StoredCondition;
+// own is true), or Succeeded with its Ready message.
+func storedCondition(kind sourcekind.Kind, obj sourcekind.Object, o *events.Outcome, revision string) (reason, msg string, own bool) {
+	if reason, msg := kind.StoredCondition(obj, o); reason != "" {
+		return reason, msg, true
 	}
-	return []Event{newArtifactEvent(kind, o, reason, msg)}
+	return meta.SucceededReason, kind.ReadyMessage(revision), false
 }
 
 // newArtifactEvent is the Event of a new artifact: NewArtifact with the
 // outcome's message (Flux's), or the kind's own reason (a HelmChart's
-// ChartPullSucceeded); msg and reason are the ArtifactInStorage condition's.
-func newArtifactEvent(kind sourcekind.Kind, o *events.Outcome, reason, msg string) Event {
+// ChartPullSucceeded: own); msg and reason are the ArtifactInStorage
+// condition's.
+func newArtifactEvent(o *events.Outcome, reason, msg string, own bool) Event {
 	m := o.EventMessage
 	if m == "" {
 		m = msg
 	}
 	r := NewArtifactReason
-	if kind.StoredCondition != nil {
+	if own {
 		r = reason
 	}
 	return Event{Type: corev1.EventTypeNormal, Reason: r, Message: m, Revision: o.Artifact.Revision, Digest: o.Artifact.Digest}
@@ -246,10 +244,7 @@ func Apply(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *eve
 		if !stale {
 			*st.Artifact = o.Artifact.DeepCopy()
 		}
-		reason, msg := meta.SucceededReason, kind.ReadyMessage((*st.Artifact).Revision)
-		if kind.StoredCondition != nil {
-			reason, msg = kind.StoredCondition(obj, o)
-		}
+		reason, msg, own := storedCondition(kind, obj, o, (*st.Artifact).Revision)
 		conditions.MarkTrue(obj, sourcev1.ArtifactInStorageCondition, reason, "%s", msg)
 		for _, c := range kind.Conditions {
 			if sourcekind.NegativePolarity(c) {
@@ -257,7 +252,7 @@ func Apply(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *eve
 			}
 		}
 		conditions.Delete(obj, meta.StalledCondition)
-		if current && kind.Observe != nil {
+		if current {
 			kind.Observe(obj)
 		}
 		if v := o.Verification; eventType == events.TypeArtifactStored && kind.TracesVerification && v != nil && v.Verified {
@@ -266,11 +261,11 @@ func Apply(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *eve
 		}
 		switch {
 		case eventType == events.TypeArtifactStored && !stale && (prev == nil || prev.Digest != o.Artifact.Digest):
-			out = append(out, newArtifactEvent(kind, o, reason, msg))
+			out = append(out, newArtifactEvent(o, reason, msg, own))
 		case wasFailing:
 			art := *st.Artifact
-			if kind.Recovered != nil {
-				msg = kind.Recovered(obj, art)
+			if m := kind.Recovered(obj, art); m != "" {
+				msg = m
 			}
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg, Revision: art.Revision, Digest: art.Digest})
 		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:
@@ -301,11 +296,7 @@ func Apply(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *eve
 		// A new upstream revision was seen but its artifact could not be
 		// made: the stored one is outdated (Flux's NewRevision, or the
 		// kind's own reason).
-		outdated := NewRevisionOutdated
-		if kind.Outdated != nil {
-			outdated = kind.Outdated
-		}
-		if reason, msg, ok := outdated(obj, *st.Artifact, o.Revision); ok {
+		if reason, msg, ok := kind.Outdated(obj, *st.Artifact, o.Revision); ok {
 			conditions.MarkTrue(obj, sourcev1.ArtifactOutdatedCondition, reason, "%s", msg)
 		}
 		// A throttled source's message counts down its next attempt:
@@ -319,9 +310,7 @@ func Apply(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *eve
 		return out
 	}
 
-	if kind.Record != nil {
-		kind.Record(obj, eventType, o)
-	}
+	kind.Record(obj, eventType, o)
 
 	// The job is done: it handled its reconcile request, and if it was made
 	// from the current generation, that generation is observed.
