@@ -50,7 +50,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/subscriptions"
 )
 
@@ -89,7 +89,7 @@ type options struct {
 	// (package fluxguard), comma-separated.
 	fluxNamespaces string
 	// pluginKinds are the plug-in source kinds reconciled besides Flux's
-	// (source.ParseRegistrations), comma-separated.
+	// (sourcekind.ParseRegistrations), comma-separated.
 	pluginKinds string
 }
 
@@ -222,11 +222,11 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	plugins, err := source.ParseRegistrations(o.pluginKinds)
+	plugins, err := sourcekind.ParseRegistrations(o.pluginKinds)
 	if err != nil {
 		return err
 	}
-	kinds := source.NewSet(plugins)
+	kinds := sourcekind.NewSet(plugins)
 
 	cfg, err := o.kube.Load()
 	if err != nil {
@@ -346,8 +346,8 @@ func run(ctx context.Context, o options) error {
 	triggers := map[string]*controller.Triggers{}
 	retries := map[string]*controller.Retries{}
 	// The plug-in kinds' objects are unstructured in the cache: these
-	// read and write them as source.PluginObjects.
-	kubeClient, liveReader := source.PluginClient(mgr.GetClient()), source.PluginReader(mgr.GetAPIReader())
+	// read and write them as sourcekind.PluginObjects.
+	kubeClient, liveReader := sourcekind.PluginClient(mgr.GetClient()), sourcekind.PluginReader(mgr.GetAPIReader())
 	fetchers := &controller.Fetchers{JS: conn.JS, Recheck: o.requeueDependency}
 	for _, kind := range kinds {
 		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Seal: key,
@@ -406,7 +406,7 @@ func run(ctx context.Context, o options) error {
 		// A plug-in kind's artifact is published as an ExternalArtifact
 		// of the object's name, so Flux's kustomize- and helm-controller
 		// (feature gate ExternalArtifact) consume it unchanged.
-		OnArtifact: func(ctx context.Context, obj source.Object, art *meta.Artifact) error {
+		OnArtifact: func(ctx context.Context, obj sourcekind.Object, art *meta.Artifact) error {
 			_, _, err := externalArtifacts.Write(ctx, obj, externalartifact.Output{
 				Name: obj.GetName(), Artifact: art, Ready: externalartifact.Stored(art)})
 			return err
@@ -445,7 +445,7 @@ const crdInterval = 10 * time.Second
 // kindsWaiter is a crdwait.Waiter for the kinds the watcher reconciles:
 // every source kind, the plug-in kinds among them, and Flux's Receiver
 // with receivers.
-func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, kinds source.Set, receivers bool, log logr.Logger) (*crdwait.Waiter, error) {
+func kindsWaiter(cfg *rest.Config, scheme *runtime.Scheme, kinds sourcekind.Set, receivers bool, log logr.Logger) (*crdwait.Waiter, error) {
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("discovery client: %w", err)

@@ -30,7 +30,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
@@ -331,7 +331,7 @@ func testStatusPatchConflict(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	mutations := 0
-	err := status.Patch(ctx, e.k8s, e.k8s, source.GitRepository(), stale, func(o source.Object) bool {
+	err := status.Patch(ctx, e.k8s, e.k8s, sourcekind.GitRepository(), stale, func(o sourcekind.Object) bool {
 		mutations++
 		conditions.MarkTrue(o, sourcev1.ArtifactInStorageCondition, meta.SucceededReason, "mine")
 		return true

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 )
 
 // Metrics are the watcher's reconcile families:
@@ -124,7 +124,7 @@ type SourceConditions struct {
 	Every time.Duration
 	// Plugins are the plug-in kinds whose objects are reported too, read
 	// from the cache unstructured.
-	Plugins []source.Registration
+	Plugins []sourcekind.Registration
 	// Log reports a failed read.
 	Log logr.Logger
 
@@ -193,7 +193,7 @@ func (s *SourceConditions) Collect(ch chan<- prometheus.Metric) {
 // scan returns the labels of every source's series, from the cache.
 func (s *SourceConditions) scan(ctx context.Context) ([][5]string, error) {
 	var series [][5]string
-	for _, kind := range source.Kinds() {
+	for _, kind := range sourcekind.Kinds() {
 		gvk := sourcev1.GroupVersion.WithKind(kind.Name + "List")
 		obj, err := s.Scheme.New(gvk)
 		if err != nil {
@@ -208,7 +208,7 @@ func (s *SourceConditions) scan(ctx context.Context) ([][5]string, error) {
 			return nil, fmt.Errorf("list %s: %w", kind.Name, err)
 		}
 		err = apimeta.EachListItem(list, func(o runtime.Object) error {
-			src, ok := o.(source.Object)
+			src, ok := o.(sourcekind.Object)
 			if !ok {
 				return nil
 			}

@@ -21,7 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,8 +32,9 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
 
@@ -46,12 +46,12 @@ type Publisher interface {
 // Reconciler reconciles the objects of one source kind.
 type Reconciler struct {
 	// Client reads (from the informer cache) and writes the objects; for
-	// a plug-in kind, a source.PluginClient.
+	// a plug-in kind, a sourcekind.PluginClient.
 	Client client.Client
 	// Live reads objects from the API server, after a conflicting write.
 	Live client.Reader
 	// Kind is the source kind reconciled.
-	Kind source.Kind
+	Kind sourcekind.Kind
 	// Jobs publishes fetch and delete jobs.
 	Jobs Publisher
 	// Seal seals every job published, so that only outcomes of jobs this
@@ -93,7 +93,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 	var watched client.Object = r.Kind.New()
 	if reg := r.Kind.Plugin; reg != nil {
 		// A plug-in kind has no Go type: the cache holds its objects
-		// unstructured, and the client (source.PluginClient) converts.
+		// unstructured, and the client (sourcekind.PluginClient) converts.
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(reg.GVK)
 		watched = u
@@ -103,10 +103,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 		For(watched, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
-	if r.Kind.Setup != nil {
-		if err := r.Kind.Setup(ctx, mgr, b); err != nil {
-			return err
-		}
+	if err := r.Kind.Setup(ctx, mgr, b); err != nil {
+		return err
 	}
 	if r.Triggers != nil {
 		b = b.WatchesRawSource(r.Triggers.Source())
@@ -136,7 +134,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		gone = err == nil
 		return ctrl.Result{}, err
 	}
-	if r.Kind.Static != nil && r.Kind.Static(obj) {
+	if r.Kind.Static(obj) {
 		return ctrl.Result{}, r.makeStatic(ctx, obj)
 	}
 	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
@@ -182,15 +180,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// kstatus already reads its observedGeneration of -1 as in progress,
 	// and its outcome is usually a second away (one write saved per new
 	// object). A source that was waiting for another one stops waiting.
-	err = status.Patch(ctx, r.Client, r.Live, r.Kind, obj, func(o source.Object) bool {
+	err = status.Patch(ctx, r.Client, r.Live, r.Kind, obj, func(o sourcekind.Object) bool {
 		st := r.Kind.Status(o)
 		if o.GetGeneration() != *st.ObservedGeneration && len(o.GetConditions()) > 0 {
 			status.MarkProgressing(o, st)
 		}
 		conditions.Delete(o, sourcev1.IncludeUnavailableCondition)
-		if r.Kind.Progress != nil {
-			r.Kind.Progress(o, fetch)
-		}
+		r.Kind.Progress(o, fetch)
 		return true
 	})
 	if err != nil {
@@ -212,9 +208,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // requeueAfter is when obj is due again: at the next slot of its remote
 // (untilSlot) when AlignRemotes is set and the kind names remotes, after
 // its jittered interval otherwise.
-func (r *Reconciler) requeueAfter(obj source.Object) time.Duration {
+func (r *Reconciler) requeueAfter(obj sourcekind.Object) time.Duration {
 	interval := obj.GetRequeueAfter()
-	if r.AlignRemotes && r.Kind.Remote != nil {
+	if r.AlignRemotes {
 		if remote := r.Kind.Remote(obj); remote != "" {
 			return untilSlot(r.now(), interval, remote)
 		}
@@ -228,9 +224,9 @@ func (r *Reconciler) requeueAfter(obj source.Object) time.Duration {
 // Flux's trace for the waits Flux traces: fluxTraces), and a
 // look again after its RetryAfter (RequeueDependency when unset), or only on
 // a spec change when it stalls.
-func (r *Reconciler) waiting(ctx context.Context, obj source.Object, f *failure.Error) (ctrl.Result, error) {
+func (r *Reconciler) waiting(ctx context.Context, obj sourcekind.Object, f *failure.Error) (ctrl.Result, error) {
 	var old *metav1.Condition
-	err := status.Patch(ctx, r.Client, r.Live, r.Kind, obj, func(o source.Object) bool {
+	err := status.Patch(ctx, r.Client, r.Live, r.Kind, obj, func(o sourcekind.Object) bool {
 		old = conditions.Get(o, meta.ReadyCondition)
 		status.MarkFailure(r.Kind, o, f)
 		if f.Stalled() {
@@ -278,12 +274,12 @@ func (r *Reconciler) noFetcher() *failure.Error {
 // include not found or without an artifact (Flux's serror.Waiting), a
 // HelmChart's source without an artifact. Every other failure is a
 // Warning, posted.
-var fluxTraces = map[string]bool{"NotFound": true, "NoArtifact": true, source.NoSourceArtifactReason: true}
+var fluxTraces = map[string]bool{"NotFound": true, "NoArtifact": true, sourcekind.NoSourceArtifactReason: true}
 
 // makeStatic turns an object of a kind Flux leaves alone (a HelmRepository
 // of type oci) into what Flux makes of it: its artifacts deleted, no
 // finalizer, an empty status. A suspended object is left as it is.
-func (r *Reconciler) makeStatic(ctx context.Context, obj source.Object) error {
+func (r *Reconciler) makeStatic(ctx context.Context, obj sourcekind.Object) error {
 	if r.Kind.Suspended(obj) {
 		return nil
 	}
@@ -296,9 +292,8 @@ func (r *Reconciler) makeStatic(ctx context.Context, obj source.Object) error {
 	if obj.GetArtifact() == nil && len(obj.GetConditions()) == 0 && *r.Kind.Status(obj).ObservedGeneration == 0 {
 		return nil
 	}
-	if err := r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"status":null}`)),
-		client.FieldOwner(status.FieldOwner)); err != nil {
-		return client.IgnoreNotFound(fmt.Errorf("reset status: %w", err))
+	if err := (patch.Writer{Client: r.Client}).ResetStatus(ctx, obj); err != nil {
+		return client.IgnoreNotFound(err)
 	}
 	log.FromContext(ctx).Info("static object: artifacts deleted, status reset")
 	return nil
@@ -307,7 +302,7 @@ func (r *Reconciler) makeStatic(ctx context.Context, obj source.Object) error {
 // finalize asks the packagers to remove the object's artifacts, then removes
 // the finalizer. The deletion job is durable on the bus once Publish returns,
 // so the object need not wait for it.
-func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
+func (r *Reconciler) finalize(ctx context.Context, obj sourcekind.Object) error {
 	if !controllerutil.ContainsFinalizer(obj, sourcev1.SourceFinalizer) {
 		return nil
 	}
@@ -330,15 +325,16 @@ func (r *Reconciler) finalize(ctx context.Context, obj source.Object) error {
 }
 
 // patchFinalizers adds or removes the source finalizer (change is
-// controllerutil.AddFinalizer or RemoveFinalizer) with a merge patch guarded
-// by the object's resourceVersion: the patch replaces the whole finalizers
-// list, so without the guard a finalizer another controller added since
-// obj was read would be lost. A stale read conflicts, and the reconcile is
-// retried on a fresh one.
-func patchFinalizers(ctx context.Context, c client.Client, obj source.Object, change func(client.Object, string) bool) error {
-	base := obj.DeepCopyObject().(client.Object)
-	change(obj, sourcev1.SourceFinalizer)
-	return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(status.FieldOwner))
+// controllerutil.AddFinalizer or RemoveFinalizer) through the watcher's
+// writer, guarded by the object's resourceVersion (as patch.Writer's
+// AddFinalizer): the patch replaces the whole finalizers list, so without
+// the guard a finalizer another controller added since obj was read would
+// be lost. A stale read conflicts, and the reconcile is retried on a fresh
+// one.
+func patchFinalizers(ctx context.Context, c client.Client, obj sourcekind.Object, change func(client.Object, string) bool) error {
+	return patch.Writer{Client: c}.Object(ctx, obj, patch.Options{OnConflict: patch.ReturnConflict}, func() bool {
+		return change(obj, sourcev1.SourceFinalizer)
+	})
 }
 
 // job makes the fetch job for this reconcile. Its ID names the object,
@@ -350,7 +346,7 @@ func patchFinalizers(ctx context.Context, c client.Client, obj source.Object, ch
 // artifact, say) or that retries a failed job (which may have been made
 // in the same second: a host's hold can end a few milliseconds after the
 // job met it) is a job of its own. The job is sealed.
-func (r *Reconciler) job(obj source.Object, fetch *events.FetchRequested, retry uint64) events.Job {
+func (r *Reconciler) job(obj sourcekind.Object, fetch *events.FetchRequested, retry uint64) events.Job {
 	now := r.now()
 	token, _ := meta.ReconcileAnnotationValue(obj.GetAnnotations())
 	h := sha256.New()
@@ -394,7 +390,7 @@ func (r *Reconciler) now() time.Time {
 	return time.Now()
 }
 
-func ref(kind string, obj source.Object) events.ObjectRef {
+func ref(kind string, obj sourcekind.Object) events.ObjectRef {
 	return events.ObjectRef{
 		Kind:       kind,
 		Namespace:  obj.GetNamespace(),

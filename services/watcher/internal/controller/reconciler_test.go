@@ -11,7 +11,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 )
 
 func TestJobID(t *testing.T) {
@@ -65,4 +65,4 @@ func TestJobID(t *testing.T) {
 	}
 }
 
-func sourceKind() source.Kind { return source.GitRepository() }
+func sourceKind() sourcekind.Kind { return sourcekind.GitRepository() }

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
 
@@ -109,7 +109,7 @@ func (s *Steady) current(a *meta.Artifact) bool {
 
 // Quiet reports whether the job made now for obj may be quiet, and
 // records, when it may not, that this job is the source's announcement.
-func (s *Steady) Quiet(kind source.Kind, obj source.Object, now time.Time) bool {
+func (s *Steady) Quiet(kind sourcekind.Kind, obj sourcekind.Object, now time.Time) bool {
 	if s == nil || s.Announce <= 0 {
 		return false
 	}

@@ -22,7 +22,6 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 )
 
 // The watcher's permissions on ExternalArtifacts, generated into
@@ -140,6 +140,7 @@ func (w *Writer) Write(ctx context.Context, producer client.Object, out Output) 
 		UID: producer.GetUID(), Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}
 	key := types.NamespacedName{Namespace: producer.GetNamespace(), Name: out.Name}
 
+	writer := patch.Writer{Client: w.Client}
 	ea := &sourcev1.ExternalArtifact{}
 	change := Unchanged
 	err = w.Client.Get(ctx, key, ea)
@@ -150,7 +151,7 @@ func (w *Writer) Write(ctx context.Context, producer client.Object, out Output) 
 				Annotations: out.Annotations, OwnerReferences: []metav1.OwnerReference{owner}},
 			Spec: sourcev1.ExternalArtifactSpec{SourceRef: ref},
 		}
-		if err := w.Client.Create(ctx, ea); err != nil {
+		if err := writer.Create(ctx, ea); err != nil {
 			w.Metrics.count(ref.Kind, "error")
 			return nil, "", fmt.Errorf("create ExternalArtifact %s: %w", key, err)
 		}
@@ -161,34 +162,42 @@ func (w *Writer) Write(ctx context.Context, producer client.Object, out Output) 
 		if !sameProducer(ea.Spec.SourceRef, ref) {
 			return nil, "", fmt.Errorf("%w: %s is produced by %s", ErrForeign, key, describe(ea.Spec.SourceRef))
 		}
-		before := ea.DeepCopy()
-		ea.Spec.SourceRef = ref
-		ea.OwnerReferences = withOwner(ea.OwnerReferences, owner)
-		ea.Labels = merged(ea.Labels, out.Labels)
-		ea.Annotations = merged(ea.Annotations, out.Annotations)
-		if !equality.Semantic.DeepEqual(before.ObjectMeta, ea.ObjectMeta) || !equality.Semantic.DeepEqual(before.Spec, ea.Spec) {
-			if err := w.Client.Patch(ctx, ea, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-				w.Metrics.count(ref.Kind, "error")
-				return nil, "", fmt.Errorf("update ExternalArtifact %s: %w", key, err)
-			}
+		// Guarded, a conflict returned: the outcome is applied again on a
+		// fresh read.
+		rv := ea.ResourceVersion
+		err := writer.Object(ctx, ea, patch.Options{OnConflict: patch.ReturnConflict}, func() bool {
+			ea.Spec.SourceRef = ref
+			ea.OwnerReferences = withOwner(ea.OwnerReferences, owner)
+			ea.Labels = merged(ea.Labels, out.Labels)
+			ea.Annotations = merged(ea.Annotations, out.Annotations)
+			return true
+		})
+		if err != nil {
+			w.Metrics.count(ref.Kind, "error")
+			return nil, "", fmt.Errorf("update ExternalArtifact %s: %w", key, err)
+		}
+		if ea.ResourceVersion != rv {
 			change = Updated
 		}
 	}
 
-	before := ea.DeepCopy()
-	if out.Artifact != nil {
-		ea.Status.Artifact = out.Artifact.DeepCopy()
+	// Unguarded: only the producer's outcome writes an ExternalArtifact's
+	// status, and what it writes depends on the outcome alone.
+	rv := ea.ResourceVersion
+	err = writer.Status(ctx, ea, patch.Options{OnConflict: patch.Overwrite}, func() bool {
+		if out.Artifact != nil {
+			ea.Status.Artifact = out.Artifact.DeepCopy()
+		}
+		apimeta.SetStatusCondition(&ea.Status.Conditions, metav1.Condition{Type: meta.ReadyCondition, Status: out.Ready.Status,
+			Reason: out.Ready.Reason, Message: out.Ready.Message, ObservedGeneration: ea.Generation})
+		return true
+	})
+	if err != nil {
+		w.Metrics.count(ref.Kind, "error")
+		return nil, "", fmt.Errorf("ExternalArtifact %s: %w", key, err)
 	}
-	apimeta.SetStatusCondition(&ea.Status.Conditions, metav1.Condition{Type: meta.ReadyCondition, Status: out.Ready.Status,
-		Reason: out.Ready.Reason, Message: out.Ready.Message, ObservedGeneration: ea.Generation})
-	if !equality.Semantic.DeepEqual(before.Status, ea.Status) {
-		if err := w.Client.Status().Patch(ctx, ea, client.MergeFrom(before)); err != nil {
-			w.Metrics.count(ref.Kind, "error")
-			return nil, "", fmt.Errorf("patch ExternalArtifact %s status: %w", key, err)
-		}
-		if change == Unchanged {
-			change = Updated
-		}
+	if ea.ResourceVersion != rv && change == Unchanged {
+		change = Updated
 	}
 	w.Metrics.count(ref.Kind, string(change))
 	return ea, change, nil

@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
-	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 )
 
 // Supported lists the Receiver types the receiver service validates; a
@@ -91,7 +91,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		log.FromContext(ctx).Info("reconciliation is suspended for this object")
 		return ctrl.Result{}, nil
 	}
-	base := obj.DeepCopy()
 	old := conditions.Get(obj, meta.ReadyCondition)
 
 	result := ctrl.Result{RequeueAfter: obj.GetInterval()}
@@ -106,10 +105,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			reason, msg = meta.SucceededReason, fmt.Sprintf("Receiver initialized for path: %s", path)
 		}
 	}
-	mark(obj, reason, msg, path)
-
-	if err := r.Client.Status().Patch(ctx, obj, client.MergeFrom(base), client.FieldOwner(status.FieldOwner)); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("patch receiver status: %w", err))
+	// Unguarded: only the watcher writes a Receiver's status, and what it
+	// writes depends on the spec and the Secret, not on the status read.
+	err := patch.Writer{Client: r.Client}.Status(ctx, obj, patch.Options{OnConflict: patch.Overwrite}, func() bool {
+		mark(obj, reason, msg, path)
+		return true
+	})
+	if err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("receiver: %w", err))
 	}
 	if r.Recorder != nil && (old == nil || old.Reason != reason || old.Message != msg) {
 		typ := corev1.EventTypeNormal

@@ -30,8 +30,9 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/status"
 )
 
@@ -77,20 +78,20 @@ type Consumer struct {
 	// an outcome succeeds (see controller.Retries); nil schedules none.
 	Retries map[string]*controller.Retries
 	// Kinds are the kinds whose outcomes are applied, the plug-in kinds
-	// included (Client and Live must then be a source.PluginClient and
+	// included (Client and Live must then be a sourcekind.PluginClient and
 	// PluginReader); nil means the built-in kinds.
-	Kinds source.Set
+	Kinds sourcekind.Set
 	// OnArtifact, when set, is called for a plug-in kind's new artifact
 	// once it is in the object's status: the hook of what publishes it
 	// further (an ExternalArtifact for Flux's consumers). obj is the
-	// object as written (a *source.PluginObject), art its new
+	// object as written (a *sourcekind.PluginObject), art its new
 	// status.artifact, URL included. It is called at least once per new
 	// artifact (again if the outcome is redelivered, e.g. after this
 	// replica died before acknowledging it), on the elected leader, from
 	// the consumer's workers: it must be idempotent and should not block
 	// for long. An error it returns is logged; the outcome is not retried
 	// for it.
-	OnArtifact func(ctx context.Context, obj source.Object, art *meta.Artifact) error
+	OnArtifact func(ctx context.Context, obj sourcekind.Object, art *meta.Artifact) error
 	// Producers, by job kind, apply the outcomes of the objects that are
 	// no Flux source kind but produce artifacts (an ArtifactGenerator's
 	// jobs): the consumer checks the seal and hands them the outcome.
@@ -184,7 +185,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	}
 
 	var recorded, announced []status.Event
-	err = status.Patch(ctx, c.Client, c.Live, kind, obj, func(cur source.Object) bool {
+	err = status.Patch(ctx, c.Client, c.Live, kind, obj, func(cur sourcekind.Object) bool {
 		if string(cur.GetUID()) != o.Job.Object.UID {
 			recorded, announced = nil, nil
 			return false
@@ -228,7 +229,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 
 // onArtifact calls OnArtifact for a plug-in kind's new artifact, once
 // status holds it.
-func (c *Consumer) onArtifact(ctx context.Context, log logr.Logger, kind source.Kind, obj source.Object, eventType string, o *events.Outcome) {
+func (c *Consumer) onArtifact(ctx context.Context, log logr.Logger, kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *events.Outcome) {
 	if c.OnArtifact == nil || kind.Plugin == nil || eventType != events.TypeArtifactStored || o.Artifact == nil {
 		return
 	}
@@ -246,7 +247,7 @@ func (c *Consumer) onArtifact(ctx context.Context, log logr.Logger, kind source.
 // reason that passes and that the bus no longer retries, and forgets the
 // failures of one whose job succeeded. An outcome of an older generation
 // than obj's schedules nothing: the newer job's outcome will.
-func (c *Consumer) retry(ctx context.Context, log logr.Logger, key types.NamespacedName, obj source.Object, eventType string, o *events.Outcome) {
+func (c *Consumer) retry(ctx context.Context, log logr.Logger, key types.NamespacedName, obj sourcekind.Object, eventType string, o *events.Outcome) {
 	r := c.Retries[o.Job.Object.Kind]
 	if r == nil || o.Job.Object.Generation != obj.GetGeneration() {
 		return
@@ -318,7 +319,7 @@ func (c *Consumer) record(ctx context.Context, obj client.Object, evs []status.E
 			Regarding: corev1.ObjectReference{Kind: gvk.Kind, APIVersion: gvk.GroupVersion().String(),
 				Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion()},
 		}
-		if err := c.Client.Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := (patch.Writer{Client: c.Client}).Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("record %s event: %w", e.Reason, err)
 		}
 		c.Notify.Forward(obj, metadata(e), e.Type, e.Reason, e.Message)
@@ -363,7 +364,7 @@ func (c *Consumer) garbageCollected(o *events.Outcome) {
 }
 
 // logOutcome logs each outcome, as Flux logs what it records.
-func logOutcome(log logr.Logger, kind source.Kind, eventType string, o *events.Outcome) {
+func logOutcome(log logr.Logger, kind sourcekind.Kind, eventType string, o *events.Outcome) {
 	switch eventType {
 	case events.TypeArtifactUnchanged:
 		if kind.UpToDateReason != sourcev1.ArtifactUpToDateReason {

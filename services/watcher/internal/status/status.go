@@ -39,7 +39,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 )
 
 // Event is a Kubernetes Event to record for the object.
@@ -89,22 +89,12 @@ func ProgressingMessage(observed, current int64) string {
 }
 
 // NewRevisionReason is Flux's ArtifactOutdated reason for a new upstream
-// revision whose artifact could not be made.
-const NewRevisionReason = "NewRevision"
-
-// NewRevisionOutdated is Flux's ArtifactOutdated for most kinds (see
-// source.Kind.Outdated): NewRevision "new upstream revision '<revision>'"
-// when a revision was resolved that is not the stored artifact's.
-func NewRevisionOutdated(_ source.Object, prev *meta.Artifact, revision string) (string, string, bool) {
-	if revision == "" || (prev != nil && prev.Revision == revision) {
-		return "", "", false
-	}
-	return NewRevisionReason, fmt.Sprintf("new upstream revision '%s'", revision), true
-}
+// revision whose artifact could not be made (sourcekind.NewRevisionReason).
+const NewRevisionReason = sourcekind.NewRevisionReason
 
 // MarkProgressing records that the object's current generation is being
 // processed: Reconciling=True, reason Progressing (so Ready is Unknown).
-func MarkProgressing(obj source.Object, st source.Status) {
+func MarkProgressing(obj sourcekind.Object, st sourcekind.Status) {
 	msg := ProgressingMessage(*st.ObservedGeneration, obj.GetGeneration())
 	conditions.MarkReconciling(obj, meta.ProgressingReason, "%s", msg)
 }
@@ -114,9 +104,9 @@ func MarkProgressing(obj source.Object, st source.Status) {
 // but ArtifactOutdated are cleared: they described an earlier attempt), and
 // Stalled when retrying cannot help. A failure without a condition (a failed
 // signature check) is written by the kind into another field.
-func MarkFailure(kind source.Kind, obj source.Object, f *failure.Error) {
+func MarkFailure(kind sourcekind.Kind, obj sourcekind.Object, f *failure.Error) {
 	for _, c := range kind.Conditions {
-		if source.NegativePolarity(c) && c != f.Condition && c != sourcev1.ArtifactOutdatedCondition {
+		if sourcekind.NegativePolarity(c) && c != f.Condition && c != sourcev1.ArtifactOutdatedCondition {
 			conditions.Delete(obj, c)
 		}
 	}
@@ -136,7 +126,7 @@ func MarkFailure(kind source.Kind, obj source.Object, f *failure.Error) {
 // unchanged outcome to a steady object changes nothing in its status (but
 // for an artifact URL whose advertised address changed, which the caller
 // checks).
-func Steady(kind source.Kind, obj source.Object) bool {
+func Steady(kind sourcekind.Kind, obj sourcekind.Object) bool {
 	if obj.GetArtifact() == nil || !conditions.IsReady(obj) {
 		return false
 	}
@@ -150,7 +140,7 @@ func Steady(kind source.Kind, obj source.Object) bool {
 
 // Summarize derives Ready from the other conditions, in Flux's order (see
 // the package documentation). It is the only writer of Ready.
-func Summarize(kind source.Kind, obj source.Object) {
+func Summarize(kind sourcekind.Kind, obj sourcekind.Object) {
 	from := func(c *metav1.Condition, status metav1.ConditionStatus) {
 		conditions.Set(obj, &metav1.Condition{Type: meta.ReadyCondition, Status: status, Reason: c.Reason, Message: c.Message})
 	}
@@ -160,7 +150,7 @@ func Summarize(kind source.Kind, obj source.Object) {
 	}
 	for _, t := range kind.Conditions {
 		failing := metav1.ConditionFalse
-		if source.NegativePolarity(t) {
+		if sourcekind.NegativePolarity(t) {
 			failing = metav1.ConditionTrue
 		}
 		if c := conditions.Get(obj, t); c != nil && c.Status == failing {
@@ -187,29 +177,37 @@ func Summarize(kind source.Kind, obj source.Object) {
 // have ended (the watcher killed, the Event refused) before its Event was
 // written: the watcher writes this one, so a new artifact's Event is
 // recorded at least once.
-func Reannounce(kind source.Kind, obj source.Object, eventType string, o *events.Outcome) []Event {
+func Reannounce(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *events.Outcome) []Event {
 	prev := *kind.Status(obj).Artifact
 	if eventType != events.TypeArtifactStored || o.Artifact == nil || prev == nil ||
 		prev.Digest != o.Artifact.Digest || !prev.LastUpdateTime.Equal(&o.Artifact.LastUpdateTime) {
 		return nil
 	}
-	reason, msg := meta.SucceededReason, kind.ReadyMessage(prev.Revision)
-	if kind.StoredCondition != nil {
-		reason, msg = kind.StoredCondition(obj, o)
+	reason, msg, own := storedCondition(kind, obj, o, prev.Revision)
+	return []Event{newArtifactEvent(o, reason, msg, own)}
+}
+
+// storedCondition is the reason and message of ArtifactInStorage for an
+// outcome with an artifact of revision: the kind's own (StoredCondition;
+// own is true), or Succeeded with its Ready message.
+func storedCondition(kind sourcekind.Kind, obj sourcekind.Object, o *events.Outcome, revision string) (reason, msg string, own bool) {
+	if reason, msg := kind.StoredCondition(obj, o); reason != "" {
+		return reason, msg, true
 	}
-	return []Event{newArtifactEvent(kind, o, reason, msg)}
+	return meta.SucceededReason, kind.ReadyMessage(revision), false
 }
 
 // newArtifactEvent is the Event of a new artifact: NewArtifact with the
 // outcome's message (Flux's), or the kind's own reason (a HelmChart's
-// ChartPullSucceeded); msg and reason are the ArtifactInStorage condition's.
-func newArtifactEvent(kind source.Kind, o *events.Outcome, reason, msg string) Event {
+// ChartPullSucceeded: own); msg and reason are the ArtifactInStorage
+// condition's.
+func newArtifactEvent(o *events.Outcome, reason, msg string, own bool) Event {
 	m := o.EventMessage
 	if m == "" {
 		m = msg
 	}
 	r := NewArtifactReason
-	if kind.StoredCondition != nil {
+	if own {
 		r = reason
 	}
 	return Event{Type: corev1.EventTypeNormal, Reason: r, Message: m, Revision: o.Artifact.Revision, Digest: o.Artifact.Digest}
@@ -219,7 +217,7 @@ func newArtifactEvent(kind source.Kind, o *events.Outcome, reason, msg string) E
 // events.TypeArtifactStored) into obj's status, but for Ready (see
 // Summarize), and returns the Events it deserves. obj must be the live
 // object with the job's UID.
-func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outcome) []Event {
+func Apply(kind sourcekind.Kind, obj sourcekind.Object, eventType string, o *events.Outcome) []Event {
 	st := kind.Status(obj)
 	job := o.Job
 	wasFailing := conditions.IsFalse(obj, meta.ReadyCondition)
@@ -246,18 +244,15 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		if !stale {
 			*st.Artifact = o.Artifact.DeepCopy()
 		}
-		reason, msg := meta.SucceededReason, kind.ReadyMessage((*st.Artifact).Revision)
-		if kind.StoredCondition != nil {
-			reason, msg = kind.StoredCondition(obj, o)
-		}
+		reason, msg, own := storedCondition(kind, obj, o, (*st.Artifact).Revision)
 		conditions.MarkTrue(obj, sourcev1.ArtifactInStorageCondition, reason, "%s", msg)
 		for _, c := range kind.Conditions {
-			if source.NegativePolarity(c) {
+			if sourcekind.NegativePolarity(c) {
 				conditions.Delete(obj, c)
 			}
 		}
 		conditions.Delete(obj, meta.StalledCondition)
-		if current && kind.Observe != nil {
+		if current {
 			kind.Observe(obj)
 		}
 		if v := o.Verification; eventType == events.TypeArtifactStored && kind.TracesVerification && v != nil && v.Verified {
@@ -266,11 +261,11 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		}
 		switch {
 		case eventType == events.TypeArtifactStored && !stale && (prev == nil || prev.Digest != o.Artifact.Digest):
-			out = append(out, newArtifactEvent(kind, o, reason, msg))
+			out = append(out, newArtifactEvent(o, reason, msg, own))
 		case wasFailing:
 			art := *st.Artifact
-			if kind.Recovered != nil {
-				msg = kind.Recovered(obj, art)
+			if m := kind.Recovered(obj, art); m != "" {
+				msg = m
 			}
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: reason, Message: msg, Revision: art.Revision, Digest: art.Digest})
 		case eventType == events.TypeArtifactUnchanged && kind.UpToDateReason != sourcev1.ArtifactUpToDateReason:
@@ -301,11 +296,7 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		// A new upstream revision was seen but its artifact could not be
 		// made: the stored one is outdated (Flux's NewRevision, or the
 		// kind's own reason).
-		outdated := NewRevisionOutdated
-		if kind.Outdated != nil {
-			outdated = kind.Outdated
-		}
-		if reason, msg, ok := outdated(obj, *st.Artifact, o.Revision); ok {
+		if reason, msg, ok := kind.Outdated(obj, *st.Artifact, o.Revision); ok {
 			conditions.MarkTrue(obj, sourcev1.ArtifactOutdatedCondition, reason, "%s", msg)
 		}
 		// A throttled source's message counts down its next attempt:
@@ -319,9 +310,7 @@ func Apply(kind source.Kind, obj source.Object, eventType string, o *events.Outc
 		return out
 	}
 
-	if kind.Record != nil {
-		kind.Record(obj, eventType, o)
-	}
+	kind.Record(obj, eventType, o)
 
 	// The job is done: it handled its reconcile request, and if it was made
 	// from the current generation, that generation is observed.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 )
 
 const (
@@ -50,7 +50,7 @@ func TestApply(t *testing.T) {
 	}{
 		{
 			name:      "first artifact",
-			setup:     func(g *sourcev1.GitRepository) { MarkProgressing(g, source.GitRepository().Status(g)) },
+			setup:     func(g *sourcev1.GitRepository) { MarkProgressing(g, sourcekind.GitRepository().Status(g)) },
 			eventType: events.TypeArtifactStored,
 			outcome:   &events.Outcome{Job: job(1, "tok"), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0), EventMessage: "stored artifact for commit 'first'"},
 			check: func(t *testing.T, g *sourcev1.GitRepository) {
@@ -219,7 +219,7 @@ func TestApply(t *testing.T) {
 			name: "outcome for an older generation keeps Reconciling for the newer one",
 			setup: func(g *sourcev1.GitRepository) {
 				g.Generation = 2
-				MarkProgressing(g, source.GitRepository().Status(g))
+				MarkProgressing(g, sourcekind.GitRepository().Status(g))
 			},
 			eventType: events.TypeArtifactStored,
 			outcome:   &events.Outcome{Job: job(1, ""), Revision: rev1, Artifact: artifact(rev1, "sha256:a", t0), EventMessage: "m"},
@@ -254,8 +254,8 @@ func TestApply(t *testing.T) {
 			if tt.setup != nil {
 				tt.setup(g)
 			}
-			got := Apply(source.GitRepository(), g, tt.eventType, tt.outcome)
-			Summarize(source.GitRepository(), g) // as Patch does
+			got := Apply(sourcekind.GitRepository(), g, tt.eventType, tt.outcome)
+			Summarize(sourcekind.GitRepository(), g) // as Patch does
 			tt.check(t, g)
 			if len(got) != len(tt.events) {
 				t.Fatalf("events = %+v, want %+v", got, tt.events)
@@ -288,7 +288,7 @@ func wantNoCondition(t *testing.T, g conditions.Getter, typ string) {
 	}
 }
 
-func readyMessage(rev string) string { return source.GitRepository().ReadyMessage(rev) }
+func readyMessage(rev string) string { return sourcekind.GitRepository().ReadyMessage(rev) }
 
 // TestApplyUpToDate checks Flux's trace for a no-change reconcile of the
 // kinds other than GitRepository: ArtifactUpToDate with the stored
@@ -301,7 +301,7 @@ func TestApplyUpToDate(t *testing.T) {
 	o := &events.Outcome{Job: job(1, ""), Revision: rev, Artifact: b.Status.Artifact.DeepCopy()}
 	o.Job.Object.Kind = sourcev1.BucketKind
 
-	got := Apply(source.Bucket(), b, events.TypeArtifactUnchanged, o)
+	got := Apply(sourcekind.Bucket(), b, events.TypeArtifactUnchanged, o)
 	want := Event{Type: eventv1.EventTypeTrace, Reason: sourcev1.ArtifactUpToDateReason,
 		Message: "artifact up-to-date with remote revision: '" + rev + "'"}
 	if len(got) != 1 || got[0] != want {
@@ -322,8 +322,8 @@ func TestApplyBucket(t *testing.T) {
 		EventMessage: "stored artifact with 1 fetched files from 'testbucket' bucket"}
 	o.Job.Object.Kind = sourcev1.BucketKind
 
-	got := Apply(source.Bucket(), b, events.TypeArtifactStored, o)
-	Summarize(source.Bucket(), b)
+	got := Apply(sourcekind.Bucket(), b, events.TypeArtifactStored, o)
+	Summarize(sourcekind.Bucket(), b)
 
 	c := conditions.Get(b, meta.ReadyCondition)
 	if c == nil || c.Message != "stored artifact: revision '"+rev+"'" {
@@ -342,7 +342,7 @@ func TestApplyBucket(t *testing.T) {
 }
 
 func TestApplyVerification(t *testing.T) {
-	kind := source.GitRepository()
+	kind := sourcekind.GitRepository()
 	newRepo := func() *sourcev1.GitRepository {
 		g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
 		g.Status.ObservedGeneration = -1
@@ -437,7 +437,7 @@ func TestSummarize(t *testing.T) {
 			for _, c := range tt.conds {
 				conditions.Set(g, &metav1.Condition{Type: c.typ, Status: c.status, Reason: c.reason, Message: c.reason + " message"})
 			}
-			Summarize(source.GitRepository(), g)
+			Summarize(sourcekind.GitRepository(), g)
 			got := conditions.Get(g, meta.ReadyCondition)
 			switch {
 			case tt.want == nil && got != nil:
@@ -458,7 +458,7 @@ func TestSummarize(t *testing.T) {
 // TestMarkFailure checks the conditions a failure owns: its own, Stalled,
 // and the earlier attempts' failures it replaces.
 func TestMarkFailure(t *testing.T) {
-	kind := source.GitRepository()
+	kind := sourcekind.GitRepository()
 	g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", Generation: 1}}
 	conditions.MarkTrue(g, sourcev1.FetchFailedCondition, sourcev1.GitOperationFailedReason, "old fetch failure")
 	conditions.MarkTrue(g, sourcev1.ArtifactOutdatedCondition, "NewRevision", "new upstream revision 'x'")
@@ -482,7 +482,7 @@ func TestMarkFailure(t *testing.T) {
 // TestApplyHelmChart checks Flux's ArtifactInStorage for a chart: the
 // build's reason and summary, kept by an unchanged outcome.
 func TestApplyHelmChart(t *testing.T) {
-	kind := source.HelmChart()
+	kind := sourcekind.HelmChart()
 	c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
 	c.Spec.Chart = "podinfo"
 	c.Status.ObservedGeneration = -1
@@ -505,7 +505,7 @@ func TestApplyHelmChart(t *testing.T) {
 }
 
 func TestApplyOCIRepository(t *testing.T) {
-	kind := source.OCIRepository()
+	kind := sourcekind.OCIRepository()
 	r := &sourcev1.OCIRepository{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default", UID: "u", Generation: 1}}
 	r.Status.ObservedGeneration = -1
 	ignore := "*.md"
@@ -555,7 +555,7 @@ func TestApplyOCIRepository(t *testing.T) {
 }
 
 func TestApplyOCIVerification(t *testing.T) {
-	kind := source.OCIRepository()
+	kind := sourcekind.OCIRepository()
 	r := &sourcev1.OCIRepository{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default", UID: "u", Generation: 1}}
 	r.Status.ObservedGeneration = -1
 	r.Spec.Verify = &sourcev1.OCIRepositoryVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "cosign"}}
@@ -600,38 +600,38 @@ func TestApplyOCIVerification(t *testing.T) {
 func TestApplyOutdated(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	fail := &events.Failure{Condition: sourcev1.FetchFailedCondition, Reason: "ChartPullError", Message: "chart pull error: refused"}
-	git := func(a *meta.Artifact) source.Object {
+	git := func(a *meta.Artifact) sourcekind.Object {
 		g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
 		g.Status.Artifact = a
 		return g
 	}
-	chart := func(name, observed string, a *meta.Artifact) source.Object {
+	chart := func(name, observed string, a *meta.Artifact) sourcekind.Object {
 		c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
 		c.Spec.Chart, c.Status.ObservedChartName, c.Status.Artifact = name, observed, a
 		return c
 	}
 	for _, tc := range []struct {
 		name     string
-		kind     source.Kind
-		obj      source.Object
+		kind     sourcekind.Kind
+		obj      sourcekind.Object
 		revision string
 		reason   string // empty: no ArtifactOutdated
 		message  string
 	}{
-		{name: "git new revision", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev2,
+		{name: "git new revision", kind: sourcekind.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev2,
 			reason: NewRevisionReason, message: "new upstream revision '" + rev2 + "'"},
-		{name: "git first revision", kind: source.GitRepository(), obj: git(nil), revision: rev1,
+		{name: "git first revision", kind: sourcekind.GitRepository(), obj: git(nil), revision: rev1,
 			reason: NewRevisionReason, message: "new upstream revision '" + rev1 + "'"},
-		{name: "git same revision", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev1},
-		{name: "git nothing resolved", kind: source.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0))},
-		{name: "chart new version", kind: source.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.2.0",
-			reason: source.NewChartReason, message: "new 'podinfo' chart with version '6.2.0'"},
-		{name: "chart from a path", kind: source.HelmChart(), obj: chart("./charts/podinfo", "./charts/podinfo", artifact("6.1.0", "sha256:a", t0)),
-			revision: "6.2.0+3", reason: source.NewChartReason, message: "new 'podinfo' chart with version '6.2.0+3'"},
-		{name: "chart renamed", kind: source.HelmChart(), obj: chart("podinfo-lite", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0",
-			reason: source.NewChartReason, message: "new 'podinfo-lite' chart with version '6.1.0'"},
-		{name: "chart without artifact", kind: source.HelmChart(), obj: chart("podinfo", "", nil), revision: "6.2.0"},
-		{name: "chart same version", kind: source.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0"},
+		{name: "git same revision", kind: sourcekind.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0)), revision: rev1},
+		{name: "git nothing resolved", kind: sourcekind.GitRepository(), obj: git(artifact(rev1, "sha256:a", t0))},
+		{name: "chart new version", kind: sourcekind.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.2.0",
+			reason: sourcekind.NewChartReason, message: "new 'podinfo' chart with version '6.2.0'"},
+		{name: "chart from a path", kind: sourcekind.HelmChart(), obj: chart("./charts/podinfo", "./charts/podinfo", artifact("6.1.0", "sha256:a", t0)),
+			revision: "6.2.0+3", reason: sourcekind.NewChartReason, message: "new 'podinfo' chart with version '6.2.0+3'"},
+		{name: "chart renamed", kind: sourcekind.HelmChart(), obj: chart("podinfo-lite", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0",
+			reason: sourcekind.NewChartReason, message: "new 'podinfo-lite' chart with version '6.1.0'"},
+		{name: "chart without artifact", kind: sourcekind.HelmChart(), obj: chart("podinfo", "", nil), revision: "6.2.0"},
+		{name: "chart same version", kind: sourcekind.HelmChart(), obj: chart("podinfo", "podinfo", artifact("6.1.0", "sha256:a", t0)), revision: "6.1.0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := &events.Outcome{Job: job(1, ""), Revision: tc.revision, Failure: fail}
@@ -650,7 +650,7 @@ func TestApplyOutdated(t *testing.T) {
 // whose spec.verify checks an OCI chart's signature, and that a chart
 // not verified is pulled again.
 func TestApplyHelmChartVerification(t *testing.T) {
-	kind := source.HelmChart()
+	kind := sourcekind.HelmChart()
 	c := &sourcev1.HelmChart{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
 	c.Spec.Chart = "podinfo"
 	c.Spec.Verify = &sourcev1.HelmChartVerification{Provider: "cosign", SecretRef: &meta.LocalObjectReference{Name: "cosign"}}
@@ -713,7 +713,7 @@ func TestReannounce(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
 			g.Status.Artifact = tt.status
-			got := Reannounce(source.GitRepository(), g, tt.eventType, tt.outcome)
+			got := Reannounce(sourcekind.GitRepository(), g, tt.eventType, tt.outcome)
 			if len(got) != len(tt.want) {
 				t.Fatalf("events = %+v, want %+v", got, tt.want)
 			}
@@ -732,7 +732,7 @@ func TestReannounce(t *testing.T) {
 // Warning is recorded when the throttling starts, none for the attempts
 // that follow while it lasts; a success ends it.
 func TestApplyRateLimited(t *testing.T) {
-	kind := source.GitRepository()
+	kind := sourcekind.GitRepository()
 	g := &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: "default", UID: "u", Generation: 1}}
 	g.Status.ObservedGeneration = -1
 	stored := artifact(rev1, "sha256:a", time.Now())

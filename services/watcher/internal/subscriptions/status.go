@@ -22,6 +22,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 )
 
 // The watcher's permissions on Subscriptions, generated into
@@ -103,10 +104,14 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, _ bus.Delive
 	if string(sub.UID) != r.Subscription.UID {
 		return nil // a report for an earlier Subscription of the same name
 	}
-	patch := client.MergeFromWithOptions(sub.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	Apply(&sub.Status, r, metav1.Now())
-	if err := c.Client.Status().Patch(ctx, &sub, patch); err != nil {
-		return fmt.Errorf("patch status of subscription %s: %w", key, err)
+	// Guarded by the live read, a conflict returned: the report is
+	// redelivered and added to the status as it is then.
+	err := patch.Writer{Client: c.Client}.Status(ctx, &sub, patch.Options{OnConflict: patch.ReturnConflict}, func() bool {
+		Apply(&sub.Status, r, metav1.Now())
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("subscription %s: %w", key, err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package source
+package sourcekind
 
 import (
 	"context"
@@ -154,8 +154,15 @@ func TestRemote(t *testing.T) {
 	if hc := HelmChart(); hc.Remote(chart("a", "r")) != hc.Remote(chart("a", "r")) || hc.Remote(chart("a", "r")) == hc.Remote(chart("b", "r")) {
 		t.Error("HelmCharts: one remote per source object")
 	}
+	samples := map[string]Object{
+		sourcev1.GitRepositoryKind:  git("a", "https://git.example/app", ""),
+		sourcev1.BucketKind:         &sourcev1.Bucket{Spec: sourcev1.BucketSpec{Endpoint: "s3.example", BucketName: "b"}},
+		sourcev1.OCIRepositoryKind:  &sourcev1.OCIRepository{Spec: sourcev1.OCIRepositorySpec{URL: "oci://registry/app"}},
+		sourcev1.HelmRepositoryKind: &sourcev1.HelmRepository{Spec: sourcev1.HelmRepositorySpec{URL: "https://charts.example"}},
+		sourcev1.HelmChartKind:      chart("a", "r"),
+	}
 	for _, kind := range Kinds() {
-		if kind.Remote == nil {
+		if kind.Remote(samples[kind.Name]) == "" {
 			t.Errorf("%s names no remote", kind.Name)
 		}
 	}

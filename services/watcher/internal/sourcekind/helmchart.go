@@ -1,4 +1,4 @@
-package source
+package sourcekind
 
 import (
 	"context"
@@ -40,41 +40,9 @@ const (
 // Bucket): a new artifact of the source reconciles it at once.
 func HelmChart() Kind {
 	return Kind{
-		Name: sourcev1.HelmChartKind,
-		Remote: func(o Object) string {
-			// The charts of one source share its artifact (a
-			// HelmRepository's index): its namespace is part of it.
-			ref := o.(*sourcev1.HelmChart).Spec.SourceRef
-			return o.GetNamespace() + "/" + ref.Kind + "/" + ref.Name
-		},
-		New:       func() Object { return &sourcev1.HelmChart{} },
-		Suspended: func(o Object) bool { return o.(*sourcev1.HelmChart).Spec.Suspend },
-		Request:   chartRequest,
-		Setup:     chartSetup,
-		Progress: func(o Object, req *events.FetchRequested) {
-			if cs := req.ChartSource; cs != nil {
-				o.(*sourcev1.HelmChart).Status.ObservedSourceArtifactRevision = cs.Artifact.Revision
-			}
-		},
-		Observe: func(o Object) {
-			c := o.(*sourcev1.HelmChart)
-			c.Status.ObservedChartName = c.Spec.Chart
-			c.Status.ObservedValuesFiles = c.Spec.ValuesFiles
-			if a := c.Status.Artifact; a != nil {
-				// The chart's URL on the artifact server (Flux points at a
-				// <chart>-latest.tgz symlink to it; see docs/design.md).
-				c.Status.URL = a.URL
-			}
-		},
-		StoredCondition: chartStored,
-		Outdated:        chartOutdated,
-		Record:          chartRecord,
-		ReadyFormat:     "stored chart with version '%s'",
-		UpToDateReason:  sourcev1.ArtifactUpToDateReason,
-		Status: func(o Object) Status {
-			st := &o.(*sourcev1.HelmChart).Status
-			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
-		},
+		Name:           sourcev1.HelmChartKind,
+		ReadyFormat:    "stored chart with version '%s'",
+		UpToDateReason: sourcev1.ArtifactUpToDateReason,
 		// Flux's order (helmChartReadyCondition).
 		Conditions: []string{
 			sourcev1.StorageOperationFailedCondition,
@@ -83,6 +51,38 @@ func HelmChart() Kind {
 			sourcev1.ArtifactOutdatedCondition,
 			sourcev1.SourceVerifiedCondition,
 		},
+		Adapter: Adapt(Funcs[*sourcev1.HelmChart]{
+			New: func() *sourcev1.HelmChart { return &sourcev1.HelmChart{} },
+			Status: func(c *sourcev1.HelmChart) Status {
+				return Status{&c.Status.ObservedGeneration, &c.Status.Artifact, &c.Status.LastHandledReconcileAt}
+			},
+			Suspended: func(c *sourcev1.HelmChart) bool { return c.Spec.Suspend },
+			Remote: func(c *sourcev1.HelmChart) string {
+				// The charts of one source share its artifact (a
+				// HelmRepository's index): its namespace is part of it.
+				ref := c.Spec.SourceRef
+				return c.GetNamespace() + "/" + ref.Kind + "/" + ref.Name
+			},
+			Request: chartRequest,
+			Progress: func(c *sourcev1.HelmChart, req *events.FetchRequested) {
+				if cs := req.ChartSource; cs != nil {
+					c.Status.ObservedSourceArtifactRevision = cs.Artifact.Revision
+				}
+			},
+			Setup: chartSetup,
+			Observe: func(c *sourcev1.HelmChart) {
+				c.Status.ObservedChartName = c.Spec.Chart
+				c.Status.ObservedValuesFiles = c.Spec.ValuesFiles
+				if a := c.Status.Artifact; a != nil {
+					// The chart's URL on the artifact server (Flux points at a
+					// <chart>-latest.tgz symlink to it; see docs/design.md).
+					c.Status.URL = a.URL
+				}
+			},
+			Record:          chartRecord,
+			StoredCondition: chartStored,
+			Outdated:        chartOutdated,
+		}),
 	}
 }
 
@@ -90,8 +90,7 @@ func HelmChart() Kind {
 // or ChartPackageSucceeded with the build's summary ("pulled 'podinfo'
 // chart with version '6.1.0'"). An unchanged outcome keeps the summary of
 // the build that made the artifact.
-func chartStored(o Object, out *events.Outcome) (string, string) {
-	c := o.(*sourcev1.HelmChart)
+func chartStored(c *sourcev1.HelmChart, out *events.Outcome) (string, string) {
 	msg := out.EventMessage
 	if msg == "" {
 		if old := conditions.Get(c, sourcev1.ArtifactInStorageCondition); old != nil && out.Artifact != nil &&
@@ -120,8 +119,7 @@ const NewChartReason = "NewChart"
 // "new '<chart>' chart with version '<version>'". The chart's name is
 // spec.chart, or for a chart path in a GitRepository or Bucket its last
 // element (the chart's directory, which Helm names after the chart).
-func chartOutdated(o Object, prev *meta.Artifact, revision string) (string, string, bool) {
-	c := o.(*sourcev1.HelmChart)
+func chartOutdated(c *sourcev1.HelmChart, prev *meta.Artifact, revision string) (string, string, bool) {
 	if prev == nil || revision == "" || (prev.Revision == revision && c.Status.ObservedChartName == c.Spec.Chart) {
 		return "", "", false
 	}
@@ -134,8 +132,7 @@ func chartOutdated(o Object, prev *meta.Artifact, revision string) (string, stri
 // signature of version <version>") once the signature of the chart pulled
 // from an OCI HelmRepository verified, False with reason VerificationError
 // when it did not, and absent when spec.verify is unset.
-func chartRecord(o Object, _ string, out *events.Outcome) {
-	c := o.(*sourcev1.HelmChart)
+func chartRecord(c *sourcev1.HelmChart, _ string, out *events.Outcome) {
 	if c.Spec.Verify == nil {
 		conditions.Delete(c, sourcev1.SourceVerifiedCondition)
 		return
@@ -153,8 +150,7 @@ func chartRecord(o Object, _ string, out *events.Outcome) {
 // artifact (waiting while the source is missing or has none, as Flux's
 // SourceUnavailable and NoSourceArtifact), and forces a rebuild when the
 // spec fields the artifact was built with changed.
-func chartRequest(ctx context.Context, r client.Reader, o Object, req *events.FetchRequested) (bool, error) {
-	c := o.(*sourcev1.HelmChart)
+func chartRequest(ctx context.Context, r client.Reader, c *sourcev1.HelmChart, req *events.FetchRequested) (bool, error) {
 	req.HelmChart = c.Spec.DeepCopy()
 	ref := c.Spec.SourceRef
 	var src Object

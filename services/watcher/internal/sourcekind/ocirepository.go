@@ -1,4 +1,4 @@
-package source
+package sourcekind
 
 import (
 	"context"
@@ -16,42 +16,9 @@ import (
 // OCIRepository adapts sourcev1.OCIRepository.
 func OCIRepository() Kind {
 	return Kind{
-		Name: sourcev1.OCIRepositoryKind,
-		Remote: func(o Object) string {
-			s := o.(*sourcev1.OCIRepository).Spec
-			return RemoteKey(o, s.URL, localRef(s.SecretRef), localRef(s.CertSecretRef), localRef(s.ProxySecretRef),
-				s.Provider, s.ServiceAccountName)
-		},
-		New:       func() Object { return &sourcev1.OCIRepository{} },
-		Suspended: func(o Object) bool { return o.(*sourcev1.OCIRepository).Spec.Suspend },
-		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
-			r := o.(*sourcev1.OCIRepository)
-			if err := refuseCredentials("spec.url", r.Spec.URL); err != nil {
-				return false, err
-			}
-			req.OCIRepository = r.Spec.DeepCopy()
-			// An artifact not verified as spec.verify asks is fetched and
-			// verified again, as Flux verifies again after a failure.
-			unverified := r.Spec.Verify != nil && !conditions.IsTrue(r, sourcev1.SourceVerifiedCondition)
-			return r.Status.Artifact != nil && (ociContentConfigChanged(r) || unverified), nil
-		},
-		Record: ociRecord,
-		Observe: func(o Object) {
-			r := o.(*sourcev1.OCIRepository)
-			r.Status.ObservedIgnore = r.Spec.Ignore
-			r.Status.ObservedLayerSelector = r.Spec.LayerSelector.DeepCopy()
-			if a := r.Status.Artifact; a != nil && a.URL != "" {
-				// Flux's status.url: the stable URL of the latest artifact.
-				r.Status.URL = latestURL(a.URL)
-			}
-		},
+		Name:           sourcev1.OCIRepositoryKind,
 		ReadyFormat:    "stored artifact for digest '%s'",
-		Recovered:      ociRecovered,
 		UpToDateReason: sourcev1.ArtifactUpToDateReason,
-		Status: func(o Object) Status {
-			st := &o.(*sourcev1.OCIRepository).Status
-			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
-		},
 		// Flux's order (ociRepositoryReadyCondition), but, as for a
 		// GitRepository, a failed verification is named before the
 		// outdated artifact it causes.
@@ -61,6 +28,38 @@ func OCIRepository() Kind {
 			sourcev1.SourceVerifiedCondition,
 			sourcev1.ArtifactOutdatedCondition,
 		},
+		Adapter: Adapt(Funcs[*sourcev1.OCIRepository]{
+			New: func() *sourcev1.OCIRepository { return &sourcev1.OCIRepository{} },
+			Status: func(r *sourcev1.OCIRepository) Status {
+				return Status{&r.Status.ObservedGeneration, &r.Status.Artifact, &r.Status.LastHandledReconcileAt}
+			},
+			Suspended: func(r *sourcev1.OCIRepository) bool { return r.Spec.Suspend },
+			Remote: func(r *sourcev1.OCIRepository) string {
+				s := r.Spec
+				return RemoteKey(r, s.URL, localRef(s.SecretRef), localRef(s.CertSecretRef), localRef(s.ProxySecretRef),
+					s.Provider, s.ServiceAccountName)
+			},
+			Request: func(_ context.Context, _ client.Reader, r *sourcev1.OCIRepository, req *events.FetchRequested) (bool, error) {
+				if err := refuseCredentials("spec.url", r.Spec.URL); err != nil {
+					return false, err
+				}
+				req.OCIRepository = r.Spec.DeepCopy()
+				// An artifact not verified as spec.verify asks is fetched and
+				// verified again, as Flux verifies again after a failure.
+				unverified := r.Spec.Verify != nil && !conditions.IsTrue(r, sourcev1.SourceVerifiedCondition)
+				return r.Status.Artifact != nil && (ociContentConfigChanged(r) || unverified), nil
+			},
+			Observe: func(r *sourcev1.OCIRepository) {
+				r.Status.ObservedIgnore = r.Spec.Ignore
+				r.Status.ObservedLayerSelector = r.Spec.LayerSelector.DeepCopy()
+				if a := r.Status.Artifact; a != nil && a.URL != "" {
+					// Flux's status.url: the stable URL of the latest artifact.
+					r.Status.URL = latestURL(a.URL)
+				}
+			},
+			Record:    ociRecord,
+			Recovered: ociRecovered,
+		}),
 	}
 }
 
@@ -78,8 +77,7 @@ func ociContentConfigChanged(r *sourcev1.OCIRepository) bool {
 // SourceVerified (normal polarity) is True with Flux's message once the
 // signature of the fetched revision verified, False with reason
 // VerificationError when it did not, and absent when spec.verify is unset.
-func ociRecord(o Object, _ string, out *events.Outcome) {
-	r := o.(*sourcev1.OCIRepository)
+func ociRecord(r *sourcev1.OCIRepository, _ string, out *events.Outcome) {
 	if r.Spec.Verify == nil {
 		conditions.Delete(r, sourcev1.SourceVerifiedCondition)
 		return
@@ -96,8 +94,8 @@ func ociRecord(o Object, _ string, out *events.Outcome) {
 // ociRecovered is Flux's message for an OCIRepository's artifact: its
 // revision and spec.url, and the origin source and revision when the
 // artifact's metadata has both.
-func ociRecovered(o Object, art *meta.Artifact) string {
-	msg := fmt.Sprintf("stored artifact with revision '%s' from '%s'", art.Revision, o.(*sourcev1.OCIRepository).Spec.URL)
+func ociRecovered(r *sourcev1.OCIRepository, art *meta.Artifact) string {
+	msg := fmt.Sprintf("stored artifact with revision '%s' from '%s'", art.Revision, r.Spec.URL)
 	if src, rev := art.Metadata["org.opencontainers.image.source"], art.Metadata["org.opencontainers.image.revision"]; src != "" && rev != "" {
 		msg = fmt.Sprintf("%s, origin source '%s', origin revision '%s'", msg, src, rev)
 	}

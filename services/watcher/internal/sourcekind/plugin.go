@@ -1,4 +1,4 @@
-package source
+package sourcekind
 
 import (
 	"bytes"
@@ -85,39 +85,39 @@ func ParseRegistrations(list string) ([]Registration, error) {
 func Plugin(reg Registration) Kind {
 	gvk := reg.GVK
 	return Kind{
-		Name:   gvk.Kind,
-		Plugin: &reg,
-		New:    func() Object { return NewPluginObject(reg) },
-		Suspended: func(o Object) bool {
-			var s struct {
-				Suspend bool `json:"suspend"`
-			}
-			_ = json.Unmarshal(o.(*PluginObject).Spec, &s)
-			return s.Suspend
-		},
-		Request: func(_ context.Context, _ client.Reader, o Object, req *events.FetchRequested) (bool, error) {
-			p := o.(*PluginObject)
-			spec := bytes.Clone(p.Spec)
-			if len(spec) == 0 {
-				spec = json.RawMessage("{}")
-			}
-			req.Plugin = &events.PluginSpec{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind, Spec: spec}
-			// The spec is opaque to the watcher: any change of it may
-			// change the content, so the first job of a new generation
-			// rebuilds the artifact even if the revision is the same.
-			return p.Status.Artifact != nil && p.Generation != p.Status.ObservedGeneration, nil
-		},
+		Name:           gvk.Kind,
+		Plugin:         &reg,
 		ReadyFormat:    "stored artifact for revision '%s'",
 		UpToDateReason: sourcev1.ArtifactUpToDateReason,
-		Status: func(o Object) Status {
-			st := &o.(*PluginObject).Status
-			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
-		},
 		Conditions: []string{
 			sourcev1.StorageOperationFailedCondition,
 			sourcev1.FetchFailedCondition,
 			sourcev1.ArtifactOutdatedCondition,
 		},
+		Adapter: Adapt(Funcs[*PluginObject]{
+			New: func() *PluginObject { return NewPluginObject(reg) },
+			Status: func(p *PluginObject) Status {
+				return Status{&p.Status.ObservedGeneration, &p.Status.Artifact, &p.Status.LastHandledReconcileAt}
+			},
+			Suspended: func(p *PluginObject) bool {
+				var s struct {
+					Suspend bool `json:"suspend"`
+				}
+				_ = json.Unmarshal(p.Spec, &s)
+				return s.Suspend
+			},
+			Request: func(_ context.Context, _ client.Reader, p *PluginObject, req *events.FetchRequested) (bool, error) {
+				spec := bytes.Clone(p.Spec)
+				if len(spec) == 0 {
+					spec = json.RawMessage("{}")
+				}
+				req.Plugin = &events.PluginSpec{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind, Spec: spec}
+				// The spec is opaque to the watcher: any change of it may
+				// change the content, so the first job of a new generation
+				// rebuilds the artifact even if the revision is the same.
+				return p.Status.Artifact != nil && p.Generation != p.Status.ObservedGeneration, nil
+			},
+		}),
 	}
 }
 

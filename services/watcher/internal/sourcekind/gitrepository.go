@@ -1,4 +1,4 @@
-package source
+package sourcekind
 
 import (
 	"context"
@@ -29,34 +29,10 @@ const includeIndex = ".spec.include.repository.name"
 // GitRepository adapts sourcev1.GitRepository.
 func GitRepository() Kind {
 	return Kind{
-		Name: sourcev1.GitRepositoryKind,
-		Remote: func(o Object) string {
-			s := o.(*sourcev1.GitRepository).Spec
-			return RemoteKey(o, s.URL, localRef(s.SecretRef), localRef(s.ProxySecretRef), s.Provider, s.ServiceAccountName)
-		},
-		New:       func() Object { return &sourcev1.GitRepository{} },
-		Suspended: func(o Object) bool { return o.(*sourcev1.GitRepository).Spec.Suspend },
-		Request:   gitRequest,
-		Record:    gitRecord,
-		Setup:     gitSetup,
-		Observe: func(o Object) {
-			g := o.(*sourcev1.GitRepository)
-			g.Status.ObservedIgnore = g.Spec.Ignore
-			g.Status.ObservedRecurseSubmodules = g.Spec.RecurseSubmodules
-			g.Status.ObservedInclude = g.Spec.Include
-			g.Status.ObservedSparseCheckout = g.Spec.SparseCheckout
-		},
-		ReadyFormat: "stored artifact for revision '%s'",
-		// Flux names the commit by its reference when it did not clone.
-		Recovered: func(_ Object, art *meta.Artifact) string {
-			return fmt.Sprintf("stored artifact for commit '%s'", art.Revision)
-		},
+		Name:               sourcev1.GitRepositoryKind,
+		ReadyFormat:        "stored artifact for revision '%s'",
 		UpToDateReason:     sourcev1.GitOperationSucceedReason,
 		TracesVerification: true,
-		Status: func(o Object) Status {
-			st := &o.(*sourcev1.GitRepository).Status
-			return Status{&st.ObservedGeneration, &st.Artifact, &st.LastHandledReconcileAt}
-		},
 		// Flux's order (gitRepositoryReadyCondition), but a failed
 		// verification is named before the outdated artifact it causes.
 		Conditions: []string{
@@ -66,6 +42,30 @@ func GitRepository() Kind {
 			sourcev1.SourceVerifiedCondition,
 			sourcev1.ArtifactOutdatedCondition,
 		},
+		Adapter: Adapt(Funcs[*sourcev1.GitRepository]{
+			New: func() *sourcev1.GitRepository { return &sourcev1.GitRepository{} },
+			Status: func(g *sourcev1.GitRepository) Status {
+				return Status{&g.Status.ObservedGeneration, &g.Status.Artifact, &g.Status.LastHandledReconcileAt}
+			},
+			Suspended: func(g *sourcev1.GitRepository) bool { return g.Spec.Suspend },
+			Remote: func(g *sourcev1.GitRepository) string {
+				s := g.Spec
+				return RemoteKey(g, s.URL, localRef(s.SecretRef), localRef(s.ProxySecretRef), s.Provider, s.ServiceAccountName)
+			},
+			Request: gitRequest,
+			Setup:   gitSetup,
+			Observe: func(g *sourcev1.GitRepository) {
+				g.Status.ObservedIgnore = g.Spec.Ignore
+				g.Status.ObservedRecurseSubmodules = g.Spec.RecurseSubmodules
+				g.Status.ObservedInclude = g.Spec.Include
+				g.Status.ObservedSparseCheckout = g.Spec.SparseCheckout
+			},
+			Record: gitRecord,
+			// Flux names the commit by its reference when it did not clone.
+			Recovered: func(_ *sourcev1.GitRepository, art *meta.Artifact) string {
+				return fmt.Sprintf("stored artifact for commit '%s'", art.Revision)
+			},
+		}),
 	}
 }
 
@@ -73,8 +73,7 @@ func GitRepository() Kind {
 // sources' artifacts, and forces a rebuild when what the artifact is built
 // from changed although the commit may not have: the observed spec fields,
 // the included artifacts, or the verification mode.
-func gitRequest(ctx context.Context, r client.Reader, o Object, req *events.FetchRequested) (bool, error) {
-	g := o.(*sourcev1.GitRepository)
+func gitRequest(ctx context.Context, r client.Reader, g *sourcev1.GitRepository, req *events.FetchRequested) (bool, error) {
 	if err := refuseCredentials("spec.url", g.Spec.URL); err != nil {
 		return false, err
 	}
@@ -201,8 +200,7 @@ func verifyModeChanged(g *sourcev1.GitRepository) bool {
 // SourceVerified (normal polarity) is True with Flux's message once the
 // signatures required by spec.verify checked out, False with reason
 // VerificationError when they did not, and absent when spec.verify is unset.
-func gitRecord(o Object, eventType string, out *events.Outcome) {
-	g := o.(*sourcev1.GitRepository)
+func gitRecord(g *sourcev1.GitRepository, eventType string, out *events.Outcome) {
 	if eventType == events.TypeArtifactStored && out.Job.Object.Generation == g.Generation {
 		g.Status.IncludedArtifacts = out.IncludedArtifacts
 	}
