@@ -62,9 +62,9 @@ const (
 	NewArtifactReason = "NewArtifact"
 	// ArtifactMissingReason and ArtifactVerificationFailedReason are the
 	// reasons of the notices that say the stored artifact is gone or
-	// corrupt.
-	ArtifactMissingReason            = "ArtifactMissing"
-	ArtifactVerificationFailedReason = "ArtifactVerificationFailed"
+	// corrupt, as the bus contract declares them.
+	ArtifactMissingReason            = events.ArtifactMissingReason
+	ArtifactVerificationFailedReason = events.ArtifactVerificationFailedReason
 )
 
 // NoChangeMessage is Flux's message for a reconcile that found the upstream
