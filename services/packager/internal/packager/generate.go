@@ -153,7 +153,7 @@ func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequeste
 		}
 		var readErr error
 		in := archive.OnReadError(obj, func(err error) { readErr = err })
-		err = compose.Unpack(in, d, p.opts.MaxFileSize, paths.Keep)
+		err = compose.UnpackWith(ctx, in, d, p.opts.compose(), paths.Keep)
 		_ = obj.Close()
 		switch {
 		case readErr != nil:
@@ -169,7 +169,7 @@ func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequeste
 // content is its previous artifact's.
 func (p *Packager) buildOutput(ctx context.Context, r *events.GenerateRequested, a swv1beta1.OutputArtifact, dir string,
 	srcs map[string]string, previous map[string]events.GeneratedOutput) (events.GeneratedOutput, error) {
-	if err := compose.Build(ctx, dir, srcs, a, compose.Options{MaxFileSize: p.opts.MaxFileSize}); err != nil {
+	if err := compose.Build(ctx, dir, srcs, a, p.opts.compose()); err != nil {
 		if errors.Is(err, compose.ErrInvalid) {
 			return events.GeneratedOutput{}, generateFailure(failure.Stalling, validationFailedReason, "%v", err)
 		}
