@@ -38,7 +38,7 @@ func TestFlagDefaults(t *testing.T) {
 	if o.telemetry.Addr != ":9102" || o.concurrency != 3 || o.maxAttempts != events.DefaultMaxDeliver || o.stagingTTL != time.Hour ||
 		o.packager.DigestAlgo != "sha256" || o.packager.RetentionRecords != 5 ||
 		o.packager.RetentionTTL != time.Minute || o.packager.MaxFileSize != 0 || o.packager.ContentCacheTTL != time.Hour ||
-		o.packager.MaxUnpackSize != 100<<20 || o.packager.MaxUnpackEntries != 100_000 || o.jobTimeout != 10*time.Minute {
+		o.packager.MaxUnpackSize != 100<<20 || o.packager.MaxUnpackEntries != 100_000 || o.jobTimeout != 10*time.Minute || o.packager.NoCrossNamespaceRefs {
 		t.Errorf("options = %+v", o)
 	}
 }

@@ -50,6 +50,16 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 	if err := checkSegment(r.Job.Object.Namespace); err != nil {
 		return fmt.Errorf("%w: %w", events.ErrMalformed, err)
 	}
+	if p.opts.NoCrossNamespaceRefs {
+		// The watcher refuses such a generator; a job that names one
+		// anyway copies nothing.
+		for _, s := range r.Sources {
+			if s.Namespace != r.Job.Object.Namespace {
+				return generateFailure(failure.Stalling, swv1beta1.AccessDeniedReason,
+					"cross-namespace reference to source %s/%s/%s is not allowed", s.Kind, s.Namespace, s.Name)
+			}
+		}
+	}
 	for _, a := range r.Artifacts {
 		if err := checkSegment(a.Name); err != nil {
 			return generateFailure(failure.Stalling, validationFailedReason, "artifact name: %v", err)

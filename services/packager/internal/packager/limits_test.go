@@ -81,3 +81,34 @@ func TestGenerateUnpackLimits(t *testing.T) {
 		t.Errorf("a failed job stored %v", objs)
 	}
 }
+
+// TestGenerateNoCrossNamespaceRefs: with the lockdown on, a job whose
+// generator (namespace apps) names a source of another namespace is
+// refused, AccessDenied, before anything is read or stored.
+func TestGenerateNoCrossNamespaceRefs(t *testing.T) {
+	opts := defaultOptions()
+	opts.NoCrossNamespaceRefs = true
+	h := newHarness(t, harnessOptions{opts: opts})
+	victim := h.storeSource("gitrepository/tenant-b/secret/1.tar.gz", map[string]string{"apps/a/secret.yaml": "b's"})
+	own := h.storeSource("gitrepository/apps/mono/1.tar.gz", map[string]string{"apps/a/deploy.yaml": "a"})
+
+	j := generatorJob("thief")
+	h.send(events.TypeGenerateRequested, j, &events.GenerateRequested{Job: j, Artifacts: perApp("a"),
+		Sources: []events.GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "tenant-b", Name: "secret", Artifact: victim}}})
+	out := h.nextOutcome(events.TypePackageFailed, j.ID)
+	want := "cross-namespace reference to source GitRepository/tenant-b/secret is not allowed"
+	if out.Failure == nil || out.Failure.Reason != swv1beta1.AccessDeniedReason || !out.Failure.Stalled || out.Failure.Message != want {
+		t.Errorf("failure = %+v, want stalled AccessDenied %q", out.Failure, want)
+	}
+	if objs, _ := h.store.List(t.Context(), "externalartifact/apps/app-a"); len(objs) != 0 {
+		t.Errorf("a refused job stored %v", objs)
+	}
+
+	// The generator's own namespace is served.
+	j = generatorJob("own")
+	h.send(events.TypeGenerateRequested, j, &events.GenerateRequested{Job: j, Artifacts: perApp("a"),
+		Sources: []events.GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "apps", Name: "mono", Artifact: own}}})
+	if out := h.nextOutcome(events.TypePackaged, j.ID); len(out.Outputs) != 1 {
+		t.Errorf("outputs %+v, want one", out.Outputs)
+	}
+}

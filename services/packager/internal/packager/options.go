@@ -33,6 +33,10 @@ type Options struct {
 	// tree, and the tarballs one output extracts (compose.Limits).
 	MaxUnpackSize    int64
 	MaxUnpackEntries int
+	// NoCrossNamespaceRefs refuses an ArtifactGenerator job naming a
+	// source of another namespace than the generator's (Flux's
+	// --no-cross-namespace-refs; the watcher refuses it first).
+	NoCrossNamespaceRefs bool
 	// ContentCacheTTL is how long a content cache entry nobody uses is
 	// kept; zero records nothing in the content cache.
 	ContentCacheTTL time.Duration
@@ -60,6 +64,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"The most bytes one unpack of an ArtifactGenerator job (a source's tree, the tarballs an output extracts) may write; 0 means no limit.")
 	fs.IntVar(&o.MaxUnpackEntries, "max-unpack-entries", compose.DefaultMaxUnpackEntries,
 		"The most files and directories one unpack of an ArtifactGenerator job may write; 0 means no limit.")
+	fs.BoolVar(&o.NoCrossNamespaceRefs, "no-cross-namespace-refs", false,
+		"When set to true, an ArtifactGenerator job may copy sources of the generator's own namespace only (AccessDenied otherwise), as Flux's flag; see docs/security.md.")
 	fs.DurationVar(&o.ContentCacheTTL, "content-cache-ttl", time.Hour,
 		"How long an entry of the content cache (artifacts reused by sources with identical content) is kept after its last use; 0 records nothing.")
 	fs.IntVar(&o.CompressionLevel, "compression-level", archive.DefaultLevel,
