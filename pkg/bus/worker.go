@@ -45,6 +45,15 @@ type Handler func(ctx context.Context, msg *events.Message, d Delivery) error
 // message's job, so the watcher can write it into the object's status.
 type Reporter func(ctx context.Context, msg *events.Message, f *failure.Error) error
 
+// DefaultJobTimeout is the deadline of a job when the worker is given
+// none: far beyond any job that makes progress, so that only a runaway
+// one meets it.
+const DefaultJobTimeout = 10 * time.Minute
+
+// errDeadline is the cause of a handler's context that reached the job's
+// deadline.
+var errDeadline = errors.New("job deadline exceeded")
+
 // Backoff is the redelivery delay of a transient failure on the given
 // attempt: 1s, 2s, 4s, ... capped at 2 minutes.
 func Backoff(attempt uint64) time.Duration {
@@ -74,6 +83,24 @@ type Worker struct {
 	Heartbeat time.Duration
 	// Handler handles each message.
 	Handler Handler
+	// JobTimeout is each job's deadline (DefaultJobTimeout when zero): at
+	// its end the handler's context is cancelled, the heartbeat stops, and
+	// the job fails with failure.DeadlineExceededReason, Final. A handler
+	// that does not return DeadlineGrace later is left behind: its job is
+	// settled and its slot freed. A service with jobs that bound their own
+	// work (a fetch's spec.timeout) gives each its deadline with TimeoutOf.
+	JobTimeout time.Duration
+	// TimeoutOf, when set, is the deadline of a job (JobTimeout when it
+	// returns zero or less).
+	TimeoutOf func(m *events.Message) time.Duration
+	// DeadlineCondition, when set, names the negative-polarity condition a
+	// job that ran out of time sets, when its handler returned no failure
+	// naming one (failure.Error.Condition).
+	DeadlineCondition func(m *events.Message) string
+	// DeadlineGrace is how long a handler has to return once its deadline
+	// has passed before the worker stops waiting for it; 10s when zero (the
+	// last heartbeat keeps the job for AckWait, 30s by default).
+	DeadlineGrace time.Duration
 	// Report, when set, publishes each *failure.Error the handler returns
 	// before the message is settled; a report that fails is retried like a
 	// platform error.
@@ -332,26 +359,87 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 }
 
+// runWithHeartbeat runs the handler under the job's deadline, telling
+// JetStream the job is in progress until it returns or the deadline
+// passes.
 func (w *Worker) runWithHeartbeat(ctx context.Context, m *events.Message, d Delivery, msg jetstream.Msg) error {
 	every := w.Heartbeat
 	if every <= 0 {
 		every = 10 * time.Second
 	}
-	done := make(chan struct{})
-	defer close(done)
+	timeout := w.timeoutOf(m)
+	hctx, cancel := context.WithTimeoutCause(ctx, timeout, errDeadline)
+	defer cancel()
 	go func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
+			case <-hctx.Done():
+				// Returned, shutting down, or out of time: a job past
+				// its deadline is not kept alive.
 				return
 			case <-t.C:
 				_ = msg.InProgress()
 			}
 		}
 	}()
-	return w.Handler(ctx, m, d)
+	result := make(chan error, 1)
+	go func() { result <- w.Handler(hctx, m, d) }()
+	var err error
+	select {
+	case err = <-result:
+	case <-hctx.Done():
+		if ctx.Err() != nil {
+			// Shutting down: Run waits for the handler.
+			err = <-result
+			break
+		}
+		grace := w.DeadlineGrace
+		if grace <= 0 {
+			grace = 10 * time.Second
+		}
+		select {
+		case err = <-result:
+		case <-time.After(grace):
+			logr.FromContextOrDiscard(ctx).Error(errDeadline, "handler did not return after its deadline; settling its job and freeing its slot",
+				"timeout", timeout.String(), "grace", grace.String())
+			err = errDeadline
+		}
+	}
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(hctx), errDeadline) {
+		return w.deadlineFailure(m, timeout, err)
+	}
+	return err
+}
+
+// timeoutOf is the deadline of the job m.
+func (w *Worker) timeoutOf(m *events.Message) time.Duration {
+	if w.TimeoutOf != nil {
+		if d := w.TimeoutOf(m); d > 0 {
+			return d
+		}
+	}
+	if w.JobTimeout > 0 {
+		return w.JobTimeout
+	}
+	return DefaultJobTimeout
+}
+
+// deadlineFailure is the failure of a job that ran out of time, err being
+// what its handler returned (or errDeadline): Final, so the job is not
+// tried again (the next interval makes a new one), with the condition
+// the handler's failure names, else DeadlineCondition's.
+func (w *Worker) deadlineFailure(m *events.Message, timeout time.Duration, err error) *failure.Error {
+	condition := ""
+	if f := failure.As(err); f != nil {
+		condition = f.Condition
+	}
+	if condition == "" && w.DeadlineCondition != nil {
+		condition = w.DeadlineCondition(m)
+	}
+	return failure.New(failure.Final, condition, failure.DeadlineExceededReason,
+		"the job did not finish within its deadline of %s", timeout)
 }
 
 // settle acknowledges the message according to err (see Handler) and returns

@@ -21,11 +21,76 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/archive"
 )
 
-// Options bound what a build may write.
+// Options bound what a build or an unpack may write.
 type Options struct {
 	// MaxFileSize, when positive, fails a build that would write a
 	// larger file (a tarball's entry, a source file).
 	MaxFileSize int64
+	// Limits bound each unpack: one source's Unpack, and the tarballs one
+	// Build extracts (all of them together).
+	Limits Limits
+}
+
+// Limits bound what one unpack writes to disk, so that a small gzip bomb
+// cannot fill the packager's disk: the check is made on each entry's
+// header, before any of its bytes are written.
+type Limits struct {
+	// MaxSize, when positive, bounds the bytes of the files written.
+	MaxSize int64
+	// MaxEntries, when positive, bounds the files and directories
+	// written.
+	MaxEntries int
+}
+
+// Default limits of an unpack: Flux's 100 MiB (fluxcd/pkg/tar's
+// DefaultMaxUntarSize), and a number of entries no source tree of that
+// size needs.
+const (
+	DefaultMaxUnpackSize    = 100 << 20
+	DefaultMaxUnpackEntries = 100_000
+)
+
+// DefaultLimits are the limits of an unpack when none are configured.
+var DefaultLimits = Limits{MaxSize: DefaultMaxUnpackSize, MaxEntries: DefaultMaxUnpackEntries}
+
+// ErrLimit is wrapped (with ErrBuild) by the error of an unpack that hit
+// one of its Limits; the message names the limit.
+var ErrLimit = errors.New("unpack limit exceeded")
+
+// budget counts what one unpack has written against its Limits.
+type budget struct {
+	limits  Limits
+	size    int64
+	entries int
+}
+
+// take accounts for one more entry of size bytes (0 for a directory)
+// before it is written, and fails when it would go over a limit.
+func (b *budget) take(size int64) error {
+	if b == nil {
+		return nil
+	}
+	if max := b.limits.MaxEntries; max > 0 && b.entries+1 > max {
+		return fmt.Errorf("%w: %w: extracted entries exceed the limit of %d", ErrBuild, ErrLimit, max)
+	}
+	if max := b.limits.MaxSize; max > 0 && b.size+size > max {
+		return fmt.Errorf("%w: %w: extracted size exceeds the limit of %s", ErrBuild, ErrLimit, FormatSize(max))
+	}
+	b.entries++
+	b.size += size
+	return nil
+}
+
+// FormatSize writes a size in bytes as a limit is usually given: in MiB
+// or KiB when it is a whole number of them.
+func FormatSize(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // Build writes the output art into dir, an empty directory, from the
@@ -38,6 +103,7 @@ func Build(ctx context.Context, dir string, srcs map[string]string, art swv1beta
 	for a := range srcs {
 		aliases[a] = true
 	}
+	extracted := &budget{limits: o.Limits}
 	for i, c := range art.Copy {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -46,7 +112,7 @@ func Build(ctx context.Context, dir string, srcs map[string]string, art swv1beta
 		if err != nil {
 			return fmt.Errorf("%w: artifact %q copy[%d]: %w", ErrInvalid, art.Name, i, err)
 		}
-		b := &builder{out: dir, src: srcs[op.alias], op: op, opts: o}
+		b := &builder{ctx: ctx, out: dir, src: srcs[op.alias], op: op, opts: o, extracted: extracted}
 		if err := b.run(); err != nil {
 			return fmt.Errorf("artifact %q copy[%d] from %q: %w", art.Name, i, c.From, err)
 		}
@@ -56,9 +122,13 @@ func Build(ctx context.Context, dir string, srcs map[string]string, art swv1beta
 
 // builder runs one copy operation.
 type builder struct {
+	// ctx ends a walk that outlives the job's deadline.
+	ctx      context.Context
 	out, src string
 	op       *op
 	opts     Options
+	// extracted counts what the build's Extract operations wrote.
+	extracted *budget
 }
 
 func buildErr(format string, args ...any) error {
@@ -129,6 +199,9 @@ func (b *builder) glob() error {
 func (b *builder) walk(root string, fn func(rel, file string, mode fs.FileMode) error) error {
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			return err
+		}
+		if err := b.ctx.Err(); err != nil {
 			return err
 		}
 		rel, err := filepath.Rel(root, p)
@@ -244,6 +317,13 @@ func (b *builder) extract(src, dest string) error {
 		}
 		rel := path.Join(dest, name)
 		target := filepath.Join(b.out, filepath.FromSlash(rel))
+		size := h.Size
+		if h.Typeflag == tar.TypeDir {
+			size = 0
+		}
+		if err := b.extracted.take(size); err != nil {
+			return fmt.Errorf("tarball %s: %w", path.Base(src), err)
+		}
 		if h.Typeflag == tar.TypeDir {
 			if err := os.MkdirAll(target, 0o755); err != nil {
 				return buildErr("cannot create the directory %q: a file is in the way", rel)
@@ -363,19 +443,31 @@ func (ps Paths) Keep(name string, isDir bool) bool {
 	return false
 }
 
-// Unpack extracts the gzip-compressed tarball r (a source's artifact)
-// into dir: regular files and directories only, every name checked by
-// archive.SafeName, files over maxFileSize (when positive) refused. When
-// keep is set, only the entries it keeps are written (the rest is read
-// past). Its error wraps ErrBuild when the content is not a valid
-// artifact.
+// Unpack is UnpackWith without a context, with files over maxFileSize
+// (when positive) refused and DefaultLimits.
 func Unpack(r io.Reader, dir string, maxFileSize int64, keep func(name string, isDir bool) bool) error {
+	return UnpackWith(context.Background(), r, dir, Options{MaxFileSize: maxFileSize, Limits: DefaultLimits}, keep)
+}
+
+// UnpackWith extracts the gzip-compressed tarball r (a source's artifact)
+// into dir: regular files and directories only, every name checked by
+// archive.SafeName, files over o.MaxFileSize (when positive) refused, and
+// no more than o.Limits written (checked on each entry's header, before
+// its bytes are written). When keep is set, only the entries it keeps are
+// written and count (the rest is read past). Its error wraps ErrBuild when
+// the content is not a valid artifact, and ErrLimit too when it is over a
+// limit; what it wrote is the caller's to remove.
+func UnpackWith(ctx context.Context, r io.Reader, dir string, o Options, keep func(name string, isDir bool) bool) error {
 	zr, err := gzip.NewReader(r)
 	if err != nil {
 		return buildErr("not a gzip-compressed tarball: %v", err)
 	}
+	written := &budget{limits: o.Limits}
 	tr := tar.NewReader(zr)
 	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			return nil
@@ -395,13 +487,19 @@ func Unpack(r io.Reader, dir string, maxFileSize int64, keep func(name string, i
 		}
 		target := filepath.Join(dir, filepath.FromSlash(name))
 		if h.Typeflag == tar.TypeDir {
+			if err := written.take(0); err != nil {
+				return err
+			}
 			if err := os.MkdirAll(target, 0o755); err != nil {
 				return buildErr("directory %q: %v", name, err)
 			}
 			continue
 		}
-		if maxFileSize > 0 && h.Size > maxFileSize {
-			return buildErr("%q is %d bytes, over the limit of %d", name, h.Size, maxFileSize)
+		if o.MaxFileSize > 0 && h.Size > o.MaxFileSize {
+			return buildErr("%q is %d bytes, over the limit of %d", name, h.Size, o.MaxFileSize)
+		}
+		if err := written.take(h.Size); err != nil {
+			return err
 		}
 		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 			return buildErr("directory of %q: %v", name, err)
@@ -414,6 +512,8 @@ func Unpack(r io.Reader, dir string, maxFileSize int64, keep func(name string, i
 		if err != nil {
 			return err
 		}
+		// The tar reader yields exactly h.Size bytes: the budget above
+		// bounds what is written.
 		_, err = io.Copy(f, tr)
 		if cerr := f.Close(); err == nil {
 			err = cerr

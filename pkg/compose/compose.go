@@ -226,28 +226,58 @@ func hasMeta(s string) bool { return strings.ContainsAny(s, "*?[") }
 // match tells whether the slash path name matches the glob pattern, in
 // which "**" is any number of whole segments (none included).
 func match(pattern, name string) bool {
-	return matchSegs(strings.Split(pattern, "/"), strings.Split(name, "/"))
+	ok, _ := matchSegs(strings.Split(pattern, "/"), strings.Split(name, "/"))
+	return ok
 }
 
-func matchSegs(pat, name []string) bool {
-	for len(pat) > 0 {
-		if pat[0] == "**" {
-			for i := 0; i <= len(name); i++ {
-				if matchSegs(pat[1:], name[i:]) {
-					return true
+// matchSegs matches the segments of a name against those of a pattern
+// without backtracking: it keeps the set of pattern positions the name's
+// segments read so far can have reached (at most len(pat)+1 of them) and
+// advances it one name segment at a time, so a pattern of many "**"
+// against a deep path costs len(pat)*len(name) segment matches, not a
+// number exponential in the "**" (a tenant's glob must not stall the
+// packager). steps counts the segment comparisons, for the tests.
+func matchSegs(pat, name []string) (ok bool, steps int) {
+	// cur[i]: the pattern's first i segments match the name's segments
+	// read so far. A "**" at i matches none, so i reaching it reaches i+1.
+	cur := make([]bool, len(pat)+1)
+	next := make([]bool, len(pat)+1)
+	closeStars := func(set []bool) {
+		for i := 0; i < len(pat); i++ {
+			if set[i] && pat[i] == "**" {
+				set[i+1] = true
+			}
+		}
+	}
+	cur[0] = true
+	closeStars(cur)
+	for _, seg := range name {
+		clear(next)
+		alive := false
+		for i, in := range cur[:len(pat)] {
+			if !in {
+				continue
+			}
+			steps++
+			switch {
+			case pat[i] == "**":
+				// "**" takes this segment and may take more.
+				next[i] = true
+				alive = true
+			default:
+				if m, _ := path.Match(pat[i], seg); m {
+					next[i+1] = true
+					alive = true
 				}
 			}
-			return false
 		}
-		if len(name) == 0 {
-			return false
+		if !alive {
+			return false, steps
 		}
-		if ok, _ := path.Match(pat[0], name[0]); !ok {
-			return false
-		}
-		pat, name = pat[1:], name[1:]
+		closeStars(next)
+		cur, next = next, cur
 	}
-	return len(name) == 0
+	return cur[len(pat)], steps
 }
 
 // excluded tells whether rel (a path below the operation's literal

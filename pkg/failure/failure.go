@@ -74,6 +74,11 @@ func (h Handling) String() string {
 	return fmt.Sprintf("Handling(%d)", int(h))
 }
 
+// DeadlineExceededReason is the reason of a job that did not finish within
+// its deadline (the bus worker's JobTimeout): Headwater's, as Flux has no
+// deadline on a whole job.
+const DeadlineExceededReason = "DeadlineExceeded"
+
 // Error is a failed reconcile step. Its message never contains credentials:
 // Error() removes user-info and query strings from every URL in it.
 type Error struct {

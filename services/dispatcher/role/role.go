@@ -40,6 +40,8 @@ type options struct {
 	kube           kubeconfig.Options
 	concurrency    int
 	reportInterval time.Duration
+	// noCrossNamespaceRefs confines each Subscription to its namespace.
+	noCrossNamespaceRefs bool
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -49,6 +51,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Events of one Subscription delivered at once, per replica.")
 	fs.DurationVar(&o.reportInterval, "report-interval", 2*time.Second,
 		"Longest a delivery report waits before it is sent to the watcher (a dead letter is sent at once).")
+	fs.BoolVar(&o.noCrossNamespaceRefs, "no-cross-namespace-refs", false,
+		"When set to true, a Subscription sees the events of its own namespace only, and one naming another namespace is refused (AccessDenied), as Flux's flag for Alerts; see docs/security.md.")
 }
 
 // Flags returns the role's flags as Main parses them (command.NewFlagSet),
@@ -142,7 +146,7 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.Add(leaderless(func(ctx context.Context) error { reports.Run(ctx); return nil })); err != nil {
 		return err
 	}
-	r := &controller.Reconciler{Client: mgr.GetClient(), Secrets: mgr.GetAPIReader(), Dispatcher: d}
+	r := &controller.Reconciler{Client: mgr.GetClient(), Secrets: mgr.GetAPIReader(), Dispatcher: d, NoCrossNamespaceRefs: o.noCrossNamespaceRefs}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up subscription controller: %w", err)
 	}

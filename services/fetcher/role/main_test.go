@@ -31,7 +31,7 @@ func TestFlags(t *testing.T) {
 	if err := command.ParseArgs(fs, []string{"-concurrency", "2"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 ||
+	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.jobTimeout != 10*time.Minute || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 ||
 		o.refCacheTTL != 2*time.Second || !o.contentCache {
 		t.Errorf("options = %+v", o)
 	}

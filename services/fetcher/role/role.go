@@ -46,6 +46,8 @@ type options struct {
 	concurrency int
 	maxAttempts int
 	maxFileSize int64
+	// jobTimeout is the least deadline of a job (fetch.Handler.JobTimeout).
+	jobTimeout time.Duration
 	// bucketConcurrency bounds the objects of one Bucket downloaded at once.
 	bucketConcurrency int
 	// refCacheTTL is how long a Git remote's reference listing is shared.
@@ -79,6 +81,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Directory for the scratch data of jobs (clones, downloads); a process works in a directory of its own in it and, starting, removes those of processes that died.")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once (and pulled ahead from the bus).")
 	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
+	fs.DurationVar(&o.jobTimeout, "job-timeout", bus.DefaultJobTimeout,
+		"The least deadline of one job; a source whose spec.timeout is longer has that plus a minute. Past it the job fails with DeadlineExceeded and its slot serves the next.")
 	fs.Int64Var(&o.maxFileSize, "max-file-size", 0, "Largest file a source may contain, in bytes; 0 means no limit.")
 	fs.IntVar(&o.bucketConcurrency, "bucket-concurrency", bucketfetch.DefaultConcurrency, "Objects of one Bucket downloaded at once.")
 	fs.DurationVar(&o.refCacheTTL, "ref-cache-ttl", gitfetch.DefaultRefCacheTTL,
@@ -125,6 +129,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.maxAttempts < 1 {
 		return errors.New("--max-attempts must be at least 1")
+	}
+	if o.jobTimeout <= 0 {
+		return errors.New("--job-timeout must be positive")
 	}
 	if o.bucketConcurrency < 1 {
 		return errors.New("--bucket-concurrency must be at least 1")
@@ -267,15 +274,17 @@ func run(ctx context.Context, o options) error {
 		Verified:     &storage.Verified{Interval: o.verifyInterval},
 	}
 	worker := &bus.Worker{
-		Service:     service,
-		Consumer:    consumer,
-		Rejoin:      join,
-		Conn:        conn,
-		Concurrency: o.concurrency,
-		Handler:     handler.Handle,
-		Report:      handler.Report,
-		Metrics:     telemetry.NewJobMetrics(reg, service),
-		Log:         log,
+		Service:           service,
+		Consumer:          consumer,
+		Rejoin:            join,
+		Conn:              conn,
+		Concurrency:       o.concurrency,
+		Handler:           handler.Handle,
+		Report:            handler.Report,
+		TimeoutOf:         func(m *events.Message) time.Duration { return max(o.jobTimeout, handler.JobTimeout(m)) },
+		DeadlineCondition: fetch.DeadlineCondition,
+		Metrics:           telemetry.NewJobMetrics(reg, service),
+		Log:               log,
 	}
 	onBus.Up(conn)
 	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind, helmfetch.Kind, helmchartfetch.Kind},

@@ -37,7 +37,8 @@ func TestFlagDefaults(t *testing.T) {
 	}
 	if o.telemetry.Addr != ":9102" || o.concurrency != 3 || o.maxAttempts != events.DefaultMaxDeliver || o.stagingTTL != time.Hour ||
 		o.packager.DigestAlgo != "sha256" || o.packager.RetentionRecords != 5 ||
-		o.packager.RetentionTTL != time.Minute || o.packager.MaxFileSize != 0 || o.packager.ContentCacheTTL != time.Hour {
+		o.packager.RetentionTTL != time.Minute || o.packager.MaxFileSize != 0 || o.packager.ContentCacheTTL != time.Hour ||
+		o.packager.MaxUnpackSize != 100<<20 || o.packager.MaxUnpackEntries != 100_000 || o.jobTimeout != 10*time.Minute || o.packager.NoCrossNamespaceRefs {
 		t.Errorf("options = %+v", o)
 	}
 }
@@ -49,6 +50,8 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		{"-max-attempts=0"},
 		{"-artifact-retention-records=-1"},
 		{"-content-cache-ttl=1m"},
+		{"-max-unpack-size=-1"},
+		{"-job-timeout=0"},
 	} {
 		fs := flag.NewFlagSet(service, flag.ContinueOnError)
 		var o options

@@ -35,6 +35,7 @@ type options struct {
 	concurrency int
 	maxAttempts int
 	stagingTTL  time.Duration
+	jobTimeout  time.Duration
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -44,6 +45,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.packager.BindFlags(fs)
 	fs.IntVar(&o.concurrency, "concurrency", 2, "Jobs packaged at once by this replica.")
 	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
+	fs.DurationVar(&o.jobTimeout, "job-timeout", bus.DefaultJobTimeout,
+		"The deadline of one job (packaging a fetch, building an ArtifactGenerator's outputs): past it the job fails with DeadlineExceeded and its slot serves the next.")
 	fs.DurationVar(&o.stagingTTL, "staging-ttl", time.Hour,
 		"Age after which staged content no pending job refers to, and the temporary file of a write its writer abandoned (directory storage), are removed; 0 disables the janitor.")
 }
@@ -75,6 +78,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.maxAttempts < 1 {
 		return errors.New("--max-attempts must be at least 1")
+	}
+	if o.jobTimeout <= 0 {
+		return errors.New("--job-timeout must be positive")
 	}
 	log := logr.FromContextOrDiscard(ctx)
 
@@ -133,8 +139,11 @@ func run(ctx context.Context, o options) error {
 		Concurrency: o.concurrency,
 		Handler:     p.Handle,
 		Report:      p.Report,
-		Metrics:     telemetry.NewJobMetrics(reg, service),
-		Log:         log,
+		JobTimeout:  o.jobTimeout,
+		// A job past its deadline fails as its kind's failures do.
+		DeadlineCondition: packager.DeadlineCondition,
+		Metrics:           telemetry.NewJobMetrics(reg, service),
+		Log:               log,
 	}
 	log.Info("packaging", "concurrency", o.concurrency, "digest", o.packager.DigestAlgo,
 		"contentCacheTTL", o.packager.ContentCacheTTL.String())

@@ -67,3 +67,16 @@ func TestIntervalJitterFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestNoCrossNamespaceRefsFlag: off by default, as Flux's.
+func TestNoCrossNamespaceRefsFlag(t *testing.T) {
+	var o options
+	fs := flag.NewFlagSet("watcher", flag.ContinueOnError)
+	o.bindFlags(fs)
+	if err := fs.Parse(nil); err != nil || o.noCrossNamespaceRefs {
+		t.Fatalf("default %v, %v; want off", o.noCrossNamespaceRefs, err)
+	}
+	if err := fs.Parse([]string{"-no-cross-namespace-refs"}); err != nil || !o.noCrossNamespaceRefs {
+		t.Errorf("-no-cross-namespace-refs: %v, %v", o.noCrossNamespaceRefs, err)
+	}
+}

@@ -91,6 +91,9 @@ type options struct {
 	// pluginKinds are the plug-in source kinds reconciled besides Flux's
 	// (sourcekind.ParseRegistrations), comma-separated.
 	pluginKinds string
+	// noCrossNamespaceRefs refuses references to another namespace
+	// (ArtifactGenerator sources, Receiver resources), as Flux's flag.
+	noCrossNamespaceRefs bool
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -150,6 +153,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.fluxNamespaces, "flux-source-controller-namespaces", "flux-system",
 		"Namespaces (comma-separated) where Flux's source-controller Deployment must be scaled to 0 before the watcher reconciles: "+
 			"it waits, not ready, until it is, and stops if it runs again. Empty checks none.")
+	fs.BoolVar(&o.noCrossNamespaceRefs, "no-cross-namespace-refs", false,
+		"When set to true, references between custom resources are allowed only if the reference and the referee are in the same namespace (ArtifactGenerator sources, Receiver resources), as Flux's flag; see docs/security.md.")
 	fs.StringVar(&o.pluginKinds, "plugin-kinds", "",
 		"Plug-in source kinds to reconcile besides Flux's, comma-separated, each <group>/<version>/<Kind>[:<interval field>] "+
 			"(e.g. source.headwater.dev/v1alpha1/HTTPSource); their jobs go to each kind's own fetcher. "+
@@ -365,12 +370,14 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	if o.receivers {
-		rr := &receiver.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("headwater-watcher")}
+		rr := &receiver.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("headwater-watcher"),
+			NoCrossNamespaceRefs: o.noCrossNamespaceRefs}
 		if err := rr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up receiver controller: %w", err)
 		}
 		if err := mgr.Add(&receiver.Hooks{Conn: conn, Client: mgr.GetClient(), Scheme: scheme, Triggers: triggers,
-			Recorder: mgr.GetEventRecorder("headwater-watcher"), Metrics: jobMetrics, Log: log.WithName("hooks")}); err != nil {
+			Recorder: mgr.GetEventRecorder("headwater-watcher"), Metrics: jobMetrics, Log: log.WithName("hooks"),
+			NoCrossNamespaceRefs: o.noCrossNamespaceRefs}); err != nil {
 			return err
 		}
 	}
@@ -380,7 +387,7 @@ func run(ctx context.Context, o options) error {
 	generators := &generator.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Jobs: jobs, Seal: key,
 		Writer:   externalArtifacts,
 		Recorder: &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-		Metrics:  generator.NewMetrics(crmetrics.Registry)}
+		Metrics:  generator.NewMetrics(crmetrics.Registry), NoCrossNamespaceRefs: o.noCrossNamespaceRefs}
 	if err := generators.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 		return fmt.Errorf("set up ArtifactGenerator controller: %w", err)
 	}

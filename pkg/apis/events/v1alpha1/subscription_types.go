@@ -30,7 +30,7 @@ const (
 	// ReadyCondition is True while the dispatcher delivers and the last
 	// event offered was accepted (reason Succeeded); False when the
 	// Subscription cannot be served (reason of the problem, e.g.
-	// SecretNotFound, InvalidSpec, ConsumerConflict) or the last event
+	// SecretNotFound, InvalidSpec, ConsumerConflict, AccessDenied) or the last event
 	// ended as a dead letter (reason DeliveryFailed). Unknown until the
 	// first report. Positive polarity.
 	ReadyCondition = meta.ReadyCondition
@@ -45,6 +45,10 @@ const (
 	// ConsumerConflictReason: the named NATS consumer exists for another
 	// Subscription.
 	ConsumerConflictReason = "ConsumerConflict"
+	// AccessDeniedReason: the Subscription names another namespace while
+	// the dispatcher refuses cross-namespace references
+	// (-no-cross-namespace-refs); Flux's reason.
+	AccessDeniedReason = "AccessDenied"
 )
 
 // SubscriptionSpec says what a subscriber wants and where it goes. Exactly

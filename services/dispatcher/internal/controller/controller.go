@@ -42,6 +42,10 @@ type Reconciler struct {
 	Secrets client.Reader
 	// Dispatcher runs the deliveries.
 	Dispatcher *dispatch.Dispatcher
+	// NoCrossNamespaceRefs confines every Subscription to its own
+	// namespace's events (filter.Confine); one naming another namespace
+	// is Ready False, AccessDenied.
+	NoCrossNamespaceRefs bool
 }
 
 // SetupWithManager registers the reconciler.
@@ -91,6 +95,11 @@ func (r *Reconciler) desired(ctx context.Context, sub *v1alpha1.Subscription, re
 	f, err := filter.New(sub.Spec)
 	if err != nil {
 		return nil, &events.Failure{Reason: v1alpha1.InvalidSpecReason, Message: err.Error()}
+	}
+	if r.NoCrossNamespaceRefs {
+		if err := f.Confine(types.NamespacedName{Namespace: sub.Namespace, Name: sub.Name}); err != nil {
+			return nil, &events.Failure{Reason: v1alpha1.AccessDeniedReason, Message: err.Error()}
+		}
 	}
 	s := &dispatch.Subscription{Ref: ref, Filter: f}
 	switch {

@@ -11,6 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -57,6 +58,22 @@ func New(spec v1alpha1.SubscriptionSpec) (*Filter, error) {
 		f.selector = s
 	}
 	return f, nil
+}
+
+// Confine restricts the selection to the events of namespace, the
+// Subscription's own, under -no-cross-namespace-refs: a Subscription that
+// names no namespace sees its own namespace's events only; one that names
+// another namespace is refused (the error, in notification-controller's
+// words, is its AccessDenied message).
+func (f *Filter) Confine(subscription types.NamespacedName) error {
+	for _, ns := range f.namespaces {
+		if ns != subscription.Namespace {
+			return fmt.Errorf("subscription '%s' can't select events from namespace '%s', cross-namespace references have been blocked",
+				subscription, ns)
+		}
+	}
+	f.namespaces = []string{subscription.Namespace}
+	return nil
 }
 
 // Subjects returns the subjects of the event stream the Subscription's

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -91,5 +92,38 @@ func TestNewRejects(t *testing.T) {
 		if _, err := New(spec); err == nil {
 			t.Errorf("%s: New accepted it", name)
 		}
+	}
+}
+
+// TestConfine: under -no-cross-namespace-refs a Subscription that names
+// no namespace selects its own namespace's events only, one that names
+// its own is unchanged, and one that names another is refused.
+func TestConfine(t *testing.T) {
+	sub := types.NamespacedName{Namespace: "tenant-a", Name: "sink"}
+	own := events.ObjectRef{Kind: "GitRepository", Namespace: "tenant-a", Name: "app"}
+	other := events.ObjectRef{Kind: "GitRepository", Namespace: "tenant-b", Name: "app"}
+	for _, namespaces := range [][]string{nil, {"tenant-a"}} {
+		f, err := New(v1alpha1.SubscriptionSpec{Sources: v1alpha1.SourceSelector{Namespaces: namespaces}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Confine(sub); err != nil {
+			t.Fatalf("namespaces %q: %v", namespaces, err)
+		}
+		if got, want := f.Subjects(), []string{"headwater.events.*.tenant-a.*"}; !slices.Equal(got, want) {
+			t.Errorf("namespaces %q: Subjects = %q, want %q", namespaces, got, want)
+		}
+		if !f.Match(events.TypeArtifactStored, own) || f.Match(events.TypeArtifactStored, other) {
+			t.Errorf("namespaces %q: matches own %v, other %v; want true, false", namespaces,
+				f.Match(events.TypeArtifactStored, own), f.Match(events.TypeArtifactStored, other))
+		}
+	}
+	f, err := New(v1alpha1.SubscriptionSpec{Sources: v1alpha1.SourceSelector{Namespaces: []string{"tenant-a", "tenant-b"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "subscription 'tenant-a/sink' can't select events from namespace 'tenant-b', cross-namespace references have been blocked"
+	if err := f.Confine(sub); err == nil || err.Error() != want {
+		t.Errorf("Confine = %v, want %q", err, want)
 	}
 }

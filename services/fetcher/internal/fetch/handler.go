@@ -303,3 +303,23 @@ func (h *Handler) observe(kind, result string, start time.Time) {
 		h.Metrics.duration.WithLabelValues(kind, result).Observe(time.Since(start).Seconds())
 	}
 }
+
+// JobTimeout is the deadline the job m needs (the bus worker's
+// TimeoutOf): its source's spec.timeout, which bounds the fetch, and a
+// minute to store and publish the result. Zero for a job of no known
+// kind.
+func (h *Handler) JobTimeout(m *events.Message) time.Duration {
+	req, ok := m.Data.(*events.FetchRequested)
+	if !ok {
+		return 0
+	}
+	src, ok := h.Sources[req.Job.Object.Kind]
+	if !ok {
+		return 0
+	}
+	return src.Timeout(req) + time.Minute
+}
+
+// DeadlineCondition is the condition a fetch past its deadline sets (the
+// bus worker's DeadlineCondition): FetchFailed.
+func DeadlineCondition(*events.Message) string { return sourcev1.FetchFailedCondition }

@@ -50,6 +50,16 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 	if err := checkSegment(r.Job.Object.Namespace); err != nil {
 		return fmt.Errorf("%w: %w", events.ErrMalformed, err)
 	}
+	if p.opts.NoCrossNamespaceRefs {
+		// The watcher refuses such a generator; a job that names one
+		// anyway copies nothing.
+		for _, s := range r.Sources {
+			if s.Namespace != r.Job.Object.Namespace {
+				return generateFailure(failure.Stalling, swv1beta1.AccessDeniedReason,
+					"cross-namespace reference to source %s/%s/%s is not allowed", s.Kind, s.Namespace, s.Name)
+			}
+		}
+	}
 	for _, a := range r.Artifacts {
 		if err := checkSegment(a.Name); err != nil {
 			return generateFailure(failure.Stalling, validationFailedReason, "artifact name: %v", err)
@@ -153,7 +163,7 @@ func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequeste
 		}
 		var readErr error
 		in := archive.OnReadError(obj, func(err error) { readErr = err })
-		err = compose.Unpack(in, d, p.opts.MaxFileSize, paths.Keep)
+		err = compose.UnpackWith(ctx, in, d, p.opts.compose(), paths.Keep)
 		_ = obj.Close()
 		switch {
 		case readErr != nil:
@@ -169,7 +179,7 @@ func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequeste
 // content is its previous artifact's.
 func (p *Packager) buildOutput(ctx context.Context, r *events.GenerateRequested, a swv1beta1.OutputArtifact, dir string,
 	srcs map[string]string, previous map[string]events.GeneratedOutput) (events.GeneratedOutput, error) {
-	if err := compose.Build(ctx, dir, srcs, a, compose.Options{MaxFileSize: p.opts.MaxFileSize}); err != nil {
+	if err := compose.Build(ctx, dir, srcs, a, p.opts.compose()); err != nil {
 		if errors.Is(err, compose.ErrInvalid) {
 			return events.GeneratedOutput{}, generateFailure(failure.Stalling, validationFailedReason, "%v", err)
 		}

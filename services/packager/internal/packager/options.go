@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
+	"github.com/headwater-gitops/headwater/pkg/compose"
 
 	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
 )
@@ -27,6 +28,15 @@ type Options struct {
 	RetentionTTL time.Duration
 	// MaxFileSize, when positive, rejects staged content with a larger file.
 	MaxFileSize int64
+	// MaxUnpackSize and MaxUnpackEntries, when positive, bound what one
+	// unpack of an ArtifactGenerator job writes to disk: each source's
+	// tree, and the tarballs one output extracts (compose.Limits).
+	MaxUnpackSize    int64
+	MaxUnpackEntries int
+	// NoCrossNamespaceRefs refuses an ArtifactGenerator job naming a
+	// source of another namespace than the generator's (Flux's
+	// --no-cross-namespace-refs; the watcher refuses it first).
+	NoCrossNamespaceRefs bool
 	// ContentCacheTTL is how long a content cache entry nobody uses is
 	// kept; zero records nothing in the content cache.
 	ContentCacheTTL time.Duration
@@ -50,6 +60,12 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"The duration of time that artifacts from previous reconciliations will be kept in storage before being garbage collected.")
 	fs.Int64Var(&o.MaxFileSize, "max-file-size", 0,
 		"The largest file, in bytes, an artifact may contain; 0 means no limit.")
+	fs.Int64Var(&o.MaxUnpackSize, "max-unpack-size", compose.DefaultMaxUnpackSize,
+		"The most bytes one unpack of an ArtifactGenerator job (a source's tree, the tarballs an output extracts) may write; 0 means no limit.")
+	fs.IntVar(&o.MaxUnpackEntries, "max-unpack-entries", compose.DefaultMaxUnpackEntries,
+		"The most files and directories one unpack of an ArtifactGenerator job may write; 0 means no limit.")
+	fs.BoolVar(&o.NoCrossNamespaceRefs, "no-cross-namespace-refs", false,
+		"When set to true, an ArtifactGenerator job may copy sources of the generator's own namespace only (AccessDenied otherwise), as Flux's flag; see docs/security.md.")
 	fs.DurationVar(&o.ContentCacheTTL, "content-cache-ttl", time.Hour,
 		"How long an entry of the content cache (artifacts reused by sources with identical content) is kept after its last use; 0 records nothing.")
 	fs.IntVar(&o.CompressionLevel, "compression-level", archive.DefaultLevel,
@@ -67,6 +83,10 @@ func (o Options) Validate() error {
 		return errors.New("--artifact-retention-ttl must not be negative")
 	case o.MaxFileSize < 0:
 		return errors.New("--max-file-size must not be negative")
+	case o.MaxUnpackSize < 0:
+		return errors.New("--max-unpack-size must not be negative")
+	case o.MaxUnpackEntries < 0:
+		return errors.New("--max-unpack-entries must not be negative")
 	case o.CompressionLevel < 0 || o.CompressionLevel > 9:
 		return errors.New("--compression-level must be from 1 to 9")
 	case o.ContentCacheTTL != 0 && o.ContentCacheTTL < MinContentCacheTTL:
@@ -81,6 +101,11 @@ func (o Options) Algorithm() digest.Algorithm {
 		return digest.SHA256
 	}
 	return digest.Algorithm(o.DigestAlgo)
+}
+
+// compose is what bounds an ArtifactGenerator job's builds and unpacks.
+func (o Options) compose() compose.Options {
+	return compose.Options{MaxFileSize: o.MaxFileSize, Limits: compose.Limits{MaxSize: o.MaxUnpackSize, MaxEntries: o.MaxUnpackEntries}}
 }
 
 // Retention is the garbage collection policy of the options.

@@ -118,6 +118,16 @@ func (p *Packager) Report(ctx context.Context, msg *events.Message, f *failure.E
 	return nil
 }
 
+// DeadlineCondition is the condition a job past its deadline sets (the
+// bus worker's DeadlineCondition): an ArtifactGenerator's Ready, a
+// source's StorageOperationFailed.
+func DeadlineCondition(m *events.Message) string {
+	if _, ok := m.Data.(*events.GenerateRequested); ok {
+		return meta.ReadyCondition
+	}
+	return sourcev1.StorageOperationFailedCondition
+}
+
 // archiveFailure is a failed step of the pipeline in Flux's words
 // (GitRepositoryReconciler.reconcileArtifact): StorageOperationFailed,
 // reason ArchiveOperationFailed. Storage that fails is Transient; content

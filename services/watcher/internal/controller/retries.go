@@ -110,7 +110,10 @@ func (r *Retries) Failed(ctx context.Context, key types.NamespacedName, at time.
 	if t := r.timers[key]; t != nil {
 		t.Stop()
 	}
-	r.timers[key] = time.AfterFunc(d, func() { r.fire(ctx, key, after) })
+	// The caller's context may be a bus job's, which ends with the job
+	// (bus.Worker's deadline): the retry outlives it.
+	later := context.WithoutCancel(ctx)
+	r.timers[key] = time.AfterFunc(d, func() { r.fire(later, key, after) })
 	return d
 }
 

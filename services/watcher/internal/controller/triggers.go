@@ -81,7 +81,10 @@ func (t *Triggers) Trigger(ctx context.Context, key types.NamespacedName) (coale
 		t.fire(ctx, key)
 		return false
 	}
-	time.AfterFunc(wait, func() { t.fire(ctx, key) })
+	// The caller's context may be a bus job's, which ends with the job
+	// (bus.Worker's deadline): the trigger outlives it.
+	later := context.WithoutCancel(ctx)
+	time.AfterFunc(wait, func() { t.fire(later, key) })
 	return false
 }
 

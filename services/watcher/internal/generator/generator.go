@@ -79,6 +79,10 @@ type Reconciler struct {
 	Metrics *Metrics
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// NoCrossNamespaceRefs refuses sources in another namespace than the
+	// generator's (Flux's --no-cross-namespace-refs): Ready False,
+	// AccessDenied, stalled, and no job, as source-watcher.
+	NoCrossNamespaceRefs bool
 }
 
 // Reconcile runs, in order: deletion (the stored outputs are removed, the

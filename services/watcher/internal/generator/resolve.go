@@ -38,6 +38,11 @@ func (r *Reconciler) resolve(ctx context.Context, gen *swv1beta1.ArtifactGenerat
 	if err := compose.Validate(&gen.Spec); err != nil {
 		return nil, &problem{reason: swv1beta1.ValidationFailedReason, message: err.Error(), stalled: true}
 	}
+	// Before anything of another namespace is read (the cycle check
+	// follows ExternalArtifacts), so a refused generator learns nothing.
+	if err := r.checkNamespaces(gen); err != nil {
+		return nil, err
+	}
 	if err := r.checkCycle(ctx, gen); err != nil {
 		return nil, err
 	}
@@ -81,6 +86,21 @@ func (r *Reconciler) resolve(ctx context.Context, gen *swv1beta1.ArtifactGenerat
 	h := sha256.Sum256(fmt.Appendf(nil, "%s|generation=%d", swv1beta1.HashObservedSources(observed), gen.Generation))
 	res.digest = fmt.Sprintf("sha256:%x", h)
 	return res, nil
+}
+
+// checkNamespaces refuses, under NoCrossNamespaceRefs, a source in
+// another namespace than the generator's, in source-watcher's words.
+func (r *Reconciler) checkNamespaces(gen *swv1beta1.ArtifactGenerator) error {
+	if !r.NoCrossNamespaceRefs {
+		return nil
+	}
+	for _, s := range gen.Spec.Sources {
+		if ns := namespaceOf(s, gen); ns != gen.Namespace {
+			return &problem{reason: swv1beta1.AccessDeniedReason, stalled: true,
+				message: fmt.Sprintf("cross-namespace reference to source %s/%s/%s is not allowed", s.Kind, ns, s.Name)}
+		}
+	}
+	return nil
 }
 
 // producedBy tells whether ea's spec.sourceRef names gen.

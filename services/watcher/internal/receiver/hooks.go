@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/acl"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +44,10 @@ type Hooks struct {
 	Metrics *telemetry.JobMetrics
 	// Log is the consumer's logger.
 	Log logr.Logger
+	// NoCrossNamespaceRefs skips, with a Warning Event, a resource of
+	// another namespace than the Receiver's (the reconciler keeps such a
+	// Receiver from Ready; this is the second lock).
+	NoCrossNamespaceRefs bool
 }
 
 var _ manager.Runnable = (*Hooks)(nil)
@@ -116,6 +121,13 @@ func (h *Hooks) resolve(ctx context.Context, rcv *notificationv1.Receiver, res n
 	ns := res.Namespace
 	if ns == "" {
 		ns = rcv.Namespace
+	}
+	if h.NoCrossNamespaceRefs && ns != rcv.Namespace {
+		if h.Recorder != nil {
+			h.Recorder.Eventf(rcv, nil, corev1.EventTypeWarning, acl.AccessDeniedReason, "Hook",
+				"can't access '%s/%s/%s', cross-namespace references are not allowed", res.Kind, ns, res.Name)
+		}
+		return nil, nil
 	}
 	trig, served := h.Triggers[res.Kind]
 	if !served || (res.APIVersion != "" && !strings.HasPrefix(res.APIVersion, sourcev1.GroupVersion.Group+"/")) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/acl"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	"github.com/fluxcd/pkg/runtime/predicates"
@@ -53,7 +54,8 @@ const tokenRetry = 30 * time.Second
 // Conditions: Ready (True, Succeeded, "Receiver initialized for path:
 // /hook/<digest>"; False, TokenNotFound, while the token Secret or its
 // "token" key is missing; False, UnsupportedByHeadwater, for what Headwater
-// does not implement), Reconciling (while the token is missing, with
+// does not implement; False, AccessDenied, for a resource of another
+// namespace under NoCrossNamespaceRefs), Reconciling (while the token is missing, with
 // ProgressingWithRetry) and Stalled (True when unsupported). Ready is
 // written last, from the step's result, in one place (mark).
 type Reconciler struct {
@@ -64,6 +66,10 @@ type Reconciler struct {
 	Live client.Reader
 	// Recorder records Kubernetes Events.
 	Recorder recorder.EventRecorder
+	// NoCrossNamespaceRefs refuses a Receiver naming a resource of
+	// another namespace (Flux's --no-cross-namespace-refs): Ready False,
+	// AccessDenied, Stalled, and no hook of it acted on.
+	NoCrossNamespaceRefs bool
 }
 
 // SetupWithManager registers the reconciler; it reacts to spec changes and
@@ -96,6 +102,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	result := ctrl.Result{RequeueAfter: obj.GetInterval()}
 	var path string
 	reason, msg := UnsupportedReason, unsupported(obj)
+	if msg == "" && r.NoCrossNamespaceRefs {
+		if denied := crossNamespace(obj); denied != "" {
+			reason, msg = acl.AccessDeniedReason, denied
+		}
+	}
 	if msg == "" {
 		if token, err := r.token(ctx, obj); err != nil {
 			reason, msg = notificationv1.TokenNotFoundReason, err.Error()
@@ -137,7 +148,7 @@ func mark(obj *notificationv1.Receiver, reason, msg, path string) {
 		conditions.Delete(obj, meta.ReconcilingCondition)
 		conditions.Delete(obj, meta.StalledCondition)
 		obj.Status.ObservedGeneration = obj.Generation
-	case UnsupportedReason:
+	case UnsupportedReason, acl.AccessDeniedReason:
 		conditions.MarkFalse(obj, meta.ReadyCondition, reason, "%s", msg)
 		conditions.MarkStalled(obj, reason, "%s", msg)
 		conditions.Delete(obj, meta.ReconcilingCondition)
@@ -164,6 +175,17 @@ func unsupported(obj *notificationv1.Receiver) string {
 	for _, res := range obj.Spec.Resources {
 		if res.Filter != "" {
 			return stall("the filter of resource %s/%s (CEL) is not supported by Headwater", res.Kind, res.Name)
+		}
+	}
+	return ""
+}
+
+// crossNamespace says which of the Receiver's resources is in another
+// namespace, in notification-controller's words; "" when none is.
+func crossNamespace(obj *notificationv1.Receiver) string {
+	for _, res := range obj.Spec.Resources {
+		if res.Namespace != "" && res.Namespace != obj.Namespace {
+			return fmt.Sprintf("can't access '%s/%s/%s', cross-namespace references are not allowed", res.Kind, res.Namespace, res.Name)
 		}
 	}
 	return ""

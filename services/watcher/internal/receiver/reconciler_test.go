@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/acl"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +23,8 @@ func TestMark(t *testing.T) {
 		{name: "token missing", reason: notificationv1.TokenNotFoundReason, msg: "unable to read token",
 			ready: metav1.ConditionFalse, reconciling: true},
 		{name: "unsupported", reason: UnsupportedReason, msg: "receiver type 'harbor' is not supported",
+			ready: metav1.ConditionFalse, stalled: true, observed: true},
+		{name: "access denied", reason: acl.AccessDeniedReason, msg: "can't access 'GitRepository/b/x', cross-namespace references are not allowed",
 			ready: metav1.ConditionFalse, stalled: true, observed: true},
 	}
 	for _, tc := range tests {
@@ -74,6 +77,30 @@ func TestUnsupported(t *testing.T) {
 	for _, tc := range tests {
 		got := unsupported(&notificationv1.Receiver{Spec: tc.spec})
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestCrossNamespace(t *testing.T) {
+	res := func(ns, name string) notificationv1.ReceiverResource {
+		return notificationv1.ReceiverResource{CrossNamespaceObjectReference: notificationv1.CrossNamespaceObjectReference{
+			Kind: "GitRepository", Namespace: ns, Name: name}}
+	}
+	tests := []struct {
+		name      string
+		resources []notificationv1.ReceiverResource
+		want      string
+	}{
+		{"own namespace implied", []notificationv1.ReceiverResource{res("", "a")}, ""},
+		{"own namespace named", []notificationv1.ReceiverResource{res("tenant-a", "a")}, ""},
+		{"another namespace", []notificationv1.ReceiverResource{res("", "a"), res("tenant-b", "*")},
+			"can't access 'GitRepository/tenant-b/*', cross-namespace references are not allowed"},
+	}
+	for _, tc := range tests {
+		rcv := &notificationv1.Receiver{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a"},
+			Spec: notificationv1.ReceiverSpec{Type: "github", Resources: tc.resources}}
+		if got := crossNamespace(rcv); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}

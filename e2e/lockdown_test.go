@@ -1,0 +1,172 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/harness"
+)
+
+// lockdownUnpackLimit is the packager's -max-unpack-size in the lockdown
+// Env: small, so the test's gzip bomb is a few KiB.
+const lockdownUnpackLimit = 1 << 20
+
+// startLockdownEnv starts an Env of the test's own whose watcher and
+// packager refuse cross-namespace references, with a 1 MiB unpack limit.
+func startLockdownEnv(t *testing.T) *privateEnv {
+	t.Helper()
+	return startPrivateEnv(t, "lockdown", func(cfg *harness.Config) {
+		cfg.ExtraArgs[harness.Watcher] = append(cfg.ExtraArgs[harness.Watcher], "-no-cross-namespace-refs")
+		cfg.ExtraArgs[harness.Packager] = append(cfg.ExtraArgs[harness.Packager],
+			"-no-cross-namespace-refs", "-max-unpack-size", strconv.Itoa(lockdownUnpackLimit))
+	})
+}
+
+// zerosTgz is a gzip-compressed tarball holding one file of n zeros.
+func zerosTgz(t *testing.T, n int) string {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := tar.NewWriter(zw)
+	if err := tw.WriteHeader(&tar.Header{Name: "zeros", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(n)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
+}
+
+// waitGeneratorIn waits until the generator's Ready condition has status
+// and reason in the Env, and returns the condition.
+func (e *privateEnv) waitGeneratorIn(t *testing.T, key client.ObjectKey, status metav1.ConditionStatus, reason string) metav1.Condition {
+	t.Helper()
+	var ready metav1.Condition
+	eventually(t, fmt.Sprintf("ArtifactGenerator %s Ready %s %s", key, status, reason), func() error {
+		g := &swv1beta1.ArtifactGenerator{}
+		if err := e.Client.Get(t.Context(), key, g); err != nil {
+			return err
+		}
+		c := apimeta.FindStatusCondition(g.Status.Conditions, meta.ReadyCondition)
+		if c == nil || c.Status != status || c.Reason != reason || c.ObservedGeneration != g.Generation {
+			return fmt.Errorf("Ready = %+v", c)
+		}
+		ready = *c
+		return nil
+	})
+	return ready
+}
+
+// TestLockdown is written as an attacker in namespace lockdown-a, with
+// the lockdown on: an ArtifactGenerator naming the victim's GitRepository
+// in another namespace is refused (AccessDenied, a Warning Event, no
+// ExternalArtifact, nothing stored); a generator extracting a gzip bomb
+// fails naming the limit; the victim's source stays Ready with the same
+// artifact, and a plain generator of the victim's own namespace is served.
+func TestLockdown(t *testing.T) {
+	requireEnv(t)
+	t.Parallel()
+	e := startLockdownEnv(t)
+	ctx := t.Context()
+	const victim, attacker = "lockdown-victim", "lockdown-a"
+	_, c := e.newRepo(t, victim, map[string]string{
+		"apps/app/deploy.yaml": "kind: Deployment # the victim's\n",
+		"bombs/zeros.tgz":      zerosTgz(t, 2*lockdownUnpackLimit),
+	})
+	e.createSource(t, victim, e.Git.RepoURL(victim))
+	before := e.waitArtifact(t, victim, revision(c)).Status.Artifact.DeepCopy()
+	if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: attacker}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The cross-namespace generator.
+	thief := &swv1beta1.ArtifactGenerator{
+		ObjectMeta: metav1.ObjectMeta{Namespace: attacker, Name: "thief"},
+		Spec: swv1beta1.ArtifactGeneratorSpec{
+			Sources: []swv1beta1.SourceReference{{Alias: "b", Kind: sourcev1.GitRepositoryKind, Namespace: namespace, Name: victim}},
+			OutputArtifacts: []swv1beta1.OutputArtifact{{Name: "loot",
+				Copy: []swv1beta1.CopyOperation{{From: "@b/**", To: "@artifact/"}}}},
+		},
+	}
+	if err := e.Client.Create(ctx, thief); err != nil {
+		t.Fatal(err)
+	}
+	ready := e.waitGeneratorIn(t, client.ObjectKeyFromObject(thief), metav1.ConditionFalse, swv1beta1.AccessDeniedReason)
+	if want := "cross-namespace reference to source GitRepository/" + namespace + "/" + victim + " is not allowed"; ready.Message != want {
+		t.Errorf("Ready message %q, want %q", ready.Message, want)
+	}
+	eventually(t, "a Warning Event AccessDenied on the thief", func() error {
+		var list corev1.EventList
+		if err := e.Client.List(ctx, &list, client.InNamespace(attacker)); err != nil {
+			return err
+		}
+		for _, ev := range list.Items {
+			if ev.InvolvedObject.Name == "thief" && ev.Type == corev1.EventTypeWarning && ev.Reason == swv1beta1.AccessDeniedReason {
+				return nil
+			}
+		}
+		return fmt.Errorf("no such Event among %d", len(list.Items))
+	})
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: attacker, Name: "loot"}, &sourcev1.ExternalArtifact{}); !apierrors.IsNotFound(err) {
+		t.Errorf("ExternalArtifact loot: %v, want not found", err)
+	}
+
+	// The bomb, in the victim's own namespace: it fails naming the
+	// limit, and a plain generator beside it is served.
+	bomb := &swv1beta1.ArtifactGenerator{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "lockdown-bomb"},
+		Spec: swv1beta1.ArtifactGeneratorSpec{
+			Sources: []swv1beta1.SourceReference{{Alias: "repo", Kind: sourcev1.GitRepositoryKind, Name: victim}},
+			OutputArtifacts: []swv1beta1.OutputArtifact{{Name: "lockdown-bomb-out",
+				Copy: []swv1beta1.CopyOperation{{From: "@repo/bombs/zeros.tgz", To: "@artifact/", Strategy: swv1beta1.ExtractStrategy}}}},
+		},
+	}
+	plain := &swv1beta1.ArtifactGenerator{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "lockdown-plain"},
+		Spec: swv1beta1.ArtifactGeneratorSpec{
+			Sources: []swv1beta1.SourceReference{{Alias: "repo", Kind: sourcev1.GitRepositoryKind, Name: victim}},
+			OutputArtifacts: []swv1beta1.OutputArtifact{{Name: "lockdown-plain-out",
+				Copy: []swv1beta1.CopyOperation{{From: "@repo/apps/app/**", To: "@artifact/"}}}},
+		},
+	}
+	for _, g := range []*swv1beta1.ArtifactGenerator{bomb, plain} {
+		if err := e.Client.Create(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ready = e.waitGeneratorIn(t, client.ObjectKeyFromObject(bomb), metav1.ConditionFalse, meta.BuildFailedReason)
+	if !strings.Contains(ready.Message, "extracted size exceeds the limit of 1 MiB") {
+		t.Errorf("bomb: Ready message %q, want the limit named", ready.Message)
+	}
+	e.waitGeneratorIn(t, client.ObjectKeyFromObject(plain), metav1.ConditionTrue, meta.SucceededReason)
+
+	// The victim is untouched.
+	now := e.get(t, victim)
+	if !apimeta.IsStatusConditionTrue(now.Status.Conditions, meta.ReadyCondition) ||
+		now.Status.Artifact.Digest != before.Digest || now.Status.Artifact.Revision != before.Revision {
+		t.Errorf("victim after the attacks: %+v, want Ready with %s", now.Status, before.Digest)
+	}
+}
