@@ -7,7 +7,11 @@ import (
 	"testing"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -172,5 +176,47 @@ func TestFleetOwns(t *testing.T) {
 		if got := o.Fleet.Owns(l); got != want {
 			t.Errorf("fleet owns %v: %t, want %t", l, got, want)
 		}
+	}
+}
+
+// TestReporter: a source whose shard label has a typo is reported unowned
+// (gauge and a log line naming it) until its label is fixed or it is
+// deleted; the sources the fleet's shards select are not.
+func TestReporter(t *testing.T) {
+	var fleet Fleet
+	if err := fleet.Set("!sharding.fluxcd.io/key;sharding.fluxcd.io/key in (shard1)"); err != nil {
+		t.Fatal(err)
+	}
+	var logged []string
+	r := &Reporter{Fleet: fleet, Unowned: NewUnownedGauge(prometheus.NewRegistry()),
+		Log: funcr.New(func(_, args string) { logged = append(logged, args) }, funcr.Options{})}
+	unowned := func() float64 { return testutil.ToFloat64(r.Unowned.WithLabelValues("GitRepository")) }
+
+	owned := repo("default", map[string]string{"sharding.fluxcd.io/key": "shard1"})
+	typo := repo("default", map[string]string{"sharding.fluxcd.io/key": "shard-1"})
+	typo.Name = "typo"
+	r.Observe("GitRepository", owned)
+	r.Observe("GitRepository", repo("default", nil))
+	if got := unowned(); got != 0 || len(logged) != 0 {
+		t.Fatalf("owned sources: gauge %v, logged %q", got, logged)
+	}
+	r.Observe("GitRepository", typo)
+	r.Observe("GitRepository", typo) // an update: logged once
+	if got := unowned(); got != 1 {
+		t.Errorf("gauge %v with a typo, want 1", got)
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], `"name"="typo"`) || !strings.Contains(logged[0], "shard-1") {
+		t.Errorf("logged %q, want one line naming the source and its label", logged)
+	}
+	fixed := typo.DeepCopy()
+	fixed.Labels["sharding.fluxcd.io/key"] = "shard1"
+	r.Observe("GitRepository", fixed)
+	if got := unowned(); got != 0 {
+		t.Errorf("gauge %v once fixed, want 0", got)
+	}
+	r.Observe("GitRepository", typo)
+	r.Forget("GitRepository", toolscache.DeletedFinalStateUnknown{Key: "default/typo", Obj: typo})
+	if got := unowned(); got != 0 {
+		t.Errorf("gauge %v once deleted, want 0", got)
 	}
 }
