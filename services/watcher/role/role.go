@@ -269,7 +269,7 @@ func run(ctx context.Context, o options) error {
 	// Flux's source-controller must not reconcile the same sources: say
 	// so on /readyz while waiting for it to be scaled to 0 (below).
 	guard := &fluxguard.Guard{Reader: mgr.GetAPIReader(), Namespaces: namespaceList(o.fluxNamespaces),
-		Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
+		Selector: sh.Selector.Labels(), Namespace: sh.Namespace, Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
 	ready.Set("flux-source-controller", guard.Ready)
 
 	crds, err := kindsWaiter(cfg, scheme, kinds, o.receivers, log.WithName("crds"))
