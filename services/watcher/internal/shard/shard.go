@@ -21,6 +21,8 @@ import (
 
 // Flag names, as Flux's (fluxcd/pkg/runtime/controller.WatchOptions), but
 // for -watch-namespace, which Flux reads from RUNTIME_NAMESPACE alone.
+// BindFlags spells them out, for the tools that read flags from the source
+// (hack/deployvalidate).
 const (
 	LabelSelectorFlag = "watch-label-selector"
 	AllNamespacesFlag = "watch-all-namespaces"
@@ -50,14 +52,14 @@ type Options struct {
 
 // BindFlags binds the options to fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
-	fs.Var(&o.Selector, LabelSelectorFlag,
+	fs.Var(&o.Selector, "watch-label-selector",
 		"Reconcile only the sources whose labels match this selector, e.g. 'sharding.fluxcd.io/key in (shard1)' or '!sharding.fluxcd.io/key' "+
 			"(as Flux's flag; docs/sharding.md). Each selector is a shard with its own leader election and its own consumer of the results.")
-	fs.BoolVar(&o.AllNamespaces, AllNamespacesFlag, true,
+	fs.BoolVar(&o.AllNamespaces, "watch-all-namespaces", true,
 		"Watch sources in all namespaces; false watches -watch-namespace (default $RUNTIME_NAMESPACE) alone, as Flux's flag.")
-	fs.StringVar(&o.Namespace, NamespaceFlag, "",
+	fs.StringVar(&o.Namespace, "watch-namespace", "",
 		"The one namespace watched with -watch-all-namespaces=false; default: $RUNTIME_NAMESPACE, as Flux.")
-	fs.Var(&o.Fleet, FleetFlag,
+	fs.Var(&o.Fleet, "fleet-selectors",
 		"The label selectors of every watcher shard of the fleet, separated by ';' (e.g. '!sharding.fluxcd.io/key;sharding.fluxcd.io/key in (shard1,shard2)'): "+
 			"when set, this watcher reports the sources that match none of them (headwater_watcher_unowned_sources and a log line naming each). "+
 			"Set it on one shard, usually the main one.")
