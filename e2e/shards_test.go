@@ -31,6 +31,8 @@ func TestWatcherShards(t *testing.T) {
 	t.Parallel()
 	e := startPrivateEnv(t, "shards", func(cfg *harness.Config) {
 		cfg.WatcherReplicas = 2
+		// -receivers serves every source: a shard refuses it.
+		cfg.Receivers = false
 		cfg.ExtraArgs[harness.Watcher] = append(cfg.ExtraArgs[harness.Watcher], "-leader-elect=true")
 		cfg.WatcherArgs = [][]string{
 			{"-watch-label-selector", "!" + shardKey, "-fleet-selectors", "!" + shardKey + ";" + shardKey + " in (shard1)"},

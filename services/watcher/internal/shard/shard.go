@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	fluxcontroller "github.com/fluxcd/pkg/runtime/controller"
@@ -39,9 +40,10 @@ type Options struct {
 	// Selector is -watch-label-selector, parsed when the flag is set: a
 	// selector that does not parse is a bad flag (the command exits 2).
 	Selector Selector
-	// AllNamespaces is -watch-all-namespaces: false watches Namespace
-	// alone.
-	AllNamespaces bool
+	// OneNamespace is -watch-all-namespaces=false: watch Namespace alone.
+	// (Inverted, so that the zero Options watch every namespace, as the
+	// flag's default.)
+	OneNamespace bool
 	// Namespace is -watch-namespace; empty means $RUNTIME_NAMESPACE.
 	Namespace string
 	// Fleet is -fleet-selectors: the selectors of every shard of the
@@ -55,7 +57,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Var(&o.Selector, "watch-label-selector",
 		"Reconcile only the sources whose labels match this selector, e.g. 'sharding.fluxcd.io/key in (shard1)' or '!sharding.fluxcd.io/key' "+
 			"(as Flux's flag; docs/sharding.md). Each selector is a shard with its own leader election and its own consumer of the results.")
-	fs.BoolVar(&o.AllNamespaces, "watch-all-namespaces", true,
+	fs.Var(allNamespaces{&o.OneNamespace}, "watch-all-namespaces",
 		"Watch sources in all namespaces; false watches -watch-namespace (default $RUNTIME_NAMESPACE) alone, as Flux's flag.")
 	fs.StringVar(&o.Namespace, "watch-namespace", "",
 		"The one namespace watched with -watch-all-namespaces=false; default: $RUNTIME_NAMESPACE, as Flux.")
@@ -64,6 +66,31 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 			"when set, this watcher reports the sources that match none of them (headwater_watcher_unowned_sources and a log line naming each). "+
 			"Set it on one shard, usually the main one.")
 }
+
+// allNamespaces is -watch-all-namespaces, a bool flag (default true)
+// stored inverted in Options.OneNamespace.
+type allNamespaces struct{ one *bool }
+
+// Set parses v as a bool (flag.Value).
+func (a allNamespaces) Set(v string) error {
+	all, err := strconv.ParseBool(v)
+	if err != nil {
+		return err
+	}
+	*a.one = !all
+	return nil
+}
+
+// String is the flag's value (flag.Value).
+func (a allNamespaces) String() string {
+	if a.one == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*a.one)
+}
+
+// IsBoolFlag lets -watch-all-namespaces stand alone.
+func (allNamespaces) IsBoolFlag() bool { return true }
 
 // Selector is a label selector flag, parsed as Flux parses
 // -watch-label-selector.
@@ -165,7 +192,7 @@ type Shard struct {
 // -watch-all-namespaces=false names no namespace.
 func New(o Options) (*Shard, error) {
 	s := &Shard{Selector: o.Selector}
-	if !o.AllNamespaces {
+	if o.OneNamespace {
 		s.Namespace = o.Namespace
 		if s.Namespace == "" {
 			s.Namespace = os.Getenv(RuntimeNamespaceEnv)

@@ -155,7 +155,7 @@ func TestCacheOptions(t *testing.T) {
 			t.Errorf("%T selected by %v", obj, l)
 		}
 	}
-	unsharded, _ := New(Options{AllNamespaces: true})
+	unsharded, _ := New(Options{})
 	if opts := unsharded.CacheOptions(cache.Options{}, []client.Object{git}); opts.ByObject != nil {
 		t.Errorf("the unsharded watcher selects %v", opts.ByObject)
 	}
