@@ -77,8 +77,8 @@ func TestChecksCatchMistakes(t *testing.T) {
 			c := containerOf(m, "artifact-server")
 			c.Args = append(c.Args, "--storage-adv-adr=x")
 		}, `argument "--storage-adv-adr=x" names no flag`},
-		{"probe on the metrics port", func(m *Manifests) {
-			containerOf(m, "watcher").LivenessProbe.HTTPGet.Port = intstr.FromString("metrics")
+		{"probe on the metrics port (http-prom)", func(m *Manifests) {
+			containerOf(m, "watcher").LivenessProbe.HTTPGet.Port = intstr.FromString("http-prom")
 		}, "liveness probe on port 9100, but -health-addr listens on 9110"},
 		{"probe on an undeclared port", func(m *Manifests) {
 			containerOf(m, "fetcher").ReadinessProbe.HTTPGet.Port = intstr.FromInt32(8080)

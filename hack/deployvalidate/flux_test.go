@@ -107,7 +107,46 @@ func TestFluxSystemOverlay(t *testing.T) {
 				t.Errorf("watcher -events-addr %q, want it to expand to %q", addr, want)
 			}
 			checkFluxGuard(t, m, watcher, ns)
+			checkFluxTooling(t, m)
 		})
+	}
+}
+
+// checkFluxTooling checks what `flux check` and `flux logs` (flux2 v2.7,
+// cmd/flux/check.go and logs.go) find: the Deployments of the namespace
+// labelled app.kubernetes.io/part-of=flux (Headwater's four services'
+// among them, MinIO's not), and for each one pod by its template's labels,
+// whose only container is the one logs are read from (or one named
+// "manager"). The pods keep part-of=headwater, which the NetworkPolicies
+// admit to NATS.
+func checkFluxTooling(t *testing.T, m *Manifests) {
+	t.Helper()
+	var flux []string
+	for _, d := range m.Deployments {
+		if d.Labels["app.kubernetes.io/part-of"] != "flux" {
+			continue
+		}
+		flux = append(flux, d.Name)
+		if d.Labels["app.kubernetes.io/component"] == "" || d.Spec.Template.Labels["app.kubernetes.io/component"] != d.Labels["app.kubernetes.io/component"] {
+			t.Errorf("Deployment %s: component label %q, pods' %q", d.Name, d.Labels["app.kubernetes.io/component"], d.Spec.Template.Labels["app.kubernetes.io/component"])
+		}
+		if got := d.Spec.Template.Labels["app.kubernetes.io/part-of"]; got != "headwater" {
+			t.Errorf("Deployment %s: pods part-of %q, want headwater (the NetworkPolicies admit it to NATS)", d.Name, got)
+		}
+		if cs := d.Spec.Template.Spec.Containers; len(cs) > 1 && !slices.ContainsFunc(cs, func(c corev1.Container) bool { return c.Name == "manager" }) {
+			t.Errorf("Deployment %s: %d containers and none named manager: flux logs reads none", d.Name, len(cs))
+		}
+		// flux logs lists pods by the template's labels: only this
+		// Deployment's.
+		for _, w := range m.Workloads() {
+			if w.Name != d.Name && labels.SelectorFromSet(d.Spec.Template.Labels).Matches(labels.Set(w.Template.Labels)) {
+				t.Errorf("flux logs would read %s %s's pods for Deployment %s", w.Kind, w.Name, d.Name)
+			}
+		}
+	}
+	slices.Sort(flux)
+	if want := []string{"artifact-server", "fetcher", "packager", "watcher"}; !slices.Equal(flux, want) {
+		t.Errorf("Deployments labelled part-of=flux: %v, want %v", flux, want)
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
+	"github.com/headwater-gitops/headwater/pkg/fluxflags"
 )
 
 // versionFlag prints the build information and exits. It is read from the
@@ -40,8 +41,11 @@ import (
 const versionFlag = "version"
 
 // Main is the whole main of a service: a flag set named after the service,
-// bound by bind and parsed (Parse), a logger made by logger from the parsed
+// bound by bind and Flux's flags (NewFlagSet) and parsed (Parse), a logger made by logger from the parsed
 // flags, the signal context (Start), and run's end (Exit).
+//
+// Flux's flags that have no effect in the service (see package fluxflags)
+// are logged once, after "starting".
 //
 // Every service also gets -pprof-addr (HEADWATER_PPROF_ADDR): when set, Go's
 // runtime profiles are served there (ServeProfiles). It is off by default:
@@ -54,17 +58,28 @@ func Main(service string, bind func(*flag.FlagSet), logger func() logr.Logger, r
 // MainArgs is Main with the arguments given rather than the process's: the
 // headwater command runs a role with what follows its -target flag.
 func MainArgs(service string, args []string, bind func(*flag.FlagSet), logger func() logr.Logger, run func(context.Context) error) {
-	fs := flag.NewFlagSet(service, flag.ContinueOnError)
-	bind(fs)
-	pprofAddr := fs.String(PprofFlag, "", "Address serving Go's runtime profiles at /debug/pprof/ (off when empty); for an operator's port-forward, never a Service.")
+	fs := NewFlagSet(service, bind)
 	Parse(fs, args)
 	ctx, stop := Start(logger())
 	defer stop()
-	if err := ServeProfiles(ctx, *pprofAddr); err != nil {
+	fluxflags.LogNoEffect(fs, logr.FromContextOrDiscard(ctx))
+	if err := ServeProfiles(ctx, fs.Lookup(PprofFlag).Value.String()); err != nil {
 		Exit(ctx, err)
 		return
 	}
 	Exit(ctx, run(ctx))
+}
+
+// NewFlagSet returns the flags of service as Main parses them: a flag set
+// named after the service, with bind's flags, then Flux's source-controller
+// flags that bind did not define (fluxflags.Bind), then -pprof-addr. A
+// role's tests and documentation read its flags from here.
+func NewFlagSet(service string, bind func(*flag.FlagSet)) *flag.FlagSet {
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	bind(fs)
+	fluxflags.Bind(fs)
+	fs.String(PprofFlag, "", "Address serving Go's runtime profiles at /debug/pprof/ (off when empty); for an operator's port-forward, never a Service.")
+	return fs
 }
 
 // PprofFlag is the flag Main adds for ServeProfiles' address.

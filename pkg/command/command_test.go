@@ -172,3 +172,20 @@ func TestServe(t *testing.T) {
 		t.Error("Serve on a closed listener returned nil")
 	}
 }
+
+// TestNewFlagSet: a service's flags are its own, Flux's that it lacks
+// (an alias of its own where one means the same) and -pprof-addr.
+func TestNewFlagSet(t *testing.T) {
+	var concurrency int
+	fs := NewFlagSet("svc", func(fs *flag.FlagSet) { fs.IntVar(&concurrency, "concurrency", 1, "") })
+	fs.SetOutput(io.Discard)
+	if err := ParseArgs(fs, []string{"--concurrent=6", "--storage-path=/data", "-pprof-addr=127.0.0.1:0"}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if concurrency != 6 {
+		t.Errorf("--concurrent=6 set concurrency to %d", concurrency)
+	}
+	if got := fs.Lookup(PprofFlag).Value.String(); got != "127.0.0.1:0" {
+		t.Errorf("-pprof-addr = %q", got)
+	}
+}

@@ -28,18 +28,32 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	return FromEnv(fs)
 }
 
+// Alias is implemented by the value of a flag that is another name of a
+// flag (see package fluxflags): the alias is not read from the
+// environment, and the flag is not when the command line gives the alias.
+type Alias interface {
+	// AliasOf names the flag this one is an alias of.
+	AliasOf() string
+}
+
 // FromEnv sets every flag of the parsed fs that the command line did not
 // give from its environment variable, if that is set. Flags named in
-// commandLineOnly are never read from the environment.
+// commandLineOnly are never read from the environment, nor aliases (see
+// Alias), whose flag is read under its own name.
 func FromEnv(fs *flag.FlagSet, commandLineOnly ...string) error {
 	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	fs.Visit(func(f *flag.Flag) {
+		given[f.Name] = true
+		if a, ok := f.Value.(Alias); ok {
+			given[a.AliasOf()] = true
+		}
+	})
 	for _, name := range commandLineOnly {
 		given[name] = true
 	}
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] || err != nil {
+		if _, alias := f.Value.(Alias); alias || given[f.Name] || err != nil {
 			return
 		}
 		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {

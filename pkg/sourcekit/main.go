@@ -71,14 +71,26 @@ type Kind struct {
 func Main(k Kind, args []string) {
 	var o Options
 	service := ServiceName(k.Name)
-	bind := func(fs *flag.FlagSet) {
+	command.MainArgs(service, args, o.bind(k), func() logr.Logger { return o.Telemetry.NewLogger(service) },
+		func(ctx context.Context) error { return Run(ctx, k.Name, k.Fetch, o) })
+}
+
+// Flags returns kind's fetcher's flags as Main parses them
+// (command.NewFlagSet), bound to options of their own: for tests and the
+// flag reference.
+func Flags(k Kind) *flag.FlagSet {
+	var o Options
+	return command.NewFlagSet(ServiceName(k.Name), o.bind(k))
+}
+
+// bind registers the kit's flags and k's own on fs.
+func (o *Options) bind(k Kind) func(fs *flag.FlagSet) {
+	return func(fs *flag.FlagSet) {
 		o.BindFlags(fs)
 		if k.BindFlags != nil {
 			k.BindFlags(fs)
 		}
 	}
-	command.MainArgs(service, args, bind, func() logr.Logger { return o.Telemetry.NewLogger(service) },
-		func(ctx context.Context) error { return Run(ctx, k.Name, k.Fetch, o) })
 }
 
 // ServiceName is the name of kind's fetcher in logs, metrics and -version:

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -33,34 +34,141 @@ const Namespace = "headwater"
 type Options struct {
 	// Addr serves /metrics, /healthz and /readyz; empty disables it.
 	Addr string
-	// LogLevel is debug, info or error.
+	// LogLevel is trace, debug, info or error (LogLevels).
 	LogLevel string
-	// LogFormat is json or text.
+	// LogFormat is json, or text (console, Flux's name, is the same); see
+	// LogFormats.
 	LogFormat string
 }
 
+// LogLevels are the values of -log-level, as Flux's: debug logs logr's
+// V(1), trace V(2) too, error only errors.
+var LogLevels = map[string]slog.Level{
+	"trace": slog.Level(-2),
+	"debug": slog.Level(-1),
+	"info":  slog.LevelInfo,
+	"error": slog.LevelError,
+}
+
+// LogFormats are the values of -log-format: json writes the keys Flux's
+// controllers write (ts, level, logger, msg, error), which `flux logs`
+// reads; text (or console, Flux's name for it) is for people.
+var LogFormats = []string{"json", "text", "console"}
+
 // BindFlags registers the options on fs with the given default address.
+// A -log-level or -log-format not listed (LogLevels, LogFormats) is an
+// error naming the flag.
 func (o *Options) BindFlags(fs *flag.FlagSet, defaultAddr string) {
 	fs.StringVar(&o.Addr, "telemetry-addr", defaultAddr, "Address serving /metrics, /healthz and /readyz; empty disables it.")
-	fs.StringVar(&o.LogLevel, "log-level", "info", "Log level: debug, info or error.")
-	fs.StringVar(&o.LogFormat, "log-format", "json", "Log format: json or text.")
+	o.LogLevel, o.LogFormat = "info", "json"
+	level := oneOf{p: &o.LogLevel, values: slices.Sorted(maps.Keys(LogLevels))}
+	format := oneOf{p: &o.LogFormat, values: LogFormats}
+	fs.Var(level, "log-level", "Log level: trace, debug, info or error.")
+	fs.Var(format, "log-format", "Log format: json (Flux's keys, which `flux logs` reads) or text (console).")
+}
+
+// Validate says which option is not one of its values.
+func (o *Options) Validate() error {
+	var errs []error
+	if _, ok := LogLevels[strings.ToLower(o.LogLevel)]; !ok {
+		errs = append(errs, fmt.Errorf("log level %q: want one of trace, debug, info, error", o.LogLevel))
+	}
+	if !slices.Contains(LogFormats, strings.ToLower(o.LogFormat)) {
+		errs = append(errs, fmt.Errorf("log format %q: want json or text (console)", o.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+// oneOf is a string flag that takes one of values (in any case).
+type oneOf struct {
+	p      *string
+	values []string
+}
+
+func (v oneOf) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v oneOf) Set(s string) error {
+	if !slices.Contains(v.values, strings.ToLower(s)) {
+		return fmt.Errorf("want one of %s", strings.Join(v.values, ", "))
+	}
+	*v.p = strings.ToLower(s)
+	return nil
 }
 
 // NewLogger returns the service's structured logger, writing to stderr.
+// Options that do not validate (set by a program, not by flags) log at
+// info, in JSON.
 func (o *Options) NewLogger(service string) logr.Logger {
-	level := slog.LevelInfo
-	switch strings.ToLower(o.LogLevel) {
-	case "debug":
-		level = slog.LevelDebug
-	case "error":
-		level = slog.LevelError
+	return o.newLogger(os.Stderr, service)
+}
+
+func (o *Options) newLogger(w io.Writer, service string) logr.Logger {
+	level, ok := LogLevels[strings.ToLower(o.LogLevel)]
+	if !ok {
+		level = slog.LevelInfo
 	}
-	ho := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = slog.NewJSONHandler(os.Stderr, ho)
-	if o.LogFormat == "text" {
-		h = slog.NewTextHandler(os.Stderr, ho)
+	var h slog.Handler
+	switch strings.ToLower(o.LogFormat) {
+	case "text", "console":
+		h = slog.NewTextHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: fluxLevels})
+	default:
+		h = slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: fluxKeys})
 	}
 	return logr.FromSlogHandler(h).WithValues("service", service)
+}
+
+// fluxTimeFormat is zap's ISO 8601 encoder's, Flux's "ts".
+const fluxTimeFormat = "2006-01-02T15:04:05.000Z0700"
+
+// fluxKeys writes slog's built-in attributes under the keys and in the
+// form Flux's controllers write them (controller-runtime's zap JSON
+// encoder, with fluxcd/pkg/runtime/logger's ISO 8601 time and lowercase
+// level), which `flux logs` parses: "ts" a string, "level" one of trace,
+// debug, info, error, and logr's error under "error".
+func fluxKeys(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) > 0 {
+		return a
+	}
+	switch a.Key {
+	case slog.TimeKey:
+		return slog.Attr{Key: "ts", Value: slog.StringValue(a.Value.Time().Format(fluxTimeFormat))}
+	case slog.LevelKey:
+		return fluxLevels(groups, a)
+	case "err":
+		// logr's slog sink writes Error's error as "err".
+		return slog.Attr{Key: "error", Value: a.Value}
+	}
+	return a
+}
+
+// fluxLevels names the levels of the text format as the JSON format's
+// (logr's V(1) "debug" rather than slog's "INFO-1").
+func fluxLevels(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.LevelKey {
+		return slog.Attr{Key: slog.LevelKey, Value: slog.StringValue(fluxLevel(a.Value.Any().(slog.Level)))}
+	}
+	return a
+}
+
+// fluxLevel names a level as Flux's logger does: logr's V(1) is debug,
+// V(2) and beyond trace.
+func fluxLevel(l slog.Level) string {
+	switch {
+	case l >= slog.LevelError:
+		return "error"
+	case l >= slog.LevelWarn:
+		return "warn"
+	case l >= slog.LevelInfo:
+		return "info"
+	case l >= slog.Level(-1):
+		return "debug"
+	}
+	return "trace"
 }
 
 // NewRegistry returns a registry with the Go and process collectors, the
@@ -222,9 +330,10 @@ func (c *Checks) serveReadyz(w http.ResponseWriter, r *http.Request) {
 // on addr until ctx ends. A service calls it as soon as its flags are
 // valid, before it connects to anything, and sets its checks as its parts
 // come up. It returns once the listener is bound, so a bad address is
-// reported at start-up; an empty addr serves nothing.
+// reported at start-up; an empty addr, or "0" (controller-runtime's and
+// so Flux's --metrics-addr=0), serves nothing.
 func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready *Checks, log logr.Logger) error {
-	if addr == "" {
+	if addr == "" || addr == "0" {
 		return nil
 	}
 	mux := http.NewServeMux()

@@ -162,3 +162,16 @@ func TestChecksInform(t *testing.T) {
 		t.Errorf("nil Checks: Err() = %v, want ready", err)
 	}
 }
+
+// TestServeOff: an empty address and "0" (Flux's --metrics-addr=0, as
+// controller-runtime reads it) serve nothing and are no error.
+func TestServeOff(t *testing.T) {
+	for _, addr := range []string{"", "0"} {
+		if err := Serve(context.Background(), addr, NewRegistry(), nil, logr.Discard()); err != nil {
+			t.Errorf("Serve(%q) = %v, want nothing served and no error", addr, err)
+		}
+	}
+	if err := Serve(context.Background(), "no-port", NewRegistry(), nil, logr.Discard()); err == nil {
+		t.Error("Serve(\"no-port\") = nil, want the listen error")
+	}
+}

@@ -50,6 +50,14 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 			"HTTP endpoint that also receives every public CloudEvent (binary HTTP binding), best effort; repeatable or comma-separated.")
 }
 
+// Flags returns the role's flags as Main parses them (command.NewFlagSet),
+// bound to options of their own: for tests and the flag reference
+// (docs/flags.md).
+func Flags() *flag.FlagSet {
+	var o options
+	return command.NewFlagSet(service, o.bindFlags)
+}
+
 // Main runs the artifact-server with args, the command line after the program's
 // name (or after -target), and exits the process when it ends.
 func Main(args []string) {

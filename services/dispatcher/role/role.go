@@ -51,6 +51,14 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Longest a delivery report waits before it is sent to the watcher (a dead letter is sent at once).")
 }
 
+// Flags returns the role's flags as Main parses them (command.NewFlagSet),
+// bound to options of their own: for tests and the flag reference
+// (docs/flags.md).
+func Flags() *flag.FlagSet {
+	var o options
+	return command.NewFlagSet(service, o.bindFlags)
+}
+
 // Main runs the dispatcher with args, the command line after the program's
 // name (or after -target), and exits the process when it ends.
 func Main(args []string) {

@@ -101,6 +101,14 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Largest file in a Helm chart, decompressed, in bytes.")
 }
 
+// Flags returns the role's flags as Main parses them (command.NewFlagSet),
+// bound to options of their own: for tests and the flag reference
+// (docs/flags.md).
+func Flags() *flag.FlagSet {
+	var o options
+	return command.NewFlagSet(service, o.bindFlags)
+}
+
 // Main runs the fetcher with args, the command line after the program's
 // name (or after -target), and exits the process when it ends.
 func Main(args []string) {

@@ -18,12 +18,21 @@ import (
 // sourcekit's flags it takes -max-size, the most bytes one HTTPSource may
 // download or extract.
 func Main(args []string) {
+	sourcekit.Main(kind(), args)
+}
+
+// Flags returns the fetcher's flags as Main parses them, bound to options
+// of their own: for tests and the flag reference (docs/flags.md).
+func Flags() *flag.FlagSet { return sourcekit.Flags(kind()) }
+
+// kind is the HTTPSource fetcher, with its flags.
+func kind() sourcekit.Kind {
 	f := &httpsource.Fetcher{Client: &http.Client{}}
-	sourcekit.Main(sourcekit.Kind{
+	return sourcekit.Kind{
 		Name:  v1alpha1.HTTPSourceKind,
 		Fetch: f.Fetch,
 		BindFlags: func(fs *flag.FlagSet) {
 			fs.Int64Var(&f.MaxSize, "max-size", 256<<20, "Most bytes one HTTPSource may download, and extract from a tarball.")
 		},
-	}, args)
+	}
 }

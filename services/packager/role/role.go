@@ -48,6 +48,14 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Age after which staged content no pending job refers to, and the temporary file of a write its writer abandoned (directory storage), are removed; 0 disables the janitor.")
 }
 
+// Flags returns the role's flags as Main parses them (command.NewFlagSet),
+// bound to options of their own: for tests and the flag reference
+// (docs/flags.md).
+func Flags() *flag.FlagSet {
+	var o options
+	return command.NewFlagSet(service, o.bindFlags)
+}
+
 // Main runs the packager with args, the command line after the program's
 // name (or after -target), and exits the process when it ends.
 func Main(args []string) {

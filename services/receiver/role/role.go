@@ -36,6 +36,14 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.addr, "receiver-addr", ":9292", "Address the webhook endpoint (/hook/<digest>) listens on (Flux's port).")
 }
 
+// Flags returns the role's flags as Main parses them (command.NewFlagSet),
+// bound to options of their own: for tests and the flag reference
+// (docs/flags.md).
+func Flags() *flag.FlagSet {
+	var o options
+	return command.NewFlagSet(service, o.bindFlags)
+}
+
 // Main runs the receiver with args, the command line after the program's
 // name (or after -target), and exits the process when it ends.
 func Main(args []string) {

@@ -34,6 +34,42 @@ func TestLeaderElectionFlags(t *testing.T) {
 	}
 }
 
+// TestIntervalJitterFlag: Flux's bounds, a bad value an error naming the
+// flag.
+func TestIntervalJitterFlag(t *testing.T) {
+	for _, tt := range []struct {
+		arg  string
+		want float64
+		ok   bool
+	}{
+		{"", 5, true},
+		{"--interval-jitter-percentage=10", 10, true},
+		{"--interval-jitter-percentage=0", 0, true},
+		{"--interval-jitter-percentage=100", 0, false},
+		{"--interval-jitter-percentage=-1", 0, false},
+		{"--interval-jitter-percentage=lots", 0, false},
+	} {
+		var o options
+		fs := flag.NewFlagSet("watcher", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o.bindFlags(fs)
+		var args []string
+		if tt.arg != "" {
+			args = []string{tt.arg}
+		}
+		err := fs.Parse(args)
+		if !tt.ok {
+			if err == nil || !strings.Contains(err.Error(), "-interval-jitter-percentage") {
+				t.Errorf("%s: error %v, want one naming the flag", tt.arg, err)
+			}
+			continue
+		}
+		if err != nil || o.intervalJitter != tt.want {
+			t.Errorf("%q: %v, jitter %v, want %v", tt.arg, err, o.intervalJitter, tt.want)
+		}
+	}
+}
+
 // TestBadSelectorIsABadFlag: a -watch-label-selector (or its environment
 // variable) that does not parse stops the watcher at flag parsing, which
 // exits 2, with a message naming the flag.

@@ -5,11 +5,13 @@ package role
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +21,8 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -68,6 +72,9 @@ type options struct {
 	leaseDuration           time.Duration
 	renewDeadline           time.Duration
 	retryPeriod             time.Duration
+	releaseOnCancel         bool
+	minRetryDelay           time.Duration
+	maxRetryDelay           time.Duration
 	concurrency             int
 	eventConcurrency        int
 	intervalJitter          float64
@@ -105,9 +112,27 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"How long the leader keeps trying to renew its lease before it gives up leading; as Flux.")
 	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 5*time.Second,
 		"How often the leader renews its lease, and a standby tries to take it: each renewal is a write to the API server; as Flux.")
+	fs.BoolVar(&o.releaseOnCancel, "leader-election-release-on-cancel", true,
+		"The leader releases its lease when it stops, so a standby takes over at once; as Flux.")
+	fs.DurationVar(&o.minRetryDelay, "min-retry-delay", controller.DefaultRetryBase,
+		"Delay before the first retry of a source whose fetch failed for a reason that passes; it doubles with each failure (Flux's flag, whose default is 750ms).")
+	fs.DurationVar(&o.maxRetryDelay, "max-retry-delay", controller.DefaultRetryMax,
+		"Longest delay between two retries of a source whose fetch keeps failing for a reason that passes (Flux's flag, whose default is 15m).")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Objects reconciled at once, per kind.")
 	fs.IntVar(&o.eventConcurrency, "event-concurrency", 8, "Job outcomes applied to status at once.")
-	fs.Float64Var(&o.intervalJitter, "interval-jitter-percentage", 5, "Jitter applied to every interval, in percent (as Flux), when -align-remotes is false.")
+	o.intervalJitter = 5
+	fs.Func("interval-jitter-percentage", "Jitter applied to every interval, in percent, when -align-remotes is false: at least 0 and less than 100, as Flux (default 5).",
+		func(s string) error {
+			p, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return errors.New("parse error")
+			}
+			if p < 0 || p >= 100 {
+				return errors.New("must be at least 0 and less than 100")
+			}
+			o.intervalJitter = p
+			return nil
+		})
 	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
 		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
@@ -150,6 +175,14 @@ func namespaceList(s string) []string {
 		}
 	}
 	return out
+}
+
+// Flags returns the role's flags as Main parses them (command.NewFlagSet),
+// bound to options of their own: for tests and the flag reference
+// (docs/flags.md).
+func Flags() *flag.FlagSet {
+	var o options
+	return command.NewFlagSet(service, o.bindFlags)
 }
 
 // Main runs the watcher with args, the command line after the program's
@@ -257,7 +290,7 @@ func run(ctx context.Context, o options) error {
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              sh.LeaseName(leaseName),
 		LeaderElectionNamespace:       ns,
-		LeaderElectionReleaseOnCancel: true,
+		LeaderElectionReleaseOnCancel: o.releaseOnCancel,
 		LeaseDuration:                 positive(o.leaseDuration),
 		RenewDeadline:                 positive(o.renewDeadline),
 		RetryPeriod:                   positive(o.retryPeriod),
@@ -277,6 +310,16 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	ready.Set("crds", crds.Ready)
+	// What is missing (on an older Flux's CRDs, which kinds and which Flux
+	// release brought them) is also a Warning Event on the watcher's Pod,
+	// where `kubectl describe pod` and `kubectl get events` show it.
+	if pod := os.Getenv("POD_NAME"); pod != "" {
+		recorder := mgr.GetEventRecorder("headwater-watcher")
+		self := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns}}
+		crds.Report = func(missing *crdwait.MissingError) {
+			recorder.Eventf(self, nil, corev1.EventTypeWarning, "CRDsMissing", "WaitForCRDs", "%s", missing.Error())
+		}
+	}
 
 	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
@@ -288,6 +331,14 @@ func run(ctx context.Context, o options) error {
 	}
 	onBus.Up(conn)
 	jobs := conn.NewPublisher(service)
+	// Once on the bus, the kinds must be served before the controllers
+	// are set up (their field indexes need every kind mapped: an older
+	// Flux's CRDs lack the ArtifactGenerator, and the watcher exited) and
+	// before the manager starts its informers, which would otherwise give
+	// up after two minutes and exit.
+	if err := crds.Wait(ctx); err != nil {
+		return err
+	}
 
 	// Every Event recorded is also posted to Flux's notification-controller
 	// when -events-addr is set, as Flux's source-controller does.
@@ -323,7 +374,8 @@ func run(ctx context.Context, o options) error {
 		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
 			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes, Fetchers: fetchers,
-			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics}}
+			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics,
+				Base: o.minRetryDelay, Max: o.maxRetryDelay}}
 		retries[kind.Name] = r.Retries
 		if o.receivers {
 			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
@@ -394,11 +446,6 @@ func run(ctx context.Context, o options) error {
 		Metrics:     jobMetrics,
 		Log:         log.WithName("subscriptions"),
 	}); err != nil {
-		return err
-	}
-	// The kinds must be served before the manager starts its informers,
-	// which would otherwise give up after two minutes and exit.
-	if err := crds.Wait(ctx); err != nil {
 		return err
 	}
 	if len(guard.Namespaces) > 0 {

@@ -248,11 +248,38 @@ func testSourceMetrics(t *testing.T, e *env) {
 	if reconciles == 0 {
 		t.Error("no GitRepository reconcile in headwater_reconcile_duration_seconds")
 	}
+	// fluxReconciles counts the source's reconciles in Flux's family, and
+	// says whether it has a series.
+	fluxReconciles := func() (uint64, bool) {
+		families, err := crmetrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != "gotk_reconcile_duration_seconds" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				l := map[string]string{}
+				for _, p := range m.GetLabel() {
+					l[p.GetName()] = p.GetValue()
+				}
+				if l["kind"] == "GitRepository" && l["namespace"] == "default" && l["name"] == "metrics" {
+					return m.GetHistogram().GetSampleCount(), true
+				}
+			}
+		}
+		return 0, false
+	}
+	if n, _ := fluxReconciles(); n == 0 {
+		t.Error("no reconcile of GitRepository default/metrics in gotk_reconcile_duration_seconds")
+	}
 
 	if err := e.k8s.Delete(ctx, &got); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "series gone with the object", func() bool { return len(statuses()) == 0 })
+	eventually(t, "Flux's series gone with the object", func() bool { _, ok := fluxReconciles(); return !ok })
 }
 
 // testBuildInfo finds the build information in the registry the watcher's

@@ -14,6 +14,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -27,10 +28,22 @@ import (
 // before their interval because their last fetch failed for a reason that
 // passes (after "failure", on the backoff) or was rate limited (after
 // "rate_limited", when the host allows; see Retries).
+//
+// Beside them, Flux's own family, under Flux's name and with Flux's
+// labels and buckets (fluxcd/pkg/runtime/metrics), so that Flux's
+// dashboards and alerts read the watcher as they read source-controller:
+// gotk_reconcile_duration_seconds{kind,name,namespace}, the same time as
+// headwater_reconcile_duration_seconds, per object; an object's series is
+// deleted once the object is gone.
 type Metrics struct {
 	duration *prometheus.HistogramVec
 	retries  *prometheus.CounterVec
+	flux     *prometheus.HistogramVec
 }
+
+// FluxDurationBuckets are those of Flux's gotk_reconcile_duration_seconds:
+// ten, exponential, from 10ms to 30 minutes.
+var FluxDurationBuckets = prometheus.ExponentialBucketsRange(10e-3, 1800, 10)
 
 // Values of the after label of headwater_fetch_retried_total.
 const (
@@ -50,8 +63,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: telemetry.Namespace, Name: "fetch_retried_total",
 			Help: "Sources fetched again before their interval, by kind and by what their last fetch met: a failure that passes (failure, on a per-source backoff) or a host's limit (rate_limited, when it allows).",
 		}, []string{"kind", "after"}),
+		flux: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gotk_reconcile_duration_seconds",
+			Help:    "The duration in seconds of a GitOps Toolkit resource reconciliation (Flux's family; in Headwater, the watcher's part of it: the fetch is the fetcher's).",
+			Buckets: FluxDurationBuckets,
+		}, []string{"kind", "name", "namespace"}),
 	}
-	reg.MustRegister(m.duration, m.retries)
+	reg.MustRegister(m.duration, m.retries, m.flux)
 	return m
 }
 
@@ -71,11 +89,20 @@ func (m *Metrics) retried(kind, after string) {
 	}
 }
 
-// observe records one reconcile of kind that started at start.
-func (m *Metrics) observe(kind string, start time.Time) {
-	if m != nil {
-		m.duration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+// observe records one reconcile of the object key of kind that started at
+// start; gone says the object no longer exists (or its finalizer is off),
+// and deletes its series of gotk_reconcile_duration_seconds, as Flux does.
+func (m *Metrics) observe(kind string, key types.NamespacedName, start time.Time, gone bool) {
+	if m == nil {
+		return
 	}
+	d := time.Since(start).Seconds()
+	m.duration.WithLabelValues(kind).Observe(d)
+	if gone {
+		m.flux.DeleteLabelValues(kind, key.Name, key.Namespace)
+		return
+	}
+	m.flux.WithLabelValues(kind, key.Name, key.Namespace).Observe(d)
 }
 
 // SourceConditions exports each source's Ready condition as Flux's

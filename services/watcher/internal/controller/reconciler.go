@@ -18,6 +18,7 @@ import (
 	"github.com/fluxcd/pkg/runtime/predicates"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -121,15 +122,19 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 // Conditions: Reconciling and Ready (Unknown) when a new generation starts;
 // everything else is written when the job's outcome arrives.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	defer r.Metrics.observe(r.Kind.Name, time.Now())
+	start, gone := time.Now(), false
+	defer func() { r.Metrics.observe(r.Kind.Name, req.NamespacedName, start, gone) }()
 	obj := r.Kind.New()
 	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
+		gone = apierrors.IsNotFound(err)
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	logger := log.FromContext(ctx)
 
 	if !obj.GetDeletionTimestamp().IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, obj)
+		err := r.finalize(ctx, obj)
+		gone = err == nil
+		return ctrl.Result{}, err
 	}
 	if r.Kind.Static != nil && r.Kind.Static(obj) {
 		return ctrl.Result{}, r.makeStatic(ctx, obj)

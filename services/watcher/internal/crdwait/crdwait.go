@@ -10,6 +10,7 @@ package crdwait
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,6 +29,30 @@ type Discovery interface {
 	ServerResourcesForGroupVersion(groupVersion string) (*metav1.APIResourceList, error)
 }
 
+// MinFluxVersion is the oldest Flux release whose CRDs serve every Flux
+// kind the watcher reconciles (ExternalArtifact and ArtifactGenerator came
+// with Flux 2.7); Headwater works with it and every later 2.x release.
+const MinFluxVersion = "2.7"
+
+// fluxReleases is the Flux release that first served each Flux kind at
+// the version the watcher reconciles: a cluster on an older Flux lacks it.
+var fluxReleases = map[schema.GroupVersionKind]string{
+	{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "GitRepository"}:             "2.0",
+	{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "HelmRepository"}:            "2.3",
+	{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "HelmChart"}:                 "2.3",
+	{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "Bucket"}:                    "2.5",
+	{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "OCIRepository"}:             "2.6",
+	{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "ExternalArtifact"}:          "2.7",
+	{Group: "source.extensions.fluxcd.io", Version: "v1beta1", Kind: "ArtifactGenerator"}: "2.7",
+	{Group: "notification.toolkit.fluxcd.io", Version: "v1", Kind: "Receiver"}:            "2.1",
+}
+
+// FluxRelease is the Flux release that first served kind, or "" for a
+// kind that is not Flux's (a plug-in kind, Headwater's own).
+func FluxRelease(kind schema.GroupVersionKind) string {
+	return fluxReleases[kind]
+}
+
 // MissingError names the kinds the API server does not serve yet.
 type MissingError struct {
 	// Kinds are the missing group/version kinds, sorted.
@@ -36,12 +61,24 @@ type MissingError struct {
 	Hint string
 }
 
+// Error names each missing kind, with the Flux release that brought it
+// for Flux's kinds, so that a cluster on an older Flux reads which
+// version it needs.
 func (e *MissingError) Error() string {
 	names := make([]string, len(e.Kinds))
+	flux := false
 	for i, k := range e.Kinds {
-		names[i] = k.Kind + " (" + k.GroupVersion().String() + ")"
+		names[i] = k.Kind + " (" + k.GroupVersion().String()
+		if r := FluxRelease(k); r != "" {
+			names[i] += ", Flux " + r + " and later"
+			flux = true
+		}
+		names[i] += ")"
 	}
 	msg := "the API server does not serve " + strings.Join(names, ", ")
+	if flux {
+		msg += "; Headwater works with the CRDs of Flux " + MinFluxVersion + " and later (an older Flux's CRDs lack these kinds)"
+	}
 	if e.Hint != "" {
 		msg += ": " + e.Hint
 	}
@@ -60,6 +97,9 @@ type Waiter struct {
 	Interval time.Duration
 	// Log says what is missing, once per change.
 	Log logr.Logger
+	// Report, if set, is told what is missing once per change too (the
+	// watcher records it as a Warning Event on its Pod).
+	Report func(missing *MissingError)
 
 	mu   sync.Mutex
 	last error
@@ -131,6 +171,10 @@ func (w *Waiter) Wait(ctx context.Context) error {
 		if msg := err.Error(); msg != said {
 			w.Log.Info("waiting for the API server to serve the watcher's kinds", "reason", msg)
 			said = msg
+			var missing *MissingError
+			if w.Report != nil && errors.As(err, &missing) {
+				w.Report(missing)
+			}
 		}
 		select {
 		case <-ctx.Done():

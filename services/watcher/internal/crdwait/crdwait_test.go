@@ -52,8 +52,10 @@ func TestWaitForCRDs(t *testing.T) {
 	if !errors.As(err, &missing) || len(missing.Kinds) != len(fluxKinds) {
 		t.Fatalf("no CRD installed: Check says %v", err)
 	}
-	if want := "the API server does not serve Bucket (source.toolkit.fluxcd.io/v1), GitRepository (source.toolkit.fluxcd.io/v1), " +
-		"HelmChart (source.toolkit.fluxcd.io/v1), HelmRepository (source.toolkit.fluxcd.io/v1), OCIRepository (source.toolkit.fluxcd.io/v1): " +
+	if want := "the API server does not serve Bucket (source.toolkit.fluxcd.io/v1, Flux 2.5 and later), " +
+		"GitRepository (source.toolkit.fluxcd.io/v1, Flux 2.0 and later), HelmChart (source.toolkit.fluxcd.io/v1, Flux 2.3 and later), " +
+		"HelmRepository (source.toolkit.fluxcd.io/v1, Flux 2.3 and later), OCIRepository (source.toolkit.fluxcd.io/v1, Flux 2.6 and later); " +
+		"Headwater works with the CRDs of Flux 2.7 and later (an older Flux's CRDs lack these kinds): " +
 		"kubectl apply -k deploy/crds"; err.Error() != want {
 		t.Errorf("Check says\n  %s\nwant\n  %s", err, want)
 	}
@@ -79,7 +81,10 @@ func TestWaitForCRDs(t *testing.T) {
 		t.Fatalf("GitRepository installed: Check says %v", err)
 	}
 
-	// The rest while Wait waits: it returns, and Ready passes.
+	// The rest while Wait waits: it returns, and Ready passes; Report is
+	// told what was missing once.
+	reports := make(chan *MissingError, 10)
+	w.Report = func(m *MissingError) { reports <- m }
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)
@@ -106,6 +111,42 @@ func TestWaitForCRDs(t *testing.T) {
 	}
 	if err := w.Ready(); err != nil {
 		t.Errorf("Ready after Wait: %v", err)
+	}
+	close(reports)
+	var got []*MissingError
+	for m := range reports {
+		got = append(got, m)
+	}
+	// Once per change: first the four kinds, then fewer as the CRDs
+	// install, never the same twice in a row.
+	if len(got) == 0 || len(got[0].Kinds) != len(fluxKinds)-1 {
+		t.Fatalf("Report was told %v, want the four kinds missing first", got)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Error() == got[i-1].Error() || len(got[i].Kinds) >= len(got[i-1].Kinds) {
+			t.Errorf("report %d (%v) does not follow a change from %v", i, got[i], got[i-1])
+		}
+	}
+}
+
+// TestMissingErrorNamesFluxRelease: a cluster on Flux 2.6 lacks the
+// ExternalArtifact and ArtifactGenerator kinds; the message says which
+// release brought them, and a plug-in kind gets no Flux release.
+func TestMissingErrorNamesFluxRelease(t *testing.T) {
+	err := &MissingError{Kinds: []schema.GroupVersionKind{
+		{Group: "source.extensions.fluxcd.io", Version: "v1beta1", Kind: "ArtifactGenerator"},
+		{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "ExternalArtifact"},
+		{Group: "source.headwater.dev", Version: "v1alpha1", Kind: "HTTPSource"},
+	}}
+	want := "the API server does not serve ArtifactGenerator (source.extensions.fluxcd.io/v1beta1, Flux 2.7 and later), " +
+		"ExternalArtifact (source.toolkit.fluxcd.io/v1, Flux 2.7 and later), HTTPSource (source.headwater.dev/v1alpha1); " +
+		"Headwater works with the CRDs of Flux 2.7 and later (an older Flux's CRDs lack these kinds)"
+	if err.Error() != want {
+		t.Errorf("got\n  %s\nwant\n  %s", err, want)
+	}
+	plugin := &MissingError{Kinds: []schema.GroupVersionKind{{Group: "source.headwater.dev", Version: "v1alpha1", Kind: "HTTPSource"}}, Hint: "apply it"}
+	if got := plugin.Error(); strings.Contains(got, "Flux") {
+		t.Errorf("a plug-in kind alone names Flux: %s", got)
 	}
 }
 

@@ -160,12 +160,14 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	if !ok {
 		return fmt.Errorf("%w: unexpected %s on the event stream", events.ErrMalformed, msg.Event.Type())
 	}
-	log := logr.FromContextOrDiscard(ctx)
 	kind, ok := c.Kinds.ByName(o.Job.Object.Kind)
 	producer := c.Producers[o.Job.Object.Kind]
 	if !ok && producer == nil {
 		return fmt.Errorf("%w: unknown kind %q", events.ErrMalformed, o.Job.Object.Kind)
 	}
+	// The outcome's log lines name the object as a reconcile's do.
+	log := logr.FromContextOrDiscard(ctx).WithValues(ObjectIdentity(o.Job.Object.Kind, o.Job.Object.Namespace, o.Job.Object.Name)...)
+	ctx = logr.NewContext(ctx, log)
 	if err := c.Seal.Verify(o.Job); err != nil {
 		// Whoever published it may publish outcomes but made up the job:
 		// the worker logs and terminates it; nothing is written.
@@ -439,4 +441,22 @@ func NewForgedCounter(reg prometheus.Registerer) prometheus.Counter {
 	})
 	reg.MustRegister(c)
 	return c
+}
+
+// ObjectIdentity are the keys and values controller-runtime adds to the
+// log lines of a reconcile, and Flux's controllers write, for an object of
+// kind: the controller (the kind in lower case), controllerKind, the
+// object under its kind as {"name", "namespace"}, then namespace and
+// name. `flux logs --kind --name --namespace` filters on them; the lines
+// of a job's outcome carry them as the watcher's reconciles do.
+func ObjectIdentity(kind, namespace, name string) []any {
+	return []any{"controller", strings.ToLower(kind), "controllerKind", kind,
+		kind, objectRef{Name: name, Namespace: namespace}, "namespace", namespace, "name", name}
+}
+
+// objectRef is an object under its kind in a log line, as klog.KRef
+// writes it.
+type objectRef struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace,omitempty"`
 }
