@@ -96,6 +96,11 @@ type Config struct {
 	// the same command line otherwise, so with leader election (the
 	// watcher's default) one leads and the others stand by.
 	WatcherReplicas int
+	// WatcherArgs are further arguments of each watcher replica, the
+	// i-th's for the i-th (watcher, watcher-2, ...), after ExtraArgs: a
+	// watcher shard per replica with -watch-label-selector
+	// (docs/sharding.md).
+	WatcherArgs [][]string
 	// FetcherReplicas and PackagerReplicas are the numbers of fetcher and
 	// packager processes; 0 means 1. Every replica has a telemetry address
 	// and a log of its own and the same command line otherwise; they share

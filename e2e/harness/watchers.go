@@ -15,7 +15,14 @@ func (e *Env) Watchers() []*Service {
 // address of its own (two ports of ports each) and its own log; they talk
 // to the same API server and bus, as replicas of one Deployment do.
 func (e *Env) addWatcherReplicas(ports []int) error {
-	_, err := e.addReplicas(Watcher, e.Config.extraWatchers(), ports,
-		[]string{"-telemetry-addr", "-health-addr"}, "-health-addr")
-	return err
+	if _, err := e.addReplicas(Watcher, e.Config.extraWatchers(), ports,
+		[]string{"-telemetry-addr", "-health-addr"}, "-health-addr"); err != nil {
+		return err
+	}
+	for i, s := range e.Watchers() {
+		if i < len(e.Config.WatcherArgs) {
+			s.Args = append(s.Args, e.Config.WatcherArgs[i]...)
+		}
+	}
+	return nil
 }

@@ -140,3 +140,39 @@ func TestDefineServicesWorkers(t *testing.T) {
 		t.Errorf("%d fetchers, want 3", got)
 	}
 }
+
+// TestDefineServicesWatcherShards: WatcherArgs gives each watcher replica
+// its own arguments, after the ones they share.
+func TestDefineServicesWatcherShards(t *testing.T) {
+	dir := t.TempDir()
+	e := &Env{
+		Config: Config{Dir: dir, BinDir: "/bin", WatcherReplicas: 2,
+			ExtraArgs: map[string][]string{Watcher: {"-leader-elect=true"}},
+			WatcherArgs: [][]string{
+				{"-watch-label-selector", "!sharding.fluxcd.io/key"},
+				{"-watch-label-selector", "sharding.fluxcd.io/key in (shard1)"},
+			}},
+		NATSURL:     "nats://127.0.0.1:4222",
+		Kubeconfig:  filepath.Join(dir, "kubeconfig"),
+		StoragePath: filepath.Join(dir, "storage"),
+	}
+	if err := e.defineServices(); err != nil {
+		t.Fatal(err)
+	}
+	watchers := e.Watchers()
+	if len(watchers) != 2 {
+		t.Fatalf("%d watchers, want 2", len(watchers))
+	}
+	for i, want := range []string{"!sharding.fluxcd.io/key", "sharding.fluxcd.io/key in (shard1)"} {
+		s := watchers[i]
+		if got := flagValue(s.Args, "-watch-label-selector"); got != want {
+			t.Errorf("%s: selector %q, want %q", s.Name, got, want)
+		}
+		if !slices.Contains(s.Args, "-leader-elect=true") {
+			t.Errorf("%s lacks the shared arguments: %v", s.Name, s.Args)
+		}
+		if n := strings.Count(strings.Join(s.Args, "\n"), "-watch-label-selector"); n != 1 {
+			t.Errorf("%s has %d selectors: %v", s.Name, n, s.Args)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -1239,6 +1240,66 @@ func TestNATSExternalComponent(t *testing.T) {
 		}
 		if _, ok := FlagValue(c, "nats-nkey"); !ok {
 			t.Errorf("%s: no -nats-nkey: it must keep its own identity", s)
+		}
+	}
+}
+
+// TestShardsComponent checks components/shards: the watcher becomes the
+// main shard (!sharding.fluxcd.io/key, reporting the sources no shard
+// selects), and watcher-shard1 and watcher-shard2 are copies of it with
+// their own selector, ServiceAccount bound to the watcher's ClusterRole,
+// pods the main watcher's selector does not select, the same image and
+// bus identity, and the label the NetworkPolicies admit.
+func TestShardsComponent(t *testing.T) {
+	m, flags := buildWith(t, "shards")
+	main, mainPod := container(t, m, "watcher")
+	if v, ok := FlagValue(main, "watch-label-selector"); !ok || v != "!sharding.fluxcd.io/key" {
+		t.Errorf("watcher: -watch-label-selector %q, want the main shard's", v)
+	}
+	if v, ok := FlagValue(main, "fleet-selectors"); !ok || !strings.Contains(v, "sharding.fluxcd.io/key in (shard1,shard2)") {
+		t.Errorf("watcher: -fleet-selectors %q, want every shard's", v)
+	}
+	mainDeploy, _ := m.Deployment("watcher")
+	for _, shard := range []string{"shard1", "shard2"} {
+		name := "watcher-" + shard
+		d, ok := m.Deployment(name)
+		if !ok {
+			t.Fatalf("no Deployment %s (have %v)", name, m.Names("Deployment"))
+		}
+		var c corev1.Container
+		for _, cc := range d.Spec.Template.Spec.Containers {
+			if cc.Name == "watcher" {
+				c = cc
+			}
+		}
+		for _, p := range CheckEnv("watcher", flags["watcher"], envNames(c)) {
+			t.Errorf("%s: %v", name, p)
+		}
+		if v, ok := FlagValue(c, "watch-label-selector"); !ok || v != "sharding.fluxcd.io/key in ("+shard+")" {
+			t.Errorf("%s: -watch-label-selector %q", name, v)
+		}
+		if _, ok := FlagValue(c, "fleet-selectors"); ok {
+			t.Errorf("%s reports unowned sources too; the main shard does", name)
+		}
+		if c.Image != main.Image || c.Image == "headwater/headwater" {
+			t.Errorf("%s runs %q, the main watcher %q", name, c.Image, main.Image)
+		}
+		pod := d.Spec.Template.Spec
+		if pod.ServiceAccountName != name {
+			t.Errorf("%s runs as %q, want its own ServiceAccount", name, pod.ServiceAccountName)
+		}
+		if !m.Has("ServiceAccount", name) || !m.Has("ClusterRoleBinding", "headwater-watcher-"+shard) ||
+			!m.Has("RoleBinding", "headwater-watcher-leader-election-"+shard) || !m.Has("PodDisruptionBudget", name) {
+			t.Errorf("%s lacks its ServiceAccount, bindings or PodDisruptionBudget", name)
+		}
+		if !reflect.DeepEqual(pod.Volumes, mainPod.Volumes) {
+			t.Errorf("%s mounts %v, the main watcher %v (the watcher's bus identity)", name, pod.Volumes, mainPod.Volumes)
+		}
+		if sel := mainDeploy.Spec.Selector.MatchLabels; labels.SelectorFromSet(sel).Matches(labels.Set(d.Spec.Template.Labels)) {
+			t.Errorf("the main watcher's selector %v selects %s's pods", sel, name)
+		}
+		if d.Spec.Template.Labels["app.kubernetes.io/part-of"] != "headwater" {
+			t.Errorf("%s's pods lack app.kubernetes.io/part-of: headwater, which the NetworkPolicies admit", name)
 		}
 	}
 }

@@ -300,3 +300,36 @@ func mustNKey(t *testing.T, seedFile string) nats.Option {
 
 // jetstreamWait bounds a test's wait for the next message.
 func jetstreamWait() jetstream.FetchOpt { return jetstream.FetchMaxWait(10 * time.Second) }
+
+// TestWatcherShardsJoinTheirConsumers: watcher shards, each with its own
+// consumer of the event stream (events.WatcherShardConsumer), join it with
+// the watcher's identity, and each receives every public event.
+func TestWatcherShardsJoinTheirConsumers(t *testing.T) {
+	url, ids := secureBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var shards []jetstream.Consumer
+	for _, id := range []string{"", "0a1b2c3d", "4e5f6a7b"} {
+		c := connectAs(t, url, ids, events.WatcherIdentity)
+		cons, err := c.JoinStream(ctx, events.EventStream, events.WatcherShardConsumer(id), events.ConsumerOptions{DeliverNew: true})
+		if err != nil {
+			t.Fatalf("shard %q joins %s: %v", id, events.EventStream, err)
+		}
+		shards = append(shards, cons)
+	}
+	server := connectAs(t, url, ids, events.ArtifactServerIdentity)
+	job := events.Job{ID: "job-1", Object: events.ObjectRef{Kind: "GitRepository", Namespace: "default", Name: "podinfo"}}
+	if err := server.NewPublisher(events.ArtifactServerIdentity).Publish(ctx, events.EventSubject("GitRepository", "default", "podinfo"),
+		events.TypeArtifactStored, job, &events.Outcome{Job: job}); err != nil {
+		t.Fatal(err)
+	}
+	for i, cons := range shards {
+		msg, err := cons.Next(jetstreamWait())
+		if err != nil {
+			t.Fatalf("shard %d pulls: %v", i, err)
+		}
+		if err := msg.DoubleAck(ctx); err != nil {
+			t.Errorf("shard %d acknowledges: %v", i, err)
+		}
+	}
+}

@@ -648,3 +648,15 @@ func TestCheckRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestWatcherShardConsumer: the unsharded watcher keeps its consumer; each
+// shard has its own.
+func TestWatcherShardConsumer(t *testing.T) {
+	if got := WatcherShardConsumer(""); got != WatcherConsumer {
+		t.Errorf("unsharded consumer %q, want %q", got, WatcherConsumer)
+	}
+	a, b := WatcherShardConsumer("0a1b2c3d"), WatcherShardConsumer("4e5f6a7b")
+	if a != "watcher-0a1b2c3d" || a == b {
+		t.Errorf("shard consumers %q and %q, want watcher-<shard>, one each", a, b)
+	}
+}

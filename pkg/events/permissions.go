@@ -126,7 +126,13 @@ func roleOf(identity string) (role, bool) {
 			// -receivers, turns the hooks receivers accepted into fetch
 			// jobs (see docs/design.md, "The idle baseline").
 			optional: []streamConsumer{{DeliveryStream, WatcherConsumer}, {HookStream, WatcherConsumer}},
-			awaits:   []string{DeliveryStream},
+			// A watcher shard has a consumer of its own on the event
+			// stream (WatcherShardConsumer); NATS matches whole
+			// tokens only, so "watcher-*" cannot be written: any
+			// consumer of that stream (docs/design.md, "Watcher
+			// shards").
+			also:   []streamConsumer{{EventStream, "*"}},
+			awaits: []string{DeliveryStream},
 			// It learns where artifacts are served when an
 			// artifact-server starts.
 			subscribes: []string{ArtifactAddressSubject}}, true

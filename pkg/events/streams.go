@@ -36,6 +36,19 @@ const (
 	WatcherConsumer        = "watcher"
 )
 
+// WatcherShardConsumer is the durable consumer on EventStream of the
+// watcher shard named shard (the watcher's shard ID, docs/sharding.md):
+// WatcherConsumer for the unsharded watcher, "watcher-<shard>" for a
+// shard. Every shard receives every public event and applies the outcomes
+// of the sources it owns, so that a source whose shard label moves is
+// taken over with the outcome of a job its former shard issued.
+func WatcherShardConsumer(shard string) string {
+	if shard == "" {
+		return WatcherConsumer
+	}
+	return WatcherConsumer + "-" + token(shard)
+}
+
 // SubscriptionConsumer is the durable consumer on EventStream that the
 // dispatcher replicas share for one Subscription, named by its UID: each
 // Subscription has its own, so a slow or dead sink only holds up its own.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/headwater-gitops/headwater/pkg/command"
 )
 
 // TestLeaderElectionFlags: the election is timed as Flux's (a renewal, a
@@ -78,5 +80,33 @@ func TestNoCrossNamespaceRefsFlag(t *testing.T) {
 	}
 	if err := fs.Parse([]string{"-no-cross-namespace-refs"}); err != nil || !o.noCrossNamespaceRefs {
 		t.Errorf("-no-cross-namespace-refs: %v, %v", o.noCrossNamespaceRefs, err)
+	}
+}
+
+// TestBadSelectorIsABadFlag: a -watch-label-selector (or its environment
+// variable) that does not parse stops the watcher at flag parsing, which
+// exits 2, with a message naming the flag.
+func TestBadSelectorIsABadFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{args: []string{"-watch-label-selector", "sharding.fluxcd.io/key in (shard1"}, want: "-watch-label-selector"},
+		{env: "sharding.fluxcd.io/key in (shard1", want: "HEADWATER_WATCH_LABEL_SELECTOR"},
+	} {
+		t.Setenv("HEADWATER_WATCH_LABEL_SELECTOR", tc.env)
+		var o options
+		fs := flag.NewFlagSet(service, flag.ContinueOnError)
+		var out strings.Builder
+		fs.SetOutput(&out)
+		o.bindFlags(fs)
+		err := command.ParseArgs(fs, tc.args, io.Discard)
+		if err == nil {
+			t.Fatalf("%v, $HEADWATER_WATCH_LABEL_SELECTOR=%q: parsed", tc.args, tc.env)
+		}
+		if msg := out.String(); !strings.Contains(msg, tc.want) || !strings.Contains(msg, "does not parse") {
+			t.Errorf("%v, $HEADWATER_WATCH_LABEL_SELECTOR=%q: says %q, want it to name %s", tc.args, tc.env, msg, tc.want)
+		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
@@ -50,6 +51,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/shard"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/subscriptions"
 )
@@ -94,12 +96,15 @@ type options struct {
 	// noCrossNamespaceRefs refuses references to another namespace
 	// (ArtifactGenerator sources, Receiver resources), as Flux's flag.
 	noCrossNamespaceRefs bool
+	// shard is the watcher's share of the sources (package shard).
+	shard shard.Options
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.bus.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9100")
 	o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
+	o.shard.BindFlags(fs)
 	fs.StringVar(&o.healthAddr, "health-addr", ":9110", "Address serving /healthz and /readyz; empty or 0 serves none. Both answer from start-up, before NATS is reached.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader among replicas; only the leader reconciles.")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
@@ -232,6 +237,21 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	kinds := sourcekind.NewSet(plugins)
+	sh, err := shard.New(o.shard)
+	if err != nil {
+		return err
+	}
+	if o.receivers && sh.ID != "" {
+		// The hooks are a work queue shared by every watcher: a shard
+		// would take the hooks of the others' sources.
+		return fmt.Errorf("-receivers serves every source: run it on an unsharded watcher, not with -%s or -%s=false (docs/sharding.md)",
+			shard.LabelSelectorFlag, shard.AllNamespacesFlag)
+	}
+	// owns is nil for the unsharded watcher, which owns every source.
+	var owns func(client.Object) bool
+	if sh.ID != "" {
+		owns = sh.Owns
+	}
 
 	cfg, err := o.kube.Load()
 	if err != nil {
@@ -270,9 +290,10 @@ func run(ctx context.Context, o options) error {
 		HealthProbeBindAddress: "0",
 		// The watcher never reads managedFields: keeping them out of the
 		// informer cache saves memory per object at thousands of sources.
-		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		// A shard's cache holds its own sources alone, as Flux's.
+		Cache:                         sh.CacheOptions(cache.Options{DefaultTransform: cache.TransformStripManagedFields()}, shardedObjects(kinds)),
 		LeaderElection:                o.leaderElect,
-		LeaderElectionID:              "headwater-watcher",
+		LeaderElectionID:              sh.LeaseName(leaseName),
 		LeaderElectionNamespace:       ns,
 		LeaderElectionReleaseOnCancel: o.releaseOnCancel,
 		LeaseDuration:                 positive(o.leaseDuration),
@@ -286,7 +307,7 @@ func run(ctx context.Context, o options) error {
 	// Flux's source-controller must not reconcile the same sources: say
 	// so on /readyz while waiting for it to be scaled to 0 (below).
 	guard := &fluxguard.Guard{Reader: mgr.GetAPIReader(), Namespaces: namespaceList(o.fluxNamespaces),
-		Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
+		Selector: sh.Selector.Labels(), Namespace: sh.Namespace, Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
 	ready.Set("flux-source-controller", guard.Ready)
 
 	crds, err := kindsWaiter(cfg, scheme, kinds, o.receivers, log.WithName("crds"))
@@ -384,7 +405,7 @@ func run(ctx context.Context, o options) error {
 	// ArtifactGenerators: composed by the packagers, published as
 	// ExternalArtifacts by the watcher.
 	externalArtifacts := &externalartifact.Writer{Client: mgr.GetClient(), Metrics: externalartifact.NewMetrics(crmetrics.Registry)}
-	generators := &generator.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Jobs: jobs, Seal: key,
+	generators := &generator.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Jobs: jobs, Seal: key, Owns: owns,
 		Writer:   externalArtifacts,
 		Recorder: &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
 		Metrics:  generator.NewMetrics(crmetrics.Registry), NoCrossNamespaceRefs: o.noCrossNamespaceRefs}
@@ -410,6 +431,8 @@ func run(ctx context.Context, o options) error {
 		Retries:     retries,
 		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: generators},
 		Log:         log.WithName("results"),
+		Owns:        owns,
+		Consumer:    events.WatcherShardConsumer(sh.ID),
 		// A plug-in kind's artifact is published as an ExternalArtifact
 		// of the object's name, so Flux's kustomize- and helm-controller
 		// (feature gate ExternalArtifact) consume it unchanged.
@@ -440,9 +463,52 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	log.Info("starting watcher", "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
+	if len(o.shard.Fleet) > 0 {
+		if err := mgr.Add(&shard.Reporter{Config: cfg, Scheme: scheme, Kinds: sourceGVKs(kinds, scheme), Namespace: sh.Namespace,
+			Fleet: o.shard.Fleet, Unowned: shard.NewUnownedGauge(crmetrics.Registry), Log: log.WithName("unowned")}); err != nil {
+			return err
+		}
+	}
+	log.Info("starting watcher", "shard", sh.Describe(), "lease", sh.LeaseName(leaseName), "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
 		"notifications", notifier != nil, "receivers", o.receivers, "pluginKinds", o.pluginKinds)
 	return mgr.Start(ctx)
+}
+
+// leaseName is the unsharded watcher's leader election lease; a shard's
+// is suffixed with its ID (shard.Shard.LeaseName).
+const leaseName = "headwater-watcher"
+
+// shardedObjects are the objects a shard's selector applies to: the
+// source kinds (Flux's five, as its main.go, and the plug-in kinds) and
+// ArtifactGenerators, which the watcher reconciles as Flux's
+// source-watcher does, with the same flag.
+func shardedObjects(kinds sourcekind.Set) []client.Object {
+	objs := []client.Object{&swv1beta1.ArtifactGenerator{}}
+	for _, kind := range kinds {
+		if reg := kind.Plugin; reg != nil {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(reg.GVK)
+			objs = append(objs, u)
+			continue
+		}
+		objs = append(objs, kind.New())
+	}
+	return objs
+}
+
+// sourceGVKs are the kinds' groups, versions and kinds, by name.
+func sourceGVKs(kinds sourcekind.Set, scheme *runtime.Scheme) map[string]schema.GroupVersionKind {
+	gvks := map[string]schema.GroupVersionKind{}
+	for _, kind := range kinds {
+		if reg := kind.Plugin; reg != nil {
+			gvks[kind.Name] = reg.GVK
+			continue
+		}
+		if gvk, err := apiutil.GVKForObject(kind.New(), scheme); err == nil {
+			gvks[kind.Name] = gvk
+		}
+	}
+	return gvks
 }
 
 // crdInterval is how often a watcher whose kinds are not served yet looks

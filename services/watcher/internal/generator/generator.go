@@ -67,6 +67,10 @@ type Reconciler struct {
 	Client client.Client
 	// Live reads objects from the API server, after a conflicting write.
 	Live client.Reader
+	// Owns, when set, reports whether an ArtifactGenerator belongs to
+	// this watcher's shard (shard.Shard.Owns); the outcomes of the others
+	// are left to their shard. Nil owns every one.
+	Owns func(client.Object) bool
 	// Jobs publishes the jobs.
 	Jobs Publisher
 	// Seal seals every job, and checks the jobs of outcomes.

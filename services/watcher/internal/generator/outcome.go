@@ -53,6 +53,10 @@ func (r *Reconciler) HandleOutcome(ctx context.Context, eventType string, o *eve
 		log.V(1).Info("ignoring the outcome of an earlier generator or generation")
 		return nil
 	}
+	if r.Owns != nil && !r.Owns(gen) {
+		log.V(1).Info("ignoring the outcome of a generator of another shard")
+		return nil
+	}
 	srcs, err := r.resolve(ctx, gen)
 	var p *problem
 	switch {

@@ -96,9 +96,28 @@ type Consumer struct {
 	// no Flux source kind but produce artifacts (an ArtifactGenerator's
 	// jobs): the consumer checks the seal and hands them the outcome.
 	Producers map[string]OutcomeHandler
+	// Owns, when set, reports whether a source belongs to this watcher's
+	// shard (shard.Shard.Owns): every shard receives every outcome and
+	// writes those of its own sources alone, checked on the object it
+	// writes, so that a source whose shard label moved is written by its
+	// new shard only, the outcome of its former shard's job included.
+	// Nil owns every source.
+	Owns func(client.Object) bool
+	// Consumer is the durable consumer on the event stream
+	// (events.WatcherShardConsumer); empty is events.WatcherConsumer.
+	Consumer string
 	// Log is the consumer's logger.
 	Log logr.Logger
 }
+
+// jobObject is the object a job is about as far as a shard can tell: its
+// namespace and its labels when the job was made.
+func jobObject(ref events.ObjectRef) client.Object {
+	return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name, Labels: ref.Labels}}
+}
+
+// owns reports whether obj belongs to the consumer's shard.
+func (c *Consumer) owns(obj client.Object) bool { return c.Owns == nil || c.Owns(obj) }
 
 // OutcomeHandler applies the public events of the jobs of one kind of
 // producer. Its error makes the consumer try the event again; one that
@@ -117,7 +136,11 @@ const outcomeAttempts = 20
 
 // Start consumes until ctx ends.
 func (c *Consumer) Start(ctx context.Context) error {
-	cons, err := c.Conn.JoinStream(ctx, events.EventStream, events.WatcherConsumer,
+	name := c.Consumer
+	if name == "" {
+		name = events.WatcherConsumer
+	}
+	cons, err := c.Conn.JoinStream(ctx, events.EventStream, name,
 		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), DeliverNew: true, MaxDeliver: outcomeAttempts})
 	if err != nil {
 		return err
@@ -155,12 +178,24 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		return fmt.Errorf("%w: refusing the outcome for %s %s/%s: %w", events.ErrMalformed,
 			o.Job.Object.Kind, o.Job.Object.Namespace, o.Job.Object.Name, err)
 	}
+	// Whether the object was this shard's when its job was made: every
+	// shard receives every outcome, and reads the API server only for
+	// its own.
+	jobOwned := c.owns(jobObject(o.Job.Object))
 	if producer != nil {
+		if !jobOwned {
+			// A generator that moved here since has made a job of
+			// its own.
+			return nil
+		}
 		return producer.HandleOutcome(ctx, msg.Event.Type(), o)
 	}
 	if msg.Event.Type() == events.TypeArtifactDeleted {
 		// The object's artifacts are gone; its status has nothing to say.
-		c.garbageCollected(o)
+		// The shard that deleted it records the Event.
+		if jobOwned {
+			c.garbageCollected(o)
+		}
 		return nil
 	}
 	if t := msg.Event.Type(); t == events.TypeArtifactStored || t == events.TypeArtifactUnchanged {
@@ -169,6 +204,13 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	obj := kind.New()
 	key := types.NamespacedName{Namespace: o.Job.Object.Namespace, Name: o.Job.Object.Name}
 	err := c.Client.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) && !jobOwned {
+		// Another shard's source (or one that moved here and that this
+		// shard's cache has not seen yet: its reconcile makes a job of
+		// its own).
+		log.V(1).Info("ignoring outcome for a source of another shard")
+		return nil
+	}
 	if apierrors.IsNotFound(err) {
 		// The cache may not have seen a new object yet: ask the API server.
 		err = c.Live.Get(ctx, key, obj)
@@ -183,10 +225,16 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		log.V(1).Info("ignoring outcome for a previous object with the same name")
 		return nil
 	}
+	if !c.owns(obj) {
+		log.V(1).Info("ignoring outcome for a source of another shard")
+		return nil
+	}
 
 	var recorded, announced []status.Event
 	err = status.Patch(ctx, c.Client, c.Live, kind, obj, func(cur sourcekind.Object) bool {
-		if string(cur.GetUID()) != o.Job.Object.UID {
+		if string(cur.GetUID()) != o.Job.Object.UID || !c.owns(cur) {
+			// Deleted and made again, or moved to another shard
+			// since it was read: not this outcome's, or not ours.
 			recorded, announced = nil, nil
 			return false
 		}
