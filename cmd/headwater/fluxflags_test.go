@@ -38,10 +38,11 @@ var roleFlags = []struct {
 // fluxArgs are the arguments of Flux's source-controller Deployment as
 // `flux install` (Flux v2.7) writes them, then those of the
 // vertical-scaling patch of Flux's documentation (whose memory and CPU
-// limits are no flags). --watch-all-namespaces, also in the Deployment, is
-// the watcher's own sharding flag and is left out here.
+// limits are no flags), then that of the sharding patch of Flux's
+// documentation (the selector of a shard).
 var fluxArgs = []string{
 	"--events-addr=http://notification-controller.flux-system.svc.cluster.local./",
+	"--watch-all-namespaces=true",
 	"--log-level=info",
 	"--log-encoding=json",
 	"--enable-leader-election",
@@ -52,6 +53,8 @@ var fluxArgs = []string{
 	"--kube-api-qps=500",
 	"--kube-api-burst=1000",
 	"--requeue-dependency=5s",
+	// Sharding.
+	"--watch-label-selector=sharding.fluxcd.io/key in (shard1)",
 }
 
 // TestFluxDeploymentArgs: every role accepts Flux's arguments, and each

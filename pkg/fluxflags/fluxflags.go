@@ -99,8 +99,9 @@ const (
 // logger, leaderelection, features, controller and jitter, fluxcd/pkg/
 // artifact's config and fluxcd/pkg/cache's token flags).
 //
-// Flux's -watch-all-namespaces and -watch-label-selector are not here:
-// the watcher implements them with their sharding meaning.
+// Flux's -watch-all-namespaces and -watch-label-selector are the
+// watcher's own flags, with their sharding meaning; the other roles
+// accept them with no effect, as they serve every shard.
 var SourceController = []Flag{
 	{Name: "metrics-addr", Default: ":8080", Usage: "The address the metric endpoint binds to.",
 		Same: []string{"telemetry-addr"}, NoEffect: "this role serves no metrics", kind: stringKind},
@@ -170,6 +171,10 @@ var SourceController = []Flag{
 		NoEffect: "Headwater does not watch Secrets or ConfigMaps: a changed Secret is read at the source's next fetch", kind: stringKind},
 	{Name: "interval-jitter-percentage", Default: "5", Usage: "Percentage of jitter to apply to interval durations.",
 		NoEffect: "only the watcher schedules reconciles", kind: uint8Kind},
+	{Name: "watch-all-namespaces", Default: "true", Usage: "Watch for custom resources in all namespaces, if set to false it will only watch the runtime namespace.",
+		NoEffect: "only the watcher chooses the sources it reconciles; this role serves every watcher's jobs", kind: boolKind},
+	{Name: "watch-label-selector", Usage: "Watch for resources with matching labels e.g. 'sharding.fluxcd.io/shard=shard1'.",
+		NoEffect: "only the watcher chooses the sources it reconciles (its shard); this role serves every shard's jobs", kind: stringKind},
 	{Name: "token-cache-max-size", Default: "100", Usage: "The maximum size of the cache in number of tokens.",
 		NoEffect: "only the fetchers get tokens from cloud and Git providers", kind: intKind},
 	{Name: "token-cache-max-duration", Default: "1h0m0s", Usage: "The maximum duration a token is cached.",
