@@ -36,9 +36,6 @@ func TestOlderFluxCRDs(t *testing.T) {
 		runOlderFluxChild(t, opts)
 		return
 	}
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make kube-tools` (it builds kube-apiserver and etcd; `make test` runs it first)")
-	}
 	crds := filepath.Join("..", "..", "..", "deploy", "crds")
 	older := t.TempDir()
 	entries, err := os.ReadDir(crds)
@@ -63,26 +60,8 @@ func TestOlderFluxCRDs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testEnv := &envtest.Environment{CRDDirectoryPaths: []string{older}, ErrorIfCRDPathMissing: true}
-	cfg, err := testEnv.Start()
-	if err != nil {
-		_ = testEnv.Stop()
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = testEnv.Stop() })
-	user, err := testEnv.AddUser(envtest.User{Name: "watcher", Groups: []string{"system:masters"}}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfigData, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, kubeconfigPath := startControlPlane(t, older)
 	dir := t.TempDir()
-	kubeconfigPath := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfigData, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	keyFile := filepath.Join(dir, "job-key")
 	if err := os.WriteFile(keyFile, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
 		t.Fatal(err)

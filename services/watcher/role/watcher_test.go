@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -51,31 +52,7 @@ type env struct {
 
 func startEnv(t *testing.T) *env {
 	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
-	}
-	testEnv := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "..", "deploy", "crds")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := testEnv.Start()
-	if err != nil {
-		_ = testEnv.Stop() // what started before the failure (a CRD that did not install)
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = testEnv.Stop() })
-	user, err := testEnv.AddUser(envtest.User{Name: "watcher", Groups: []string{"system:masters"}}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfigData, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfigPath := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfigData, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg, kubeconfigPath := startControlPlane(t, filepath.Join("..", "..", "..", "deploy", "crds"))
 
 	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1})
 	if err != nil {
@@ -132,6 +109,36 @@ func startEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	return &env{k8s: k8s, conn: conn, pub: conn.NewPublisher("test"), fetchJobs: fetchJobs, packageJobs: packageJobs, seal: key}
+}
+
+// startControlPlane starts a real API server with the CRDs of crdDir,
+// stopped when the test ends, and returns its configuration and the path
+// of a kubeconfig of an administrator for the watcher.
+func startControlPlane(t *testing.T, crdDir string) (*rest.Config, string) {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make kube-tools` (it builds kube-apiserver and etcd; `make test` runs it first)")
+	}
+	testEnv := &envtest.Environment{CRDDirectoryPaths: []string{crdDir}, ErrorIfCRDPathMissing: true}
+	cfg, err := testEnv.Start()
+	if err != nil {
+		_ = testEnv.Stop() // what started before the failure (a CRD that did not install)
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = testEnv.Stop() })
+	user, err := testEnv.AddUser(envtest.User{Name: "watcher", Groups: []string{"system:masters"}}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfigData, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfigPath := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfigPath, kubeconfigData, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, kubeconfigPath
 }
 
 // next returns the next message on a consumer, decoded, failing after 30s.
