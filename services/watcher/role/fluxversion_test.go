@@ -97,16 +97,7 @@ func TestOlderFluxCRDs(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return string(body)
 	}
-	eventually := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not true within 60s", what)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	eventually := func(what string, cond func() bool) { t.Helper(); pollUntil(t, what, 60*time.Second, cond) }
 	const wantMissing = "ArtifactGenerator (source.extensions.fluxcd.io/v1beta1, Flux 2.7 and later), " +
 		"ExternalArtifact (source.toolkit.fluxcd.io/v1, Flux 2.7 and later); Headwater works with the CRDs of Flux 2.7 and later"
 	eventually("/readyz names the kinds of Flux 2.7", func() bool { return strings.Contains(readyz(), wantMissing) })

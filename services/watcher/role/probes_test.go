@@ -75,16 +75,7 @@ current-context: none
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	eventually := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not true within 30s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	eventually := func(what string, cond func() bool) { t.Helper(); pollUntil(t, what, 30*time.Second, cond) }
 	for _, addr := range []string{healthAddr, telemetryAddr} {
 		eventually("alive on "+addr, func() bool { code, _ := probe("http://" + addr + "/healthz"); return code == http.StatusOK })
 		eventually("not ready on "+addr, func() bool {
@@ -109,6 +100,19 @@ func runProbesChild(t *testing.T, opts string) {
 	o.telemetry.Addr = f[2]
 	if err := run(logrContext(t), o); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// pollUntil fails the test unless cond turns true within d, asking every
+// 20 ms.
+func pollUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true within %s", what, d)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
