@@ -341,6 +341,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	log := w.Log.WithValues("subject", msg.Subject(), "attempt", d.Attempt)
 
 	m, err := events.Decode(msg.Data())
+	// The span of this delivery continues the trace the message carries;
+	// a malformed message, or one without a valid trace context, starts
+	// a new one. Settling (and a failure's report) happens within it.
+	sctx, span := startProcessSpan(ctx, w.Service, msg.Subject(), m, d)
 	eventType := "malformed"
 	if err == nil {
 		eventType = m.Event.Type()
@@ -350,10 +354,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		// A job of another kind than its subject's is refused (rejected
 		// in headwater_jobs_total) before any handler sees it.
 		if err = events.CheckRoute(msg.Subject(), job); err == nil {
-			err = w.runWithHeartbeat(logr.NewContext(ctx, log), m, d, msg)
+			err = w.runWithHeartbeat(logr.NewContext(sctx, log), m, d, msg)
 		}
 	}
-	result := w.settle(ctx, log, msg, m, d, err)
+	result := w.settle(sctx, log, msg, m, d, err)
+	endSpan(span, result, err)
 	if w.Metrics != nil {
 		w.Metrics.Observe(eventType, result, time.Since(start))
 	}

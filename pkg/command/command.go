@@ -33,6 +33,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/flagenv"
 	"github.com/headwater-gitops/headwater/pkg/fluxflags"
+	"github.com/headwater-gitops/headwater/pkg/tracing"
 )
 
 // versionFlag prints the build information and exits. It is read from the
@@ -51,6 +52,10 @@ const versionFlag = "version"
 // runtime profiles are served there (ServeProfiles). It is off by default:
 // profiles show what a process holds, so the address is for an operator
 // on the host or a port-forward, never a Service.
+//
+// Every service traces when the standard OTEL_* variables name an OTLP
+// endpoint (see package tracing): the tracer provider is installed before
+// run starts and flushed, within 5 seconds, after it returns.
 func Main(service string, bind func(*flag.FlagSet), logger func() logr.Logger, run func(context.Context) error) {
 	MainArgs(service, os.Args[1:], bind, logger, run)
 }
@@ -67,7 +72,19 @@ func MainArgs(service string, args []string, bind func(*flag.FlagSet), logger fu
 		Exit(ctx, err)
 		return
 	}
-	Exit(ctx, run(ctx))
+	shutdown, err := tracing.StartFromEnv(ctx, service, logr.FromContextOrDiscard(ctx).WithName("otel"))
+	if err != nil {
+		Exit(ctx, err)
+		return
+	}
+	err = run(ctx)
+	// The run's context has ended: the last spans get a context of their own.
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := shutdown(sctx); serr != nil {
+		logr.FromContextOrDiscard(ctx).Error(serr, "flushing traces")
+	}
+	Exit(ctx, err)
 }
 
 // NewFlagSet returns the flags of service as Main parses them: a flag set

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,7 +51,16 @@ type Message struct {
 // Encode builds the CloudEvent for data and returns its JSON encoding. id
 // becomes the event ID (use MessageID); service names the publisher; subject
 // is the CloudEvent subject, "<kind>/<namespace>/<name>" by convention.
+// The event carries no trace context: publishers use EncodeContext.
 func Encode(service, eventType, id, subject string, data any) ([]byte, error) {
+	return EncodeContext(context.Background(), service, eventType, id, subject, data)
+}
+
+// EncodeContext is Encode for a message published within ctx: when ctx
+// carries a span context, the event carries it as the CloudEvents
+// distributed-tracing extension (TraceParentExtension,
+// TraceStateExtension).
+func EncodeContext(ctx context.Context, service, eventType, id, subject string, data any) ([]byte, error) {
 	if _, ok := dataTypes[eventType]; !ok {
 		return nil, fmt.Errorf("encode: unknown event type %q", eventType)
 	}
@@ -60,6 +70,7 @@ func Encode(service, eventType, id, subject string, data any) ([]byte, error) {
 	e.SetType(eventType)
 	e.SetSubject(subject)
 	e.SetTime(time.Now().UTC())
+	setTrace(ctx, &e)
 	if err := e.SetData(cloudevents.ApplicationJSON, data); err != nil {
 		return nil, fmt.Errorf("encode %s data: %w", eventType, err)
 	}
@@ -74,7 +85,12 @@ func Encode(service, eventType, id, subject string, data any) ([]byte, error) {
 func Decode(body []byte) (*Message, error) {
 	var e cloudevents.Event
 	if err := json.Unmarshal(body, &e); err != nil {
-		return nil, fmt.Errorf("%w: not a CloudEvent: %w", ErrMalformed, err)
+		// A trace context that is no CloudEvents value (an object, an
+		// array) is dropped, not the message: tracing never rejects a job.
+		stripped, ok := withoutTrace(body)
+		if !ok || json.Unmarshal(stripped, &e) != nil {
+			return nil, fmt.Errorf("%w: not a CloudEvent: %w", ErrMalformed, err)
+		}
 	}
 	if err := e.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: invalid CloudEvent: %w", ErrMalformed, err)
