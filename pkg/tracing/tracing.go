@@ -30,13 +30,16 @@ import (
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
+	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
 // Protocols of the OTLP exporter (OTEL_EXPORTER_OTLP_PROTOCOL).
@@ -135,4 +138,44 @@ func StartFromEnv(ctx context.Context, service string, log logr.Logger) (shutdow
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	return Start(ctx, service, c, log)
+}
+
+// Span attributes Headwater's own spans carry for the object a job is for.
+const (
+	AttrJob       = "headwater.job.id"
+	AttrKind      = "headwater.object.kind"
+	AttrNamespace = "headwater.object.namespace"
+	AttrName      = "headwater.object.name"
+)
+
+// StartJob starts the span of a step of job's work (a fetch, a package, a
+// status write), named name, with tracer: a child of the span ctx carries,
+// which for a job off the bus is the worker's span of the message. The
+// job's attributes are set only when the span records, so tracing off
+// costs a no-op span.
+func StartJob(ctx context.Context, tracer trace.Tracer, name string, job events.Job) (context.Context, trace.Span) {
+	ctx, span := tracer.Start(ctx, name)
+	if span.IsRecording() {
+		span.SetAttributes(JobAttributes(job)...)
+	}
+	return ctx, span
+}
+
+// JobAttributes are the attributes that name job and its object.
+func JobAttributes(job events.Job) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String(AttrJob, job.ID),
+		attribute.String(AttrKind, job.Object.Kind),
+		attribute.String(AttrNamespace, job.Object.Namespace),
+		attribute.String(AttrName, job.Object.Name),
+	}
+}
+
+// End ends span, recording err (nil for success) as its error status.
+func End(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }

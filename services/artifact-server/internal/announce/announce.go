@@ -15,6 +15,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/tracing"
 )
 
 // Publisher publishes a CloudEvent for a job idempotently; *bus.Publisher
@@ -48,7 +49,12 @@ type Announcer struct {
 // announced as its public type (events.PublicType) on
 // events.EventSubject(kind, namespace, name) for the same job; any other
 // type is terminated. A failed publish is retried by the worker.
-func (a *Announcer) Handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
+//
+// The announcement is a span of its own ("announce"), a child of the
+// worker's; the public event carries the trace on.
+func (a *Announcer) Handle(ctx context.Context, msg *events.Message, _ bus.Delivery) (err error) {
+	ctx, span := tracing.StartJob(ctx, tracer, "announce", events.JobOf(msg.Data))
+	defer func() { tracing.End(span, err) }()
 	public, ok := events.PublicType(msg.Event.Type())
 	if !ok {
 		return fmt.Errorf("%w: announce: %q is not a job result type", events.ErrMalformed, msg.Event.Type())
@@ -96,7 +102,7 @@ func (a *Announcer) URL(path string) string { return a.BaseURL() + strings.TrimP
 // subject and data.
 func (a *Announcer) sendToSink(ctx context.Context, public string, out *events.Outcome) {
 	log := logr.FromContextOrDiscard(ctx)
-	body, err := events.Encode(a.Service, public, events.MessageID(out.Job, public), events.ObjectSubject(out.Job.Object), out)
+	body, err := events.EncodeContext(ctx, a.Service, public, events.MessageID(out.Job, public), events.ObjectSubject(out.Job.Object), out)
 	if err != nil {
 		log.Error(err, "encoding event for sinks")
 		return

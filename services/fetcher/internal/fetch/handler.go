@@ -20,6 +20,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/tracing"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/fetchjob"
 	"github.com/headwater-gitops/headwater/pkg/storage"
@@ -79,7 +80,11 @@ type Handler struct {
 // Handle is a bus.Handler for the fetch stream. A failed fetch is a
 // *failure.Error, which the worker reports (Report) and settles; any other
 // error is the platform's (the bus, the storage).
-func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Delivery) error {
+//
+// The fetch is a span of its own ("fetch"), a child of the worker's.
+func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Delivery) (err error) {
+	ctx, span := tracing.StartJob(ctx, tracer, "fetch", events.JobOf(msg.Data))
+	defer func() { tracing.End(span, err) }()
 	req, err := fetchjob.Requested(msg)
 	if err != nil {
 		return err

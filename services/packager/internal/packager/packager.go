@@ -44,6 +44,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/contentcache"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/tracing"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/services/packager/internal/retention"
@@ -74,7 +75,11 @@ func New(store storage.Storage, pub Publisher, opts Options, metrics *Metrics) *
 // Handle handles one job. A failed Fetched job is a *failure.Error, which
 // the worker reports (Report) and settles; any other error is the
 // platform's (the bus, or the storage while deleting a source).
-func (p *Packager) Handle(ctx context.Context, m *events.Message, _ bus.Delivery) error {
+//
+// The job is a span of its own ("package"), a child of the worker's.
+func (p *Packager) Handle(ctx context.Context, m *events.Message, _ bus.Delivery) (err error) {
+	ctx, span := tracing.StartJob(ctx, tracer, "package", events.JobOf(m.Data))
+	defer func() { tracing.End(span, err) }()
 	switch data := m.Data.(type) {
 	case *events.Fetched:
 		return p.packageFetched(ctx, data)

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/tracing"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
@@ -119,7 +120,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 // then publishes a fetch job and requeues after the jittered interval.
 // Conditions: Reconciling and Ready (Unknown) when a new generation starts;
 // everything else is written when the job's outcome arrives.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+//
+// Each reconcile is a span ("reconcile"), the root of the trace its job
+// carries through the services to the status write.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
+	ctx, span := tracing.StartJob(ctx, tracer, "reconcile",
+		events.Job{Object: events.ObjectRef{Kind: r.Kind.Name, Namespace: req.Namespace, Name: req.Name}})
+	defer func() { tracing.End(span, err) }()
 	start, gone := time.Now(), false
 	defer func() { r.Metrics.observe(r.Kind.Name, req.NamespacedName, start, gone) }()
 	obj := r.Kind.New()

@@ -27,6 +27,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/tracing"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
@@ -156,7 +157,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	return w.Run(ctx)
 }
 
-func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delivery) error {
+func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delivery) (err error) {
 	o, ok := msg.Data.(*events.Outcome)
 	if !ok {
 		return fmt.Errorf("%w: unexpected %s on the event stream", events.ErrMalformed, msg.Event.Type())
@@ -203,7 +204,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	}
 	obj := kind.New()
 	key := types.NamespacedName{Namespace: o.Job.Object.Namespace, Name: o.Job.Object.Name}
-	err := c.Client.Get(ctx, key, obj)
+	err = c.Client.Get(ctx, key, obj)
 	if apierrors.IsNotFound(err) && !jobOwned {
 		// Another shard's source (or one that moved here and that this
 		// shard's cache has not seen yet: its reconcile makes a job of
@@ -230,6 +231,8 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		return nil
 	}
 
+	ctx, span := tracing.StartJob(ctx, tracer, "write status", o.Job)
+	defer func() { tracing.End(span, err) }()
 	var recorded, announced []status.Event
 	err = status.Patch(ctx, c.Client, c.Live, kind, obj, func(cur sourcekind.Object) bool {
 		if string(cur.GetUID()) != o.Job.Object.UID || !c.owns(cur) {
