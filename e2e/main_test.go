@@ -18,6 +18,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/testsupport/otlpreceiver"
 )
 
 // e2eMaxFileSize is the fetcher's -max-file-size in these tests: larger
@@ -32,6 +33,8 @@ var (
 	// notifications receives what the watcher posts to -events-addr, as
 	// Flux's notification-controller would (notify_test.go).
 	notifications *notificationReceiver
+	// traces receives the spans every service exports by OTLP.
+	traces *otlpreceiver.Receiver
 )
 
 func TestMain(m *testing.M) {
@@ -73,6 +76,15 @@ func runTests(m *testing.M) int {
 	notifications = startNotificationReceiver()
 	defer notifications.Close()
 	cfg.ExtraArgs[harness.Watcher] = append(cfg.ExtraArgs[harness.Watcher], "-events-addr", notifications.URL)
+	// Every service traces to an OTLP receiver here, as to a collector
+	// (tracing_test.go): the standard variables, a short batch delay.
+	traces, err = otlpreceiver.Start()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+		return 1
+	}
+	defer traces.Close()
+	cfg.Env = append(cfg.Env, "OTEL_EXPORTER_OTLP_ENDPOINT="+traces.HTTPEndpoint(), "OTEL_BSP_SCHEDULE_DELAY=200")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	env, err = harness.Start(ctx, cfg)

@@ -70,6 +70,10 @@ type Config struct {
 	CRDDir string
 	// Progress, when set, is told about each step of Start and Stop.
 	Progress func(msg string)
+	// Env is added to the environment of every Headwater service
+	// ("KEY=value"), after the caller's own: the OTEL_* variables that
+	// turn tracing on, say.
+	Env []string
 	// ExtraArgs are appended to a service's command line, by service name.
 	ExtraArgs map[string][]string
 	// S3, when set, makes the fetcher, the packager and the artifact-server

@@ -322,7 +322,7 @@ func (e *Env) defineServices() error {
 	telemetry := map[string]string{ArtifactServer: addr(1), Packager: addr(2), Fetcher: addr(3), Watcher: addr(4)}
 	watcherHealth := addr(5)
 
-	env := serviceEnv(e.Kubeconfig)
+	env := append(serviceEnv(e.Kubeconfig), e.Config.Env...)
 	common := func(name string) []string {
 		args := []string{"-nats-url", e.NATSURL, "-telemetry-addr", telemetry[name], "-log-format", "text"}
 		if e.NATSIdentities != nil {
