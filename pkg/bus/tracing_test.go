@@ -24,7 +24,7 @@ var (
 // recordSpans installs, once per test binary, a global tracer provider
 // that records every span: the bus takes its tracer from the global
 // provider, which delegates to the first one set.
-func recordSpans(t *testing.T) *tracetest.SpanRecorder {
+func recordSpans(t testing.TB) *tracetest.SpanRecorder {
 	t.Helper()
 	spansOnce.Do(func() {
 		spans = tracetest.NewSpanRecorder()
@@ -167,4 +167,14 @@ func TestBadTraceHeaderStartsNewTrace(t *testing.T) {
 		info := consumerInfo(t, cons)
 		return info.NumAckPending == 0 && info.NumPending == 0
 	})
+}
+
+// BenchmarkPublishHandleTraced is BenchmarkPublishHandle with tracing on:
+// an SDK tracer provider that samples and records every span (kept in
+// memory, exported nowhere), each message published within a span.
+func BenchmarkPublishHandleTraced(b *testing.B) {
+	recordSpans(b)
+	ctx, span := otel.Tracer("bench").Start(context.Background(), "bench")
+	defer span.End()
+	benchmarkPublishHandle(b, ctx)
 }
