@@ -334,6 +334,22 @@ func TestChartParameters(t *testing.T) {
 	if strings.Contains(string(b), S3Secret) || !strings.Contains(string(b), `"name":"my-s3"`) {
 		t.Errorf("artifact-server does not read the S3 settings from my-s3:\n%s", b)
 	}
+	if strings.Contains(string(b), "OTEL_") {
+		t.Errorf("artifact-server traces with tracing off:\n%s", b)
+	}
+
+	// tracing.enabled points every service at tracing.endpoint.
+	const collector = "http://collector.example.com:4318"
+	objs, err = helmTemplate(t, "gitops", map[string]any{"tracing": map[string]any{"enabled": true, "endpoint": collector}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"watcher", "fetcher", "packager", "artifact-server"} {
+		b, _ := json.Marshal(objs["Deployment gitops/"+d])
+		if !strings.Contains(string(b), `{"name":"OTEL_EXPORTER_OTLP_ENDPOINT","value":"`+collector+`"}`) {
+			t.Errorf("%s does not export traces to %s:\n%s", d, collector, b)
+		}
+	}
 }
 
 // TestChartRejectsBadValues checks that a wrong type, an unknown key and

@@ -33,7 +33,7 @@ type Dimension struct {
 // order of the dimensions: the overlays' (production: nats-cluster, then
 // nats-tls), then the optional ones, then those that remove or patch
 // what the others add.
-var componentOrder = []string{"nats-cluster", "nats-tls", "receivers", "dispatcher", "monitoring", "nats-external", "flux-dropin"}
+var componentOrder = []string{"nats-cluster", "nats-tls", "receivers", "dispatcher", "monitoring", "tracing", "nats-external", "flux-dropin"}
 
 // storageOverlays are the kustomizations the storage choices build on:
 // deploy/ (MinIO) and the overlays.
@@ -72,6 +72,7 @@ var Dimensions = []Dimension{
 	toggle("receivers", "receivers"),
 	toggle("dispatcher", "dispatcher"),
 	toggle("monitoring", "monitoring"),
+	toggle("tracing", "tracing"),
 	toggle("fluxDropIn", "flux-dropin"),
 }
 

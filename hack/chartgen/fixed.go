@@ -236,6 +236,14 @@ nats:
 monitoring:
   enabled: false
 
+# OpenTelemetry tracing (components/tracing): every service exports its
+# spans by OTLP over HTTP (http/protobuf) to endpoint, an OpenTelemetry
+# collector's; one trace per change (docs/operating.md). Further OTEL_*
+# variables (a sampler, say) go in each service's extraEnv.
+tracing:
+  enabled: false
+  endpoint: ` + TracingEndpoint + `
+
 # A drop-in for Flux's source-controller (components/flux-dropin): install
 # into Flux's namespace (helm install -n flux-system) after scaling Flux's
 # source-controller to 0; no Flux CRDs, events to Flux's
@@ -318,6 +326,7 @@ func valuesSchema() map[string]any {
 			"podLabels":         stringMap,
 			"crds":              object(map[string]any{"install": boolean}),
 			"monitoring":        toggle,
+			"tracing":           object(map[string]any{"enabled": boolean, "endpoint": str}),
 			"fluxDropIn":        toggle,
 		},
 	}

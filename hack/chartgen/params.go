@@ -45,6 +45,10 @@ const S3Secret = "headwater-s3"
 // names it.
 const NATSExternalSecret = "headwater-nats-external"
 
+// TracingEndpoint is components/tracing's OTLP endpoint, which the
+// chart's tracing.endpoint sets.
+const TracingEndpoint = "http://opentelemetry-collector.observability.svc:4318"
+
 // ArtifactsClaim is components/dir-storage's claim, whose size is
 // storage.directory.size.
 const ArtifactsClaim = "headwater-artifacts"
@@ -251,6 +255,7 @@ func (p *Parameterizer) Template(y string) (string, error) {
 	y = strings.ReplaceAll(y, Namespace, "{{ .Release.Namespace }}")
 	y = s3Secret.ReplaceAllString(y, `{{ include "headwater.s3Secret" . }}$1`)
 	y = strings.ReplaceAll(y, NATSExternalSecret, "{{ .Values.nats.external.existingSecret }}")
+	y = strings.ReplaceAll(y, TracingEndpoint, "{{ .Values.tracing.endpoint | quote }}")
 	var err error
 	y = blockToken.ReplaceAllStringFunc(y, func(line string) string {
 		m := blockToken.FindStringSubmatch(line)
