@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"strconv"
+	"sync"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -21,6 +22,40 @@ const TracerName = "github.com/headwater-gitops/headwater/pkg/bus"
 // tracer makes the bus's spans from the global tracer provider: the no-op
 // one unless the service traces (package tracing).
 var tracer = otel.Tracer(TracerName)
+
+// The options of the bus's spans, made once: a variadic argument built at
+// each call would be allocated for every message.
+var (
+	producer = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+	consumer = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+)
+
+// spanNames caches "<operation> <event type>", so that a span's name costs
+// no allocation once its type has been seen.
+var spanNames struct {
+	sync.RWMutex
+	m map[[2]string]string
+}
+
+// spanName returns operation+" "+eventType.
+func spanName(operation, eventType string) string {
+	key := [2]string{operation, eventType}
+	spanNames.RLock()
+	name, ok := spanNames.m[key]
+	spanNames.RUnlock()
+	if ok {
+		return name
+	}
+	name = operation + " " + eventType
+	spanNames.Lock()
+	defer spanNames.Unlock()
+	if spanNames.m == nil {
+		spanNames.m = map[[2]string]string{}
+	}
+	// Event types are a closed set: Encode and Decode refuse the others.
+	spanNames.m[key] = name
+	return name
+}
 
 // Span attributes of the bus's spans, after OpenTelemetry's messaging and
 // CloudEvents semantic conventions, and Headwater's own for the job.
@@ -43,7 +78,7 @@ const (
 // startPublishSpan starts the producer span of a message of eventType
 // published on subject with id; the message carries its context.
 func startPublishSpan(ctx context.Context, service, subject, eventType, id, ceSubject string) (context.Context, trace.Span) {
-	ctx, span := tracer.Start(ctx, "publish "+eventType, trace.WithSpanKind(trace.SpanKindProducer))
+	ctx, span := tracer.Start(ctx, spanName("publish", eventType), producer...)
 	if span.IsRecording() {
 		span.SetAttributes(
 			attribute.String(attrMessagingSystem, "nats"),
@@ -65,9 +100,9 @@ func startProcessSpan(ctx context.Context, service, subject string, m *events.Me
 	name := "process malformed"
 	if m != nil {
 		ctx = m.TraceContext(ctx)
-		name = "process " + m.Event.Type()
+		name = spanName("process", m.Event.Type())
 	}
-	ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := tracer.Start(ctx, name, consumer...)
 	if !span.IsRecording() {
 		return ctx, span
 	}
