@@ -363,12 +363,13 @@ func TestQueueDisabled(t *testing.T) {
 func TestQueueTopNamespaces(t *testing.T) {
 	bus := &recorder{}
 	q, _ := newQueue(bus, 1, time.Hour)
-	start(t, q)
 	for n := range 20 {
 		for i := range n + 2 {
 			publish(t, q, job(fmt.Sprint("ns-", n), fmt.Sprint("s", i), fmt.Sprintf("%d-%d", n, i)))
 		}
 	}
+	// Started after the jobs came, so its first update sees them all.
+	start(t, q)
 	eventually(t, "the top namespaces exported", func() bool { return testutil.CollectAndCount(q.Metrics.topWaiting) == TopNamespaces })
 	if got := testutil.ToFloat64(q.Metrics.topWaiting.WithLabelValues("ns-19")); got != 20 {
 		t.Errorf("top waiting of ns-19 = %v, want 20", got)
