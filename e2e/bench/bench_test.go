@@ -29,6 +29,9 @@ var (
 	fetcherReplicas = flag.Int("fetcher-replicas", 2, "Fetcher replicas of scenario a2 (a with several fetchers).")
 	generators      = flag.Int("generators", 100, "ArtifactGenerators of scenario m (issue 21: over one monorepo of 100 apps).")
 	politeSources   = flag.Int("polite-sources", 1000, "GitRepositories of scenario p (issue 22: behind a host that answers 429 above its rate).")
+	fairBig         = flag.Int("fair-big", 1000, "GitRepositories of scenario f's big tenant, each of its own repository (issue 30 speaks of 10,000; 1000 runs in a few minutes on 2 cores).")
+	fairSmall       = flag.Int("fair-small", 10, "GitRepositories of scenario f's small tenant.")
+	fairDelay       = flag.Duration("fair-delay", 3*time.Second, "Time between the big tenant's first create and the small tenant's in scenario f.")
 	steadyWindow    = flag.Duration("steady-window", 0,
 		"Measure this long in the steady-state scenarios (d, d15, g's d) instead of their own window, for a short trial; the table then says so.")
 )
@@ -69,6 +72,9 @@ var (
 	targetA2 = Target{MaxCounters: map[string]int64{CounterGitFetches: 10}}
 	// Issue 12: a webhook push becomes a new artifact in status quickly.
 	targetK = Target{MaxP99: 2 * time.Second}
+	// Issue 30: a small tenant's sources are Ready within twice their idle
+	// time while a big tenant's are due.
+	targetF = Target{MaxStarvation: 2}
 	// Issue 12: an event reaches its subscriber within 50 ms (p99).
 	targetL = Target{MaxCounters: map[string]int64{CounterP99: 50}}
 )
@@ -194,6 +200,12 @@ func BenchmarkSources(b *testing.B) {
 	if *s3 && only.MatchString("g") {
 		rows = append(rows, s3Rows(b, headwaterOnly, byName)...)
 	}
+	// f: fair share between tenants (issue 30).
+	fair := FairLoad{Big: *fairBig, Small: *fairSmall, Delay: *fairDelay}
+	compare(o, "f", []string{fair.Name()}, []Target{targetF}, func(sys System) ([]*Measurement, error) {
+		m, err := FairShare(b.Context(), o, sys, fair)
+		return []*Measurement{m}, err
+	})
 	compare(o, "h", []string{"h. one 48 MiB Helm index, then one HelmChart"}, []Target{targetH}, func(sys System) ([]*Measurement, error) {
 		m, err := HelmIndex(b.Context(), o, sys)
 		return []*Measurement{m}, err

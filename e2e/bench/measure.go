@@ -104,6 +104,9 @@ type Measurement struct {
 	Counters map[string]int64
 	// Notes say what could not be measured.
 	Notes []string
+	// Fairness, when set, is the small tenant's time to Ready on the idle
+	// system and under another tenant's load (scenario f).
+	Fairness *Fairness
 	// Latency, when set, summarises the latencies the scenario timed
 	// (scenario k: hook POST to new revision in status).
 	Latency *Latency

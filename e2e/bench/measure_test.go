@@ -280,3 +280,27 @@ func TestParseServiceArgs(t *testing.T) {
 		}
 	}
 }
+
+// TestMetFairness: scenario f's target compares the small tenant's loaded
+// time with its idle time, and shows the baseline's beside it.
+func TestMetFairness(t *testing.T) {
+	h := &Measurement{Fairness: &Fairness{Idle: 2 * time.Second, Loaded: 3 * time.Second}}
+	flux := &Measurement{Fairness: &Fairness{Idle: time.Second, Loaded: 41 * time.Second}}
+	starved := &Measurement{Fairness: &Fairness{Idle: time.Second, Loaded: 53 * time.Second}}
+	tests := []struct {
+		h, base *Measurement
+		want    string
+	}{
+		{h, flux, "small tenant: Headwater idle 2.00 s, loaded 3.00 s (1.5x); baseline idle 1.00 s, loaded 41.00 s (41.0x) yes"},
+		{starved, nil, "small tenant: Headwater idle 1.00 s, loaded 53.00 s (53.0x) no"},
+		{&Measurement{}, nil, "small tenant: Headwater not measured no"},
+	}
+	for _, tt := range tests {
+		if got := targetF.Met(tt.h, tt.base); got != tt.want {
+			t.Errorf("Met = %q, want %q", got, tt.want)
+		}
+	}
+	if got := targetF.String(); got != "small tenant loaded ≤ 2x idle" {
+		t.Errorf("String = %q", got)
+	}
+}

@@ -43,6 +43,10 @@ type Target struct {
 	// MinPackagingMBps bounds from below the packager's rate on the
 	// scenario's content (Measurement.PackagingRate), in MB/s.
 	MinPackagingMBps float64
+	// MaxStarvation bounds the small tenant's time to Ready under another
+	// tenant's load as a ratio of its time on the idle system
+	// (Measurement.Fairness).
+	MaxStarvation float64
 }
 
 // Row is one scenario: Headwater's measurement and its baseline's (Flux's,
@@ -171,6 +175,9 @@ func (t Target) String() string {
 	if t.MinPackagingMBps > 0 {
 		parts = append(parts, fmt.Sprintf("packaging ≥ %.0f MB/s", t.MinPackagingMBps))
 	}
+	if t.MaxStarvation > 0 {
+		parts = append(parts, fmt.Sprintf("small tenant loaded ≤ %gx idle", t.MaxStarvation))
+	}
 	if len(parts) == 0 {
 		return "none set"
 	}
@@ -249,6 +256,13 @@ func (t Target) Met(h, base *Measurement) string {
 		} else {
 			check("packaging (not measured)", false)
 		}
+	}
+	if t.MaxStarvation > 0 {
+		what := "small tenant: Headwater " + h.Fairness.String()
+		if base != nil {
+			what += "; baseline " + base.Fairness.String()
+		}
+		check(what, h.Fairness != nil && h.Fairness.Ratio() > 0 && h.Fairness.Ratio() <= t.MaxStarvation)
 	}
 	if len(parts) == 0 {
 		return "n/a"

@@ -45,6 +45,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/crdwait"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/externalartifact"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/fairshare"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/fluxguard"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/generator"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
@@ -98,6 +99,9 @@ type options struct {
 	noCrossNamespaceRefs bool
 	// shard is the watcher's share of the sources (package shard).
 	shard shard.Options
+	// fairShare bounds each namespace's fetch jobs on the bus (package
+	// fairshare).
+	fairShare fairshare.Options
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -105,6 +109,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.telemetry.BindFlags(fs, ":9100")
 	o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
 	o.shard.BindFlags(fs)
+	o.fairShare.BindFlags(fs)
 	fs.StringVar(&o.healthAddr, "health-addr", ":9110", "Address serving /healthz and /readyz; empty or 0 serves none. Both answer from start-up, before NATS is reached.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader among replicas; only the leader reconciles.")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
@@ -375,8 +380,15 @@ func run(ctx context.Context, o options) error {
 	// read and write them as sourcekind.PluginObjects.
 	kubeClient, liveReader := sourcekind.PluginClient(mgr.GetClient()), sourcekind.PluginReader(mgr.GetAPIReader())
 	fetchers := &controller.Fetchers{JS: conn.JS, Recheck: o.requeueDependency}
+	// Fetch jobs are admitted in turn between namespaces; the queue runs
+	// on the leader, as the reconcilers, and each shard has its own.
+	admission := &fairshare.Queue{Next: jobs, Options: o.fairShare, Metrics: fairshare.NewMetrics(crmetrics.Registry),
+		Log: log.WithName("fair-share")}
+	if err := mgr.Add(admission); err != nil {
+		return err
+	}
 	for _, kind := range kinds {
-		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Seal: key,
+		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Admission: admission, Seal: key,
 			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
 			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes, Fetchers: fetchers,
 			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics,
@@ -432,6 +444,7 @@ func run(ctx context.Context, o options) error {
 		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: generators},
 		Log:         log.WithName("results"),
 		Owns:        owns,
+		Done:        admission.Done,
 		Consumer:    events.WatcherShardConsumer(sh.ID),
 		// A plug-in kind's artifact is published as an ExternalArtifact
 		// of the object's name, so Flux's kustomize- and helm-controller

@@ -44,6 +44,14 @@ type Publisher interface {
 	Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error
 }
 
+// Admission admits fetch jobs to the bus (a *fairshare.Queue): Publish
+// publishes a job or holds it for later; Forget drops the jobs of a
+// deleted object.
+type Admission interface {
+	Publisher
+	Forget(kind, namespace, name string)
+}
+
 // Reconciler reconciles the objects of one source kind.
 type Reconciler struct {
 	// Client reads (from the informer cache) and writes the objects; for
@@ -55,6 +63,11 @@ type Reconciler struct {
 	Kind sourcekind.Kind
 	// Jobs publishes fetch and delete jobs.
 	Jobs Publisher
+	// Admission, when set, publishes the fetch jobs that take the whole
+	// path (not the quiet ones, whose outcome is not reported) in turn
+	// with other namespaces' (package fairshare); nil publishes them
+	// through Jobs at once.
+	Admission Admission
 	// Seal seals every job published, so that only outcomes of jobs this
 	// watcher (or another replica) issued are applied.
 	Seal *seal.Key
@@ -200,7 +213,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, fmt.Errorf("mark progressing: %w", err)
 	}
 
-	if err := r.Jobs.Publish(ctx, events.FetchSubject(r.Kind.Name), events.TypeFetchRequested, job, fetch); err != nil {
+	if err := r.fetchJobs(fetch).Publish(ctx, events.FetchSubject(r.Kind.Name), events.TypeFetchRequested, job, fetch); err != nil {
 		// The bus is unreachable: retry with controller-runtime's backoff.
 		return ctrl.Result{}, err
 	}
@@ -210,6 +223,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	r.Retries.Published(req.NamespacedName, retry)
 	logger.V(1).Info("fetch job published", "job", job.ID, "force", fetch.Force, "fresh", fetch.Fresh, "quiet", fetch.Quiet, "retry", retry)
 	return ctrl.Result{RequeueAfter: r.requeueAfter(obj)}, nil
+}
+
+// fetchJobs is the publisher of fetch: Admission but for a quiet job,
+// which reports no outcome that would free its slot (a steady source's
+// check, one listing), and which a fetcher answers from its cache.
+func (r *Reconciler) fetchJobs(fetch *events.FetchRequested) Publisher {
+	if r.Admission == nil || fetch.Quiet {
+		return r.Jobs
+	}
+	return r.Admission
 }
 
 // requeueAfter is when obj is due again: at the next slot of its remote
@@ -327,6 +350,9 @@ func (r *Reconciler) finalize(ctx context.Context, obj sourcekind.Object) error 
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
 	r.Steady.Forget(obj.GetUID())
+	if r.Admission != nil {
+		r.Admission.Forget(r.Kind.Name, obj.GetNamespace(), obj.GetName())
+	}
 	log.FromContext(ctx).Info("artifacts scheduled for deletion; finalizer removed")
 	return nil
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -66,3 +67,41 @@ func TestJobID(t *testing.T) {
 }
 
 func sourceKind() sourcekind.Kind { return sourcekind.GitRepository() }
+
+// publisherFunc is a Publisher that is a function.
+type publisherFunc func(ctx context.Context, subject, eventType string, job events.Job, data any) error
+
+func (f publisherFunc) Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error {
+	return f(ctx, subject, eventType, job, data)
+}
+
+// admission is an Admission whose Publish is a function.
+type admission struct{ publisherFunc }
+
+func (a *admission) Forget(string, string, string) {}
+
+// TestFetchJobsAdmission: a fetch job that takes the whole path goes
+// through Admission; a quiet one, whose outcome is not reported (so no
+// outcome would free its slot), goes to the bus at once, as every job does
+// without Admission.
+func TestFetchJobsAdmission(t *testing.T) {
+	var direct, admitted int
+	jobs := publisherFunc(func(context.Context, string, string, events.Job, any) error { direct++; return nil })
+	adm := &admission{publisherFunc: func(context.Context, string, string, events.Job, any) error { admitted++; return nil }}
+	r := &Reconciler{Jobs: jobs, Admission: adm}
+	for _, quiet := range []bool{false, true} {
+		if err := r.fetchJobs(&events.FetchRequested{Quiet: quiet}).Publish(t.Context(), "s", "t", events.Job{}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if direct != 1 || admitted != 1 {
+		t.Errorf("published %d jobs at once and %d through Admission, want 1 and 1 (the quiet one at once)", direct, admitted)
+	}
+	r.Admission = nil
+	if err := r.fetchJobs(&events.FetchRequested{}).Publish(t.Context(), "s", "t", events.Job{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if direct != 2 {
+		t.Errorf("without Admission a job was not published at once")
+	}
+}

@@ -104,6 +104,10 @@ type Consumer struct {
 	// new shard only, the outcome of its former shard's job included.
 	// Nil owns every source.
 	Owns func(client.Object) bool
+	// Done, when set, is told the ID of every job whose outcome arrived
+	// (its seal checked), whichever shard's: it frees the job's slot
+	// (fairshare.Queue.Done).
+	Done func(jobID string)
 	// Consumer is the durable consumer on the event stream
 	// (events.WatcherShardConsumer); empty is events.WatcherConsumer.
 	Consumer string
@@ -178,6 +182,9 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		}
 		return fmt.Errorf("%w: refusing the outcome for %s %s/%s: %w", events.ErrMalformed,
 			o.Job.Object.Kind, o.Job.Object.Namespace, o.Job.Object.Name, err)
+	}
+	if c.Done != nil {
+		c.Done(o.Job.ID)
 	}
 	// Whether the object was this shard's when its job was made: every
 	// shard receives every outcome, and reads the API server only for

@@ -1,0 +1,166 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// The tenants of scenario f, each a namespace.
+const (
+	bigTenant   = "tenant-big"
+	smallTenant = "tenant-small"
+)
+
+// FairLoad is scenario f (issue 30, fair share): a big tenant creates
+// Big GitRepositories over as many distinct repositories, and Delay later
+// a small tenant creates Small over repositories of their own; what is
+// measured is the small tenant's time to Ready under that load against its
+// time on the idle system, measured first in the same run (over other
+// repositories of its own, so that no cache serves the second).
+type FairLoad struct {
+	Big, Small int
+	Delay      time.Duration
+}
+
+// Name is the scenario's row.
+func (l FairLoad) Name() string {
+	return fmt.Sprintf("f. fair share: %d GitRepositories of a small tenant %s after %d of a big one (over %d distinct repositories)",
+		l.Small, l.Delay, l.Big, l.Big+2*l.Small)
+}
+
+// Fairness is what scenario f measured: the small tenant's time to Ready
+// (its first create until its last source Ready with an artifact) on the
+// idle system and under the big tenant's load.
+type Fairness struct {
+	Idle, Loaded time.Duration
+}
+
+// Ratio is Loaded / Idle, 0 when Idle is not positive.
+func (f *Fairness) Ratio() float64 {
+	if f == nil || f.Idle <= 0 {
+		return 0
+	}
+	return float64(f.Loaded) / float64(f.Idle)
+}
+
+// String is "idle 1.2 s, loaded 2.0 s (1.7x)".
+func (f *Fairness) String() string {
+	if f == nil {
+		return "not measured"
+	}
+	return fmt.Sprintf("idle %.2f s, loaded %.2f s (%.1fx)", f.Idle.Seconds(), f.Loaded.Seconds(), f.Ratio())
+}
+
+// FairShare runs scenario f on sys. Its measurement is the big tenant's
+// (wall: until its last source is Ready), with the small tenant's times in
+// Fairness.
+func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Measurement, err error) {
+	env, stop, err := startEnv(ctx, o, "fair-share", sys)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	urls, err := linkSmallRepos(env, load.Big+2*load.Small, o.Progress)
+	if err != nil {
+		return nil, err
+	}
+	c, err := benchClient(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	for _, ns := range []string{bigTenant, smallTenant} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return nil, fmt.Errorf("scenario f: namespace %s: %w", ns, err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
+	defer cancel()
+
+	// The small tenant on the idle system.
+	o.progress("f (%s): the small tenant's %d GitRepositories on the idle system", sys, load.Small)
+	idle, err := tenantReady(sctx, c, smallTenant, "idle", urls[load.Big:load.Big+load.Small])
+	if err != nil {
+		return nil, fmt.Errorf("scenario f, idle: %w", err)
+	}
+
+	// The big tenant, and the small one Delay later.
+	var loaded time.Duration
+	o.progress("f (%s): the big tenant's %d, the small tenant's %d %s later", sys, load.Big, load.Small, load.Delay)
+	big := newTracker(c, bigTenant, load.Big, func() client.ObjectList { return &sourcev1.GitRepositoryList{} },
+		readyWithArtifact[*sourcev1.GitRepository])
+	m, err = measureKind(sctx, o, "f", env, big, load.Big, func(ctx context.Context) error {
+		names := sourceNames("big", load.Big)
+		created := make(chan error, 1)
+		go func() {
+			created <- forEach(ctx, names, func(ctx context.Context, i int, name string) error {
+				return c.Create(ctx, gitRepositoryIn(bigTenant, name, urls[i]))
+			})
+		}()
+		if !sleep(ctx, load.Delay) {
+			return ctx.Err()
+		}
+		var err error
+		loaded, err = tenantReady(ctx, c, smallTenant, "loaded", urls[load.Big+load.Small:])
+		return errors.Join(err, <-created)
+	})
+	if err != nil {
+		return m, fmt.Errorf("scenario f: %w", err)
+	}
+	m.Fairness = &Fairness{Idle: idle, Loaded: loaded}
+	m.Notes = append(m.Notes, "small tenant's time to Ready: "+m.Fairness.String())
+	return m, nil
+}
+
+// tenantReady creates a GitRepository of each url in ns (names prefixed
+// with prefix) and returns the time from the first create until all are
+// Ready with an artifact.
+func tenantReady(ctx context.Context, c client.WithWatch, ns, prefix string, urls []string) (time.Duration, error) {
+	// The idle round's sources are Ready already when the loaded round
+	// starts: each round counts its own.
+	t := newTracker(c, ns, len(urls), func() client.ObjectList { return &sourcev1.GitRepositoryList{} },
+		func(o *sourcev1.GitRepository) bool {
+			return strings.HasPrefix(o.Name, prefix+"-") && readyWithArtifact(o)
+		})
+	start := time.Now()
+	done := make(chan error, 1)
+	var at time.Time
+	go func() {
+		var err error
+		at, err = t.run(ctx)
+		done <- err
+	}()
+	names := sourceNames(prefix, len(urls))
+	if err := forEach(ctx, names, func(ctx context.Context, i int, name string) error {
+		return c.Create(ctx, gitRepositoryIn(ns, name, urls[i]))
+	}); err != nil {
+		return 0, fmt.Errorf("create: %w", err)
+	}
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	return at.Sub(start), nil
+}
+
+// sourceNames are n names prefix-00000 on.
+func sourceNames(prefix string, n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%05d", prefix, i)
+	}
+	return names
+}
+
+// gitRepositoryIn is gitRepository in namespace ns.
+func gitRepositoryIn(ns, name, url string) *sourcev1.GitRepository {
+	o := gitRepository(name, url, smallInterval)
+	o.Namespace = ns
+	return o
+}
