@@ -149,7 +149,7 @@ func (f *fetcher) close() {
 // storage and NATS: alive at once, ready once both are up (see package
 // telemetry). They stop when ctx ends.
 func (f *fetcher) serveEndpoints(ctx context.Context) error {
-	ep, err := bus.ServeEndpoints(ctx, f.o.telemetry.Addr, service, f.log, bus.EndpointOptions{Waiting: map[string]string{"storage": "not opened yet"}})
+	ep, err := bus.ServeEndpoints(ctx, f.o.telemetry.Addr, service, f.log, bus.EndpointOptions{Waiting: map[string]string{storage.ReadyName: "not opened yet"}})
 	if err != nil {
 		return fmt.Errorf("serve metrics and probes: %w", err)
 	}
@@ -179,14 +179,11 @@ func (f *fetcher) openWorkDir(context.Context) error {
 // openStorage opens the artifact storage, waiting for the object store
 // (and saying so on /readyz) until it answers.
 func (f *fetcher) openStorage(ctx context.Context) error {
-	store, err := f.o.storage.OpenWait(ctx, f.log, func(err error) {
-		f.ep.Ready.Set("storage", func() error { return fmt.Errorf("waiting for the object store: %w", err) })
-	})
+	store, err := f.o.storage.OpenReady(ctx, f.log, f.ep.Ready)
 	if err != nil {
 		return fmt.Errorf("open the storage: %w", err)
 	}
 	f.store = store
-	f.ep.Ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
 	return nil
 }
 
