@@ -218,3 +218,16 @@ func Exit(ctx context.Context, err error) {
 	logr.FromContextOrDiscard(ctx).Error(err, "stopped")
 	os.Exit(1)
 }
+
+// Steps runs a service's start-up steps in order with ctx, and returns the
+// first one's error, running none after it. A run function lists its
+// steps, each a small function that wraps its own errors, and Steps keeps
+// the list free of error plumbing.
+func Steps(ctx context.Context, steps ...func(context.Context) error) error {
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -187,5 +189,23 @@ func TestNewFlagSet(t *testing.T) {
 	}
 	if got := fs.Lookup(PprofFlag).Value.String(); got != "127.0.0.1:0" {
 		t.Errorf("-pprof-addr = %q", got)
+	}
+}
+
+// TestSteps: the steps run in order until one fails, whose error Steps
+// returns; none runs after it.
+func TestSteps(t *testing.T) {
+	var ran []string
+	step := func(name string, err error) func(context.Context) error {
+		return func(context.Context) error { ran = append(ran, name); return err }
+	}
+	if err := Steps(context.Background(), step("a", nil), step("b", nil)); err != nil || !slices.Equal(ran, []string{"a", "b"}) {
+		t.Fatalf("Steps = %v, ran %v; want nil, ran [a b]", err, ran)
+	}
+	ran = nil
+	failed := errors.New("b failed")
+	err := Steps(context.Background(), step("a", nil), step("b", fmt.Errorf("step b: %w", failed)), step("c", nil))
+	if !errors.Is(err, failed) || !slices.Equal(ran, []string{"a", "b"}) {
+		t.Fatalf("Steps = %v, ran %v; want b's error, ran [a b]", err, ran)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"strings"
 	"time"
@@ -119,18 +118,15 @@ func Run(ctx context.Context, kind string, fetch FetchFunc, o Options) error {
 	ctrllog.SetLogger(log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ep, err := bus.ServeEndpoints(ctx, o.Telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{"storage": "not opened yet"}})
+	ep, err := bus.ServeEndpoints(ctx, o.Telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{storage.ReadyName: "not opened yet"}})
 	if err != nil {
 		return err
 	}
-	store, err := o.Storage.OpenWait(ctx, log, func(err error) {
-		ep.Ready.Set("storage", func() error { return fmt.Errorf("waiting for the object store: %w", err) })
-	})
+	store, err := o.Storage.OpenReady(ctx, log, ep.Ready)
 	if err != nil {
 		return err
 	}
 	defer storage.Close(store)
-	ep.Ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
 	secrets, err := secretReader(o.Kube)
 	if err != nil {
 		log.Info("no kubernetes cluster: sources that name a secret will fail", "error", err.Error())

@@ -10,7 +10,29 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/minio/minio-go/v7"
+
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
 )
+
+// ReadyName is the readiness check OpenReady sets: the services whose
+// readiness follows their storage declare it waiting ("not opened yet")
+// until then.
+const ReadyName = "storage"
+
+// OpenReady opens the storage as OpenWait does, for a service whose
+// readiness follows it: while OpenWait waits, ready's check ReadyName
+// fails with what the object store answered; once open, it pings the
+// store (ReadyCheck, within 5 s).
+func (o *Options) OpenReady(ctx context.Context, log logr.Logger, ready *telemetry.Checks) (Storage, error) {
+	store, err := o.OpenWait(ctx, log, func(err error) {
+		ready.Set(ReadyName, func() error { return fmt.Errorf("waiting for the object store: %w", err) })
+	})
+	if err != nil {
+		return nil, err
+	}
+	ready.Set(ReadyName, ReadyCheck(store, 5*time.Second))
+	return store, nil
+}
 
 // openBackoff bounds the waits between attempts of OpenWait.
 const (

@@ -2,6 +2,7 @@ package storage_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -14,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
@@ -85,6 +87,40 @@ func TestOpenWait(t *testing.T) {
 		_, err := o.OpenWait(ctx, logr.Discard(), func(error) { n++ })
 		if err == nil || n == 0 {
 			t.Fatalf("OpenWait on a closed port = %v after %d reported attempts, want an error after at least one", err, n)
+		}
+	})
+}
+
+// TestOpenReady: the readiness check OpenReady sets fails with the object
+// store's answer while it waits for it, and passes once the storage is
+// open.
+func TestOpenReady(t *testing.T) {
+	t.Run("waiting", func(t *testing.T) {
+		closed := httptest.NewServer(http.NotFoundHandler())
+		closed.Close() // nothing listens any more
+		o := storage.Options{Backend: "s3", S3: storage.S3Options{Endpoint: strings.TrimPrefix(closed.URL, "http://"), Bucket: "artifacts",
+			AccessKey: "k", SecretKey: "s", Insecure: true}}
+		ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+		defer cancel()
+		var ready telemetry.Checks
+		if _, err := o.OpenReady(ctx, logr.Discard(), &ready); err == nil {
+			t.Fatal("OpenReady on a closed port succeeded")
+		}
+		if err := ready.Err(); err == nil || !strings.Contains(err.Error(), "waiting for the object store") {
+			t.Errorf("ready = %v, want it waiting for the object store", err)
+		}
+	})
+	t.Run("open", func(t *testing.T) {
+		o := storage.Options{Backend: "dir", Path: t.TempDir()}
+		var ready telemetry.Checks
+		ready.Set(storage.ReadyName, func() error { return errors.New("not opened yet") })
+		s, err := o.OpenReady(context.Background(), logr.Discard(), &ready)
+		if err != nil {
+			t.Fatalf("OpenReady: %v", err)
+		}
+		defer storage.Close(s)
+		if err := ready.Err(); err != nil {
+			t.Errorf("ready = %v, want ready once open", err)
 		}
 	})
 }

@@ -5,15 +5,12 @@ package role
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
@@ -21,16 +18,12 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/fetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/gitfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmchartfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/ocifetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/workdir"
 )
 
 // service names the fetcher on the bus, in logs and in metrics.
@@ -119,175 +112,4 @@ func Main(args []string) {
 	var o options
 	command.MainArgs(service, args, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
 		func(ctx context.Context) error { return run(ctx, o) })
-}
-
-// run builds the fetcher and handles jobs until ctx ends; it logs with
-// ctx's logger.
-func run(ctx context.Context, o options) error {
-	if o.concurrency < 1 {
-		return errors.New("--concurrency must be at least 1")
-	}
-	if o.maxAttempts < 1 {
-		return errors.New("--max-attempts must be at least 1")
-	}
-	if o.jobTimeout <= 0 {
-		return errors.New("--job-timeout must be positive")
-	}
-	if o.bucketConcurrency < 1 {
-		return errors.New("--bucket-concurrency must be at least 1")
-	}
-	if o.helmIndexMaxSize < 1 || o.helmChartMaxSize < 1 || o.helmChartFileMaxSize < 1 {
-		return errors.New("--helm-index-max-size, --helm-chart-max-size and --helm-chart-file-max-size must be positive")
-	}
-	helmchartfetch.SetMaxChartFileSize(o.helmChartFileMaxSize)
-	if o.refCacheTTL < 0 {
-		return errors.New("--ref-cache-ttl must not be negative")
-	}
-	if o.tokenCacheSize < 0 {
-		return errors.New("--token-cache-max-size must not be negative")
-	}
-	rules, err := hostlimit.ParseRules(o.rateLimits)
-	if err != nil {
-		return fmt.Errorf("--rate-limits: %w", err)
-	}
-	if o.rateLimitMaxWait < 0 {
-		return errors.New("--rate-limit-max-wait must not be negative")
-	}
-	if o.verifyInterval < 0 {
-		return errors.New("--artifact-verify-interval must not be negative")
-	}
-	log := logr.FromContextOrDiscard(ctx)
-	ctrllog.SetLogger(log)
-
-	// The endpoints answer before the service reaches storage and NATS:
-	// alive at once, ready once both are up (see package telemetry). They
-	// stop when run returns.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ep, err := bus.ServeEndpoints(ctx, o.telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{"storage": "not opened yet"}})
-	if err != nil {
-		return err
-	}
-	reg, ready, onBus := ep.Registry, ep.Ready, ep.Bus
-
-	// Every temporary file of the process, its libraries' and the git
-	// processes' it starts included, goes to its run directory, which the
-	// next fetcher to start removes if this process is killed.
-	work, err := workdir.Open(o.workDir)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := work.Close(); err != nil {
-			log.Error(err, "removing the work directory")
-		}
-	}()
-	if len(work.Removed) > 0 {
-		log.Info("removed the scratch data of fetchers that died", "directories", work.Removed)
-	}
-	if err := os.Setenv("TMPDIR", work.Path); err != nil {
-		return fmt.Errorf("work directory: %w", err)
-	}
-
-	store, err := o.storage.OpenWait(ctx, log, func(err error) {
-		ready.Set("storage", func() error { return fmt.Errorf("waiting for the object store: %w", err) })
-	})
-	if err != nil {
-		return err
-	}
-	defer storage.Close(store)
-	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
-	secretReader, err := o.secrets.NewReader()
-	if err != nil {
-		log.Info("no kubernetes cluster: sources that name a secret will fail, and jobs are not checked against their objects",
-			"error", err.Error())
-	}
-	checker, _ := o.secrets.NewProvenance() // nil without a cluster, as logged above
-
-	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	join := conn.Joiner(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{MaxDeliver: o.maxAttempts})
-	consumer, err := join(ctx)
-	if err != nil {
-		return err
-	}
-
-	var leases *fetch.Leases
-	if o.contentCache {
-		// Identical fetches in flight in every replica combine through
-		// the bucket JoinStream created.
-		kv, err := conn.JS.KeyValue(ctx, events.FlightBucket)
-		if err != nil {
-			return fmt.Errorf("key-value bucket %s: %w", events.FlightBucket, err)
-		}
-		host, _ := os.Hostname()
-		leases = &fetch.Leases{KV: kv, Holder: fmt.Sprintf("%s/%d", host, os.Getpid())}
-	}
-
-	var tokens *providertoken.Cache // nil mints a token for every fetch
-	if o.tokenCacheSize > 0 {
-		tokens = providertoken.NewCache(o.tokenCacheSize, reg)
-	}
-
-	// Every replica shares each upstream host's holds and limit through
-	// the bucket JoinStream created.
-	hostKV, err := conn.JS.KeyValue(ctx, events.HostBucket)
-	if err != nil {
-		return fmt.Errorf("key-value bucket %s: %w", events.HostBucket, err)
-	}
-	hosts := &hostlimit.KVStore{KV: hostKV}
-	if err := hosts.Watch(ctx); err != nil {
-		return err
-	}
-	limiter := &hostlimit.Limiter{Rules: rules, Store: hosts, MaxWait: o.rateLimitMaxWait,
-		Metrics: hostlimit.NewMetrics(reg), Log: log.WithName("hostlimit")}
-	gitfetch.LimitHTTP(limiter)
-
-	helmSource := helmfetch.NewSource(secretReader, o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
-	if helmSource.Recent, err = helmfetch.NewRecent("", helmfetch.DefaultRecentTTL, helmfetch.DefaultRecentEntries); err != nil {
-		return err
-	}
-	defer helmSource.Recent.Close()
-	helmSource.Limit(limiter)
-	chartSource := &helmchartfetch.Source{Secrets: secretReader, Storage: store, MaxChartSize: o.helmChartMaxSize, Indexes: helmSource}
-	chartSource.Limit(limiter)
-	handler := &fetch.Handler{
-		Sources: map[string]source.Source{
-			gitfetch.Kind: &gitfetch.Source{Secrets: secretReader,
-				RefCache: gitfetch.NewRefCache(o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens, Limiter: limiter},
-			bucketfetch.Kind: &bucketfetch.Source{Secrets: secretReader, Concurrency: o.bucketConcurrency,
-				MaxFileSize: o.maxFileSize, Limiter: limiter},
-			ocifetch.Kind:       &ocifetch.Source{Secrets: secretReader, MaxFileSize: o.maxFileSize, Limiter: limiter},
-			helmfetch.Kind:      helmSource,
-			helmchartfetch.Kind: chartSource,
-		},
-		Storage:      store,
-		Publisher:    conn.NewPublisher(service),
-		MaxFileSize:  o.maxFileSize,
-		Metrics:      fetch.NewMetrics(reg),
-		ContentCache: o.contentCache,
-		Leases:       leases,
-		Provenance:   checker,
-		Verified:     &storage.Verified{Interval: o.verifyInterval},
-	}
-	worker := &bus.Worker{
-		Service:           service,
-		Consumer:          consumer,
-		Rejoin:            join,
-		Conn:              conn,
-		Concurrency:       o.concurrency,
-		Handler:           handler.Handle,
-		Report:            handler.Report,
-		TimeoutOf:         func(m *events.Message) time.Duration { return max(o.jobTimeout, handler.JobTimeout(m)) },
-		DeadlineCondition: fetch.DeadlineCondition,
-		Metrics:           telemetry.NewJobMetrics(reg, service),
-		Log:               log,
-	}
-	onBus.Up(conn)
-	log.Info("fetching", "concurrency", o.concurrency, "kinds", []string{gitfetch.Kind, bucketfetch.Kind, ocifetch.Kind, helmfetch.Kind, helmchartfetch.Kind},
-		"refCacheTTL", o.refCacheTTL.String(), "contentCache", o.contentCache, "rateLimits", rules.String())
-	return worker.Run(ctx)
 }

@@ -89,20 +89,17 @@ func run(ctx context.Context, o options) error {
 	// stop when run returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ep, err := bus.ServeEndpoints(ctx, o.telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{"storage": "not opened yet"}})
+	ep, err := bus.ServeEndpoints(ctx, o.telemetry.Addr, service, log, bus.EndpointOptions{Waiting: map[string]string{storage.ReadyName: "not opened yet"}})
 	if err != nil {
 		return err
 	}
 	reg, ready, onBus := ep.Registry, ep.Ready, ep.Bus
 
-	store, err := o.storage.OpenWait(ctx, log, func(err error) {
-		ready.Set("storage", func() error { return fmt.Errorf("waiting for the object store: %w", err) })
-	})
+	store, err := o.storage.OpenReady(ctx, log, ready)
 	if err != nil {
 		return err
 	}
 	defer storage.Close(store)
-	ready.Set("storage", storage.ReadyCheck(store, 5*time.Second))
 	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err

@@ -8,53 +8,32 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
-	"github.com/fluxcd/pkg/apis/meta"
-	"github.com/fluxcd/pkg/runtime/jitter"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
-	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	eventsv1alpha1 "github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
-	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/crdwait"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/externalartifact"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/fairshare"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/fluxguard"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/generator"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/receiver"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/results"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/shard"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
-	"github.com/headwater-gitops/headwater/services/watcher/internal/subscriptions"
 )
 
 // service names the watcher on the bus, in logs and in metrics.
@@ -201,290 +180,6 @@ func Main(args []string) {
 	var o options
 	command.MainArgs(service, args, o.bindFlags, func() logr.Logger { return o.telemetry.NewLogger(service) },
 		func(ctx context.Context) error { return run(ctx, o) })
-}
-
-// run builds the manager, its controllers and the results consumer, and
-// reconciles until ctx ends; it logs with ctx's logger.
-func run(ctx context.Context, o options) error {
-	log := logr.FromContextOrDiscard(ctx)
-	ctrl.SetLogger(log)
-	jitter.SetGlobalIntervalJitter(o.intervalJitter/100, rand.New(rand.NewSource(time.Now().UnixNano())))
-
-	// Every replica derives the same key from the same secret, so the
-	// outcomes of jobs issued before a restart or a failover are applied.
-	key, err := seal.LoadKey(o.jobKeyFile, o.bus.NKeyFile, o.bus.CredsFile)
-	if err != nil {
-		return err
-	}
-
-	// The endpoints answer before the watcher reaches Kubernetes and NATS:
-	// alive at once, ready once it is on the bus (see package telemetry).
-	// The telemetry address serves controller-runtime's registry, which
-	// the manager's own servers would serve only from mgr.Start, after
-	// NATS; -health-addr serves the probes alone. They stop when run
-	// returns.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	telemetry.RegisterBuildInfo(crmetrics.Registry, service)
-	onBus := bus.NewStatus()
-	onBus.Register(crmetrics.Registry, service)
-	var ready telemetry.Checks
-	ready.Set("nats", onBus.Check)
-	if err := telemetry.Serve(ctx, listenAddr(o.telemetry.Addr), crmetrics.Registry, &ready, log); err != nil {
-		return err
-	}
-	if err := telemetry.Serve(ctx, listenAddr(o.healthAddr), nil, &ready, log.WithName("health")); err != nil {
-		return err
-	}
-
-	plugins, err := sourcekind.ParseRegistrations(o.pluginKinds)
-	if err != nil {
-		return err
-	}
-	kinds := sourcekind.NewSet(plugins)
-	sh, err := shard.New(o.shard)
-	if err != nil {
-		return err
-	}
-	if o.receivers && sh.ID != "" {
-		// The hooks are a work queue shared by every watcher: a shard
-		// would take the hooks of the others' sources.
-		return fmt.Errorf("-receivers serves every source: run it on an unsharded watcher, not with -%s or -%s=false (docs/sharding.md)",
-			shard.LabelSelectorFlag, shard.AllNamespacesFlag)
-	}
-	// owns is nil for the unsharded watcher, which owns every source.
-	var owns func(client.Object) bool
-	if sh.ID != "" {
-		owns = sh.Owns
-	}
-
-	cfg, err := o.kube.Load()
-	if err != nil {
-		return err
-	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := sourcev1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := eventsv1alpha1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := swv1beta1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if o.receivers {
-		if err := notificationv1.AddToScheme(scheme); err != nil {
-			return err
-		}
-	}
-	ns := o.leaderElectionNamespace
-	if ns == "" {
-		ns = os.Getenv("POD_NAMESPACE")
-	}
-	if ns == "" {
-		ns = "default"
-	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: scheme,
-		Logger: log,
-		// Metrics and probes are served above, before NATS.
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		// The watcher never reads managedFields: keeping them out of the
-		// informer cache saves memory per object at thousands of sources.
-		// A shard's cache holds its own sources alone, as Flux's.
-		Cache:                         sh.CacheOptions(cache.Options{DefaultTransform: cache.TransformStripManagedFields()}, shardedObjects(kinds)),
-		LeaderElection:                o.leaderElect,
-		LeaderElectionID:              sh.LeaseName(leaseName),
-		LeaderElectionNamespace:       ns,
-		LeaderElectionReleaseOnCancel: o.releaseOnCancel,
-		LeaseDuration:                 positive(o.leaseDuration),
-		RenewDeadline:                 positive(o.renewDeadline),
-		RetryPeriod:                   positive(o.retryPeriod),
-	})
-	if err != nil {
-		return fmt.Errorf("manager: %w", err)
-	}
-
-	// Flux's source-controller must not reconcile the same sources: say
-	// so on /readyz while waiting for it to be scaled to 0 (below).
-	guard := &fluxguard.Guard{Reader: mgr.GetAPIReader(), Namespaces: namespaceList(o.fluxNamespaces),
-		Selector: sh.Selector.Labels(), Namespace: sh.Namespace, Interval: fluxGuardInterval, Log: log.WithName("flux-guard")}
-	ready.Set("flux-source-controller", guard.Ready)
-
-	crds, err := kindsWaiter(cfg, scheme, kinds, o.receivers, log.WithName("crds"))
-	if err != nil {
-		return err
-	}
-	ready.Set("crds", crds.Ready)
-	// What is missing (on an older Flux's CRDs, which kinds and which Flux
-	// release brought them) is also a Warning Event on the watcher's Pod,
-	// where `kubectl describe pod` and `kubectl get events` show it.
-	if pod := os.Getenv("POD_NAME"); pod != "" {
-		recorder := mgr.GetEventRecorder("headwater-watcher")
-		self := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns}}
-		crds.Report = func(missing *crdwait.MissingError) {
-			recorder.Eventf(self, nil, corev1.EventTypeWarning, "CRDsMissing", "WaitForCRDs", "%s", missing.Error())
-		}
-	}
-
-	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if err := conn.EnsureStreams(ctx); err != nil {
-		return err
-	}
-	onBus.Up(conn)
-	jobs := conn.NewPublisher(service)
-	// Once on the bus, the kinds must be served before the controllers
-	// are set up (their field indexes need every kind mapped: an older
-	// Flux's CRDs lack the ArtifactGenerator, and the watcher exited) and
-	// before the manager starts its informers, which would otherwise give
-	// up after two minutes and exit.
-	if err := crds.Wait(ctx); err != nil {
-		return err
-	}
-
-	// Every Event recorded is also posted to Flux's notification-controller
-	// when -events-addr is set, as Flux's source-controller does.
-	notifier, err := notify.New(notify.Options{Addr: o.eventsAddr, Scheme: scheme, Registerer: crmetrics.Registry,
-		Log: log.WithName("notify")})
-	if err != nil {
-		return err
-	}
-	if notifier != nil {
-		if err := mgr.Add(notifier); err != nil {
-			return err
-		}
-	}
-	jobMetrics := telemetry.NewJobMetrics(crmetrics.Registry, service)
-	reconcileMetrics := controller.NewMetrics(crmetrics.Registry)
-	sourceConditions := controller.NewSourceConditions(crmetrics.Registry, mgr.GetClient(), scheme, o.sourceMetricsInterval,
-		log.WithName("source-conditions"))
-	sourceConditions.Plugins = plugins
-	if err := mgr.Add(sourceConditions); err != nil {
-		return err
-	}
-	steady := controller.NewSteady(o.announceInterval)
-	if _, err := steady.Listen(conn.NC, log.WithName("steady")); err != nil {
-		return err
-	}
-	triggers := map[string]*controller.Triggers{}
-	retries := map[string]*controller.Retries{}
-	// The plug-in kinds' objects are unstructured in the cache: these
-	// read and write them as sourcekind.PluginObjects.
-	kubeClient, liveReader := sourcekind.PluginClient(mgr.GetClient()), sourcekind.PluginReader(mgr.GetAPIReader())
-	fetchers := &controller.Fetchers{JS: conn.JS, Recheck: o.requeueDependency}
-	// Fetch jobs are admitted in turn between namespaces; the queue runs
-	// on the leader, as the reconcilers, and each shard has its own.
-	admission := &fairshare.Queue{Next: jobs, Options: o.fairShare, Metrics: fairshare.NewMetrics(crmetrics.Registry),
-		Log: log.WithName("fair-share")}
-	if err := mgr.Add(admission); err != nil {
-		return err
-	}
-	for _, kind := range kinds {
-		r := &controller.Reconciler{Client: kubeClient, Live: liveReader, Kind: kind, Jobs: jobs, Admission: admission, Seal: key,
-			Recorder:          &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-			RequeueDependency: o.requeueDependency, Metrics: reconcileMetrics, Steady: steady, AlignRemotes: o.alignRemotes, Fetchers: fetchers,
-			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: reconcileMetrics,
-				Base: o.minRetryDelay, Max: o.maxRetryDelay}}
-		retries[kind.Name] = r.Retries
-		if o.receivers {
-			r.Triggers = &controller.Triggers{MinInterval: o.hookMinInterval, New: func() client.Object { return kind.New() }}
-			triggers[kind.Name] = r.Triggers
-		}
-		if err := r.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
-			return fmt.Errorf("set up %s controller: %w", kind.Name, err)
-		}
-	}
-	if o.receivers {
-		rr := &receiver.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("headwater-watcher"),
-			NoCrossNamespaceRefs: o.noCrossNamespaceRefs}
-		if err := rr.SetupWithManager(mgr); err != nil {
-			return fmt.Errorf("set up receiver controller: %w", err)
-		}
-		if err := mgr.Add(&receiver.Hooks{Conn: conn, Client: mgr.GetClient(), Scheme: scheme, Triggers: triggers,
-			Recorder: mgr.GetEventRecorder("headwater-watcher"), Metrics: jobMetrics, Log: log.WithName("hooks"),
-			NoCrossNamespaceRefs: o.noCrossNamespaceRefs}); err != nil {
-			return err
-		}
-	}
-	// ArtifactGenerators: composed by the packagers, published as
-	// ExternalArtifacts by the watcher.
-	externalArtifacts := &externalartifact.Writer{Client: mgr.GetClient(), Metrics: externalartifact.NewMetrics(crmetrics.Registry)}
-	generators := &generator.Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Jobs: jobs, Seal: key, Owns: owns,
-		Writer:   externalArtifacts,
-		Recorder: &notify.Recorder{Recorder: mgr.GetEventRecorder("headwater-watcher"), Forwarder: notifier},
-		Metrics:  generator.NewMetrics(crmetrics.Registry), NoCrossNamespaceRefs: o.noCrossNamespaceRefs}
-	if err := generators.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
-		return fmt.Errorf("set up ArtifactGenerator controller: %w", err)
-	}
-	host, _ := os.Hostname()
-	instance := results.EventSource + "-" + host
-	if err := mgr.Add(&results.Consumer{
-		Conn:        conn,
-		Jobs:        jobs,
-		Seal:        key,
-		Client:      kubeClient,
-		Live:        liveReader,
-		Kinds:       kinds,
-		Recorder:    &notify.Recorder{Recorder: mgr.GetEventRecorder(results.EventSource), Forwarder: notifier},
-		Notify:      notifier,
-		Instance:    instance,
-		Concurrency: o.eventConcurrency,
-		Metrics:     jobMetrics,
-		Forged:      results.NewForgedCounter(crmetrics.Registry),
-		Steady:      steady,
-		Retries:     retries,
-		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: generators},
-		Log:         log.WithName("results"),
-		Owns:        owns,
-		Done:        admission.Done,
-		Consumer:    events.WatcherShardConsumer(sh.ID),
-		// A plug-in kind's artifact is published as an ExternalArtifact
-		// of the object's name, so Flux's kustomize- and helm-controller
-		// (feature gate ExternalArtifact) consume it unchanged.
-		OnArtifact: func(ctx context.Context, obj sourcekind.Object, art *meta.Artifact) error {
-			_, _, err := externalArtifacts.Write(ctx, obj, externalartifact.Output{
-				Name: obj.GetName(), Artifact: art, Ready: externalartifact.Stored(art)})
-			return err
-		},
-	}); err != nil {
-		return err
-	}
-	// Subscriptions: the dispatcher reports, the watcher keeps status.
-	if err := mgr.Add(&subscriptions.Consumer{
-		Conn:        conn,
-		Client:      mgr.GetClient(),
-		Live:        mgr.GetAPIReader(),
-		Concurrency: 2,
-		Metrics:     jobMetrics,
-		Log:         log.WithName("subscriptions"),
-	}); err != nil {
-		return err
-	}
-	if len(guard.Namespaces) > 0 {
-		if err := guard.Wait(ctx); err != nil {
-			return err
-		}
-		if err := mgr.Add(guard); err != nil {
-			return err
-		}
-	}
-	if len(o.shard.Fleet) > 0 {
-		if err := mgr.Add(&shard.Reporter{Config: cfg, Scheme: scheme, Kinds: sourceGVKs(kinds, scheme), Namespace: sh.Namespace,
-			Fleet: o.shard.Fleet, Unowned: shard.NewUnownedGauge(crmetrics.Registry), Log: log.WithName("unowned")}); err != nil {
-			return err
-		}
-	}
-	log.Info("starting watcher", "shard", sh.Describe(), "lease", sh.LeaseName(leaseName), "leaderElection", o.leaderElect, "leaderElectionNamespace", ns,
-		"notifications", notifier != nil, "receivers", o.receivers, "pluginKinds", o.pluginKinds)
-	return mgr.Start(ctx)
 }
 
 // leaseName is the unsharded watcher's leader election lease; a shard's
