@@ -1,7 +1,10 @@
 // Package deliver sends one CloudEvent to a Subscription's HTTP endpoint:
 // the CloudEvents HTTP protocol binding in binary content mode (the
 // CloudEvent attributes in ce-* headers, the data as the body), signed with
-// the Subscription's HMAC key. It makes one attempt; retries, backoff and
+// the Subscription's HMAC key (three headers: the body-only signature of
+// older receivers, the same in Flux's generic-hmac header, and the version
+// 2 signature of package signature, which covers ce-id, ce-type, ce-time
+// and a timestamp as well). It makes one attempt; retries, backoff and
 // dead letters belong to the consumer that calls it (package dispatch).
 package deliver
 
@@ -24,6 +27,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/signature"
 )
 
 // signaturePrefix starts the value of the signature header.
@@ -78,6 +82,9 @@ type Client struct {
 	// with no redirects followed (a redirect is an error, so a signed
 	// event never goes elsewhere).
 	HTTP *http.Client
+	// Now returns the time of a delivery attempt, the version 2
+	// signature's timestamp; time.Now when nil.
+	Now func() time.Time
 }
 
 func (c *Client) client() *http.Client {
@@ -85,6 +92,13 @@ func (c *Client) client() *http.Client {
 		return c.HTTP
 	}
 	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func (c *Client) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
 }
 
 // Deliver makes one attempt to deliver e to t. A non-2xx answer is an
@@ -107,7 +121,12 @@ func (c *Client) Deliver(ctx context.Context, e event.Event, t Target) error {
 	req.ContentLength = int64(len(body))
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	if len(t.Key) > 0 {
-		req.Header.Set(v1alpha1.SignatureHeader, Sign(t.Key, body))
+		sig := Sign(t.Key, body)
+		req.Header.Set(v1alpha1.SignatureHeader, sig)
+		req.Header.Set(v1alpha1.FluxSignatureHeader, sig)
+		m := signature.FromRequest(req.Header, body)
+		m.Timestamp = c.now().Unix()
+		req.Header.Set(signature.Header, signature.Sign(t.Key, m))
 	}
 	resp, err := c.client().Do(req)
 	if err != nil {

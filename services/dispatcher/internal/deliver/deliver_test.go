@@ -16,6 +16,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/signature"
 )
 
 func testEvent(t *testing.T) event.Event {
@@ -69,6 +70,7 @@ func TestSignMatchesOpenSSL(t *testing.T) {
 
 func TestDeliver(t *testing.T) {
 	key := []byte("hmac-key")
+	sent := time.Unix(1700000000, 0)
 	tests := []struct {
 		name    string
 		key     []byte
@@ -97,6 +99,21 @@ func TestDeliver(t *testing.T) {
 				if tc.key != nil && !Verify(tc.key, body, sig) {
 					t.Errorf("signature %q does not verify the body", sig)
 				}
+				if flux := r.Header.Get(v1alpha1.FluxSignatureHeader); flux != sig {
+					t.Errorf("%s %q, want %q as Flux's generic-hmac expects", v1alpha1.FluxSignatureHeader, flux, sig)
+				}
+				if tc.key != nil {
+					// Signed at the client's clock, checked at the
+					// window's edge and past it.
+					if _, err := signature.Verify(tc.key, r.Header, body, sent.Add(signature.DefaultTolerance), signature.DefaultTolerance); err != nil {
+						t.Errorf("%s %q: %v", v1alpha1.SignatureV2Header, r.Header.Get(v1alpha1.SignatureV2Header), err)
+					}
+					if _, err := signature.Verify(tc.key, r.Header, body, sent.Add(signature.DefaultTolerance+time.Second), signature.DefaultTolerance); !errors.Is(err, signature.ErrExpired) {
+						t.Errorf("a replay after the window: %v, want %v", err, signature.ErrExpired)
+					}
+				} else if v2 := r.Header.Get(v1alpha1.SignatureV2Header); v2 != "" {
+					t.Errorf("unsigned delivery has %s %q", v1alpha1.SignatureV2Header, v2)
+				}
 				mu.Unlock()
 				if tc.status == http.StatusFound {
 					w.Header().Set("Location", "http://127.0.0.1:1/elsewhere")
@@ -106,7 +123,7 @@ func TestDeliver(t *testing.T) {
 			defer srv.Close()
 
 			e := testEvent(t)
-			err := (&Client{}).Deliver(context.Background(), e, Target{URL: srv.URL, Key: tc.key, Timeout: 5 * time.Second})
+			err := (&Client{Now: func() time.Time { return sent }}).Deliver(context.Background(), e, Target{URL: srv.URL, Key: tc.key, Timeout: 5 * time.Second})
 			var herr *HTTPError
 			switch {
 			case tc.wantErr == 0 && err != nil:
