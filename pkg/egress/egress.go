@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -136,7 +137,20 @@ type Policy struct {
 }
 
 // Options are the policy's flags.
-type Options struct{ Policy Policy }
+type Options struct {
+	Policy Policy
+	// Internal are Headwater's own endpoints as given (host:port or
+	// URLs), resolved by Resolve.
+	Internal []string
+}
+
+// Resolve adds the addresses of Headwater's own endpoints to the policy
+// (InternalURLs): those of -internal-destinations and of urls (the
+// service's -nats-url), and returns the policy.
+func (o *Options) Resolve(ctx context.Context, urls ...string) *Policy {
+	o.Policy.InternalURLs(ctx, append(slices.Clone(o.Internal), urls...)...)
+	return &o.Policy
+}
 
 // BindFlags registers -allowed-destinations and -denied-destinations.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
@@ -147,6 +161,13 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Var(&o.Policy.Denied, "denied-destinations",
 		"Addresses a tenant's URL may not reach, besides the built-in ones: comma-separated CIDRs or addresses, each optionally "+
 			"with :port (e.g. the cluster's Service and Pod CIDRs, 10.0.0.0/8). -allowed-destinations wins over it.")
+	fs.Func("internal-destinations",
+		"Headwater's own endpoints a tenant's URL may never reach, whatever -allowed-destinations says: comma-separated host:port "+
+			"(e.g. the artifact-server's Service), resolved at start; the NATS server of -nats-url is always among them.",
+		func(v string) error {
+			o.Internal = append(o.Internal, v)
+			return nil
+		})
 }
 
 // Check says whether a may be dialled: nil, or ErrRefused.
@@ -215,7 +236,8 @@ func (p *Policy) dial(ctx context.Context, d *net.Dialer, network, address strin
 
 // InternalURLs adds to p.Internal the addresses of the hosts of urls
 // (comma-separated lists of URLs or host:port, such as -nats-url) on
-// their ports, and on port 8222, NATS's monitoring port. A host that does
+// their ports; a nats:// URL's (or a bare host:port's) also on port 8222,
+// NATS's monitoring port. A host that does
 // not resolve is skipped: the NetworkPolicies keep fetchers off it anyway.
 func (p *Policy) InternalURLs(ctx context.Context, urls ...string) {
 	for _, list := range urls {
@@ -231,11 +253,19 @@ func (p *Policy) InternalURLs(ctx context.Context, urls ...string) {
 			if err != nil || u.Hostname() == "" {
 				continue
 			}
-			ports := []uint16{8222}
+			var ports []uint16
 			if pt, err := netip.ParseAddrPort("0.0.0.0:" + u.Port()); err == nil {
 				ports = append(ports, pt.Port())
-			} else if u.Port() == "" {
-				ports = append(ports, 4222)
+			}
+			if u.Scheme == "nats" || u.Scheme == "tls" {
+				// NATS's client port by default, and its monitoring port.
+				if u.Port() == "" {
+					ports = append(ports, 4222)
+				}
+				ports = append(ports, 8222)
+			}
+			if len(ports) == 0 {
+				continue
 			}
 			addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", u.Hostname())
 			if err != nil {
@@ -262,12 +292,19 @@ var installed atomic.Pointer[Policy]
 // Guard and are not affected.
 func Install(p *Policy) { installed.Store(p) }
 
-// Guard guards t with the installed policy, if any, and returns it.
+// Guard makes t dial through the policy installed when it dials (none:
+// as http.DefaultTransport does), and returns it.
 func Guard(t *http.Transport) *http.Transport {
-	if p := installed.Load(); p != nil {
-		return p.Guard(t)
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	t.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
+		return DialContext(ctx, d, network, address)
 	}
 	return t
+}
+
+// Transport is a clone of http.DefaultTransport guarded by Guard.
+func Transport() *http.Transport {
+	return Guard(http.DefaultTransport.(*http.Transport).Clone())
 }
 
 // DialContext dials through the installed policy, if any: for clients of

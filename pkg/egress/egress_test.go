@@ -101,13 +101,17 @@ func TestInstalledPolicy(t *testing.T) {
 	defer srv.Close()
 	defer Install(nil)
 	Install(nil)
-	resp, err := (&http.Client{Transport: Guard(http.DefaultTransport.(*http.Transport).Clone())}).Get(srv.URL)
+	// One client, made before the policy is installed, as a fetch
+	// package's may be.
+	client := &http.Client{Transport: Transport()}
+	resp, err := client.Get(srv.URL)
 	if err != nil {
 		t.Fatalf("without a policy: %v", err)
 	}
 	_ = resp.Body.Close()
+	client.CloseIdleConnections()
 	Install(&Policy{})
-	if _, err := (&http.Client{Transport: Guard(http.DefaultTransport.(*http.Transport).Clone())}).Get(srv.URL); !Refused(err) {
+	if _, err := client.Get(srv.URL); !Refused(err) {
 		t.Errorf("with the policy: %v, want refused", err)
 	}
 	if _, err := DialContext(context.Background(), &net.Dialer{}, "tcp", srv.Listener.Addr().String()); !Refused(err) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -39,7 +40,9 @@ const service = "fetcher"
 // options are the fetcher's flags; every flag can also be set from
 // HEADWATER_<FLAG> (see package flagenv).
 type options struct {
-	bus         bus.Options
+	bus bus.Options
+	// egress is the policy of the addresses sources' URLs may reach.
+	egress      egress.Options
 	storage     storage.Options
 	telemetry   telemetry.Options
 	secrets     secrets.Options
@@ -74,6 +77,7 @@ type options struct {
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.bus.BindFlags(fs)
+	o.egress.BindFlags(fs)
 	o.storage.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9101")
 	o.secrets.BindFlags(fs)
@@ -204,6 +208,9 @@ func run(ctx context.Context, o options) error {
 	}
 	checker, _ := o.secrets.NewProvenance() // nil without a cluster, as logged above
 
+	// Sources' URLs are tenants': every client of one dials through the
+	// egress policy (the providers' credential requests do not).
+	egress.Install(o.egress.Resolve(ctx, o.bus.URL))
 	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
 	if err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/binding"
@@ -27,6 +28,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/signature"
 )
 
@@ -85,13 +87,27 @@ type Client struct {
 	// Now returns the time of a delivery attempt, the version 2
 	// signature's timestamp; time.Now when nil.
 	Now func() time.Time
+	// Policy, when set, refuses sinks at addresses a tenant may not
+	// reach (package egress); it guards the client made when HTTP is nil.
+	Policy *egress.Policy
+
+	once    sync.Once
+	guarded *http.Client
 }
 
 func (c *Client) client() *http.Client {
 	if c.HTTP != nil {
 		return c.HTTP
 	}
-	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c.once.Do(func() {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		if c.Policy != nil {
+			c.Policy.Guard(t)
+		}
+		c.guarded = &http.Client{Transport: t,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	})
+	return c.guarded
 }
 
 func (c *Client) now() time.Time {

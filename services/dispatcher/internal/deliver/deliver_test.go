@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/signature"
 )
 
@@ -160,5 +162,35 @@ func TestDeliverTimeoutAndRedaction(t *testing.T) {
 	}
 	if err != nil && strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("error %q contains credentials", err)
+	}
+}
+
+// TestDeliverRefusedByTheEgressPolicy: a sink at an address the policy
+// refuses (loopback here) gets nothing, and the error says the policy
+// refused it without telling the address or whether anything listens.
+func TestDeliverRefusedByTheEgressPolicy(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	_, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "http://"), ":")
+	for _, u := range []string{srv.URL + "/hook", "http://localhost:" + port + "/hook", "http://169.254.169.254/latest/meta-data/"} {
+		err := (&Client{Policy: &egress.Policy{}}).Deliver(context.Background(), testEvent(t), Target{URL: u, Key: []byte("k"), Timeout: 5 * time.Second})
+		if !egress.Refused(err) {
+			t.Errorf("Deliver to %s = %v, want refused", u, err)
+			continue
+		}
+		if msg := strings.Replace(err.Error(), Redact(u), "", 1); strings.Contains(msg, "127.0.0.1") || strings.Contains(msg, port) || strings.Contains(msg, "169.254") {
+			t.Errorf("the refusal tells the address: %v", err)
+		}
+	}
+	if hits.Load() != 0 {
+		t.Errorf("the refused sink got %d requests", hits.Load())
+	}
+	allowed := &egress.Policy{}
+	if err := allowed.Allowed.Set("127.0.0.1:" + port); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&Client{Policy: allowed}).Deliver(context.Background(), testEvent(t), Target{URL: srv.URL, Timeout: 5 * time.Second}); err != nil || hits.Load() != 1 {
+		t.Errorf("an allowed sink: %v, %d requests", err, hits.Load())
 	}
 }
