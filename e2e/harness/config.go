@@ -76,6 +76,11 @@ type Config struct {
 	Env []string
 	// ExtraArgs are appended to a service's command line, by service name.
 	ExtraArgs map[string][]string
+	// AllowedDestinations are the fetchers' and the dispatcher's
+	// -allowed-destinations: nil lets them reach loopback, where every
+	// server of an Env listens (the egress policy refuses it by
+	// default); an empty, non-nil list leaves the default.
+	AllowedDestinations []string
 	// S3, when set, makes the fetcher, the packager and the artifact-server
 	// share this bucket as their storage instead of the directory storage
 	// (which is then left empty).

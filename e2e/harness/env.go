@@ -334,7 +334,7 @@ func (e *Env) defineServices() error {
 		ArtifactServer: append(common(ArtifactServer),
 			"-storage-path", e.StoragePath, "-storage-addr", e.ArtifactAddr, "-storage-adv-addr", e.ArtifactAddr),
 		Packager: append(common(Packager), "-storage-path", e.StoragePath),
-		Fetcher:  append(common(Fetcher), "-storage-path", e.StoragePath),
+		Fetcher:  append(append(common(Fetcher), "-storage-path", e.StoragePath), e.egressArgs()...),
 		Watcher:  append(common(Watcher), "-health-addr", watcherHealth),
 	}
 	if e.Config.Receivers {
@@ -383,7 +383,7 @@ func (e *Env) defineServices() error {
 		e.services = append(e.services, &Service{
 			Name:          Dispatcher,
 			Path:          filepath.Join(e.Config.BinDir, Dispatcher),
-			Args:          append(common(Dispatcher), e.Config.ExtraArgs[Dispatcher]...),
+			Args:          slices.Concat(common(Dispatcher), e.egressArgs(), e.Config.ExtraArgs[Dispatcher]),
 			Env:           env,
 			LogPath:       filepath.Join(e.Config.Dir, "logs", Dispatcher+".log"),
 			ReadyURL:      "http://" + telemetry[Dispatcher] + "/readyz",
@@ -393,6 +393,21 @@ func (e *Env) defineServices() error {
 	e.useS3Storage()
 	e.useOwnTempDirs()
 	return nil
+}
+
+// egressArgs are the egress flags of the services that reach tenants'
+// URLs: loopback allowed unless Config.AllowedDestinations says otherwise,
+// and the artifact-server among Headwater's internals, never reached.
+func (e *Env) egressArgs() []string {
+	allowed := e.Config.AllowedDestinations
+	if allowed == nil {
+		allowed = []string{"127.0.0.0/8", "::1"}
+	}
+	args := []string{"-internal-destinations", e.ArtifactAddr}
+	if len(allowed) > 0 {
+		args = append(args, "-allowed-destinations", strings.Join(allowed, ","))
+	}
+	return args
 }
 
 // addReceiver defines the webhook receiver, started after the others: it
@@ -427,6 +442,7 @@ func (e *Env) addHTTPSourceFetcher(env []string) error {
 	}
 	telemetry := "127.0.0.1:" + strconv.Itoa(ports[0])
 	args := []string{"-nats-url", e.NATSURL, "-telemetry-addr", telemetry, "-log-format", "text", "-storage-path", e.StoragePath}
+	args = append(args, e.egressArgs()...)
 	if e.NATSIdentities != nil {
 		args = append(args, "-nats-nkey", e.NATSIdentities.SeedFiles[events.PluginIdentity("HTTPSource")])
 	}

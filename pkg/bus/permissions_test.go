@@ -289,6 +289,57 @@ func TestBusRefusesWhatAnIdentityMayNotDo(t *testing.T) {
 	})
 }
 
+// TestPluginConsumerKeepsItsKind: a plug-in fetcher joins its stream with
+// its consumer filtered to its kind's jobs, and NATS refuses the same
+// consumer filtered to another kind's (a built-in kind's jobs would carry
+// other tenants' fetches) or to every kind.
+func TestPluginConsumerKeepsItsKind(t *testing.T) {
+	const kind = "HTTPSource"
+	id := events.PluginIdentity(kind)
+	ids, err := natsserver.NewIdentities(t.TempDir(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Users: ids.Users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := connectAs(t, ns.ClientURL(), ids, id)
+	if _, err := c.JoinStream(ctx, events.FetchStream, events.PluginConsumer(kind), events.ConsumerOptions{}); err != nil {
+		t.Fatalf("the plug-in joins its stream: %v", err)
+	}
+	for name, filter := range map[string]string{
+		"another kind's": events.FetchSubject("GitRepository"),
+		"every kind's":   events.FetchSubjectPrefix + ".>",
+	} {
+		// A refused request is not answered: each waits a few seconds.
+		refused := func(cfg jetstream.ConsumerConfig) bool {
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			_, err := c.JS.CreateOrUpdateConsumer(ctx, events.FetchStream, cfg)
+			return err != nil
+		}
+		cfg := events.Consumer(events.FetchStream, events.PluginConsumer(kind), events.ConsumerOptions{FilterSubjects: []string{filter}})
+		if !refused(cfg) {
+			t.Errorf("the plug-in's consumer was filtered to %s jobs (%s)", name, filter)
+		}
+		cfg.FilterSubject, cfg.FilterSubjects = "", []string{events.FetchSubject(kind), filter}
+		if !refused(cfg) {
+			t.Errorf("the plug-in's consumer was filtered to its own and %s jobs", name)
+		}
+	}
+	info, err := c.JS.Consumer(ctx, events.FetchStream, events.PluginConsumer(kind))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.CachedInfo().Config; got.FilterSubject != events.FetchSubject(kind) || len(got.FilterSubjects) != 0 {
+		t.Errorf("the consumer filters %q %q, want %s only", got.FilterSubject, got.FilterSubjects, events.FetchSubject(kind))
+	}
+}
+
 func mustNKey(t *testing.T, seedFile string) nats.Option {
 	t.Helper()
 	opt, err := nats.NkeyOptionFromSeed(seedFile)

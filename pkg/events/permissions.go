@@ -303,10 +303,20 @@ func Permissions(identity string) (p Permission, ok bool) {
 		consumers = append([]streamConsumer{{r.stream, r.consumer}}, consumers...)
 	}
 	for _, c := range consumers {
+		if c == (streamConsumer{r.stream, r.consumer}) && len(r.filter) == 1 {
+			// A consumer with one filter is created only on the subject
+			// that names it, which NATS checks against the request's
+			// configuration: a plug-in fetcher cannot point its consumer
+			// at another kind's jobs (the legacy DURABLE.CREATE and the
+			// unfiltered CREATE, which carry any filter, are not given).
+			p.Publish = append(p.Publish, api+"CREATE."+c.stream+"."+c.consumer+"."+r.filter[0])
+		} else {
+			p.Publish = append(p.Publish,
+				api+"CREATE."+c.stream+"."+c.consumer,
+				api+"CREATE."+c.stream+"."+c.consumer+".>",
+				api+"DURABLE.CREATE."+c.stream+"."+c.consumer)
+		}
 		p.Publish = append(p.Publish,
-			api+"CREATE."+c.stream+"."+c.consumer,
-			api+"CREATE."+c.stream+"."+c.consumer+".>",
-			api+"DURABLE.CREATE."+c.stream+"."+c.consumer,
 			api+"INFO."+c.stream+"."+c.consumer,
 			api+"MSG.NEXT."+c.stream+"."+c.consumer,
 			"$JS.ACK."+c.stream+"."+c.consumer+".>",

@@ -106,6 +106,19 @@ func TestPluginIdentity(t *testing.T) {
 			t.Errorf("%s may publish %s", id, s)
 		}
 	}
+	// Its consumer is created only with its own kind's filter: no
+	// unfiltered or legacy create, which carry any filter.
+	if want := "$JS.API.CONSUMER.CREATE.HEADWATER_FETCH.plugin-httpsource.headwater.jobs.fetch.httpsource"; !slices.Contains(p.Publish, want) {
+		t.Errorf("%s may not publish %s", id, want)
+	}
+	for _, s := range p.Publish {
+		if strings.Contains(s, "DURABLE.CREATE") || strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.") && !strings.HasSuffix(s, ".headwater.jobs.fetch.httpsource") {
+			t.Errorf("%s may publish %s", id, s)
+		}
+	}
+	if c := Consumer(FetchStream, PluginConsumer("HTTPSource"), ConsumerOptions{FilterSubjects: ConsumerFilter(id, FetchStream)}); c.FilterSubject != FetchSubject("HTTPSource") || len(c.FilterSubjects) != 0 {
+		t.Errorf("plug-in consumer filters %q %q, want FilterSubject %s", c.FilterSubject, c.FilterSubjects, FetchSubject("HTTPSource"))
+	}
 	if got := StreamsOf(id); !slices.Equal(got, []string{FetchStream, PackageStream, PublishStream}) {
 		t.Errorf("StreamsOf(%s) = %q", id, got)
 	}

@@ -156,6 +156,16 @@ func Consumer(stream, name string, o ConsumerOptions) jetstream.ConsumerConfig {
 	if o.DeliverNew {
 		deliver = jetstream.DeliverNewPolicy
 	}
+	// One filter is sent as FilterSubject: the client then creates the
+	// consumer on $JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>, and
+	// NATS refuses a request whose configuration filters otherwise, so a
+	// permission naming that subject ties the consumer to its filter
+	// (Permissions, a plug-in fetcher's).
+	var filter string
+	filters := o.FilterSubjects
+	if len(filters) == 1 {
+		filter, filters = filters[0], nil
+	}
 	return jetstream.ConsumerConfig{
 		Durable:        name,
 		Description:    "Headwater " + name + " on " + stream,
@@ -165,7 +175,8 @@ func Consumer(stream, name string, o ConsumerOptions) jetstream.ConsumerConfig {
 		MaxAckPending:  o.MaxAckPending,
 		DeliverPolicy:  deliver,
 		MemoryStorage:  IsWorkQueue(stream),
-		FilterSubjects: o.FilterSubjects,
+		FilterSubject:  filter,
+		FilterSubjects: filters,
 	}
 }
 

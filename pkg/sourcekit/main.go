@@ -16,6 +16,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/fetchjob"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
@@ -44,6 +45,10 @@ type Options struct {
 	// artifact found intact while storage describes it the same way
 	// (storage.Verified); 0 reads it through at every check.
 	VerifyInterval time.Duration
+	// Egress is the policy of the addresses a kind's URLs may reach,
+	// installed by Run (egress.Install): a FetchFunc's HTTP client
+	// made with egress.Transport follows it.
+	Egress egress.Options
 }
 
 // BindFlags registers the options on fs.
@@ -51,6 +56,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	o.Bus.BindFlags(fs)
 	o.Storage.BindFlags(fs)
 	o.Telemetry.BindFlags(fs, ":9100")
+	o.Egress.BindFlags(fs)
 	o.Kube.BindFlags(fs, "Path to a kubeconfig, to read the Secrets sources name; default: $KUBECONFIG, then in-cluster.")
 	fs.IntVar(&o.Concurrency, "concurrency", 4, "Jobs fetched at once.")
 	fs.IntVar(&o.MaxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of one job before its failure is final.")
@@ -114,6 +120,7 @@ func Run(ctx context.Context, kind string, fetch FetchFunc, o Options) error {
 		return errors.New("--artifact-verify-interval must not be negative")
 	}
 	service, identity := ServiceName(kind), events.PluginIdentity(kind)
+	egress.Install(o.Egress.Resolve(ctx, o.Bus.URL))
 	log := logr.FromContextOrDiscard(ctx)
 	ctrllog.SetLogger(log)
 	ctx, cancel := context.WithCancel(ctx)

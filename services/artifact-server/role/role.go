@@ -13,6 +13,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/artifact-server/internal/httpserver"
 
 	"github.com/headwater-gitops/headwater/services/artifact-server/internal/sink"
 )
@@ -34,6 +35,8 @@ type options struct {
 	concurrency int
 	// sinks are HTTP endpoints that also receive every public CloudEvent.
 	sinks sink.URLs
+	// limits bound the file server's requests and connections.
+	limits httpserver.Limits
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -45,6 +48,14 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Host[:port] put into artifact URLs (http://<addr>/<path>). Default: the -storage-addr, with an empty host "+
 			"replaced by localhost and 0.0.0.0 or :: by this machine's hostname.")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "Job results announced at once.")
+	d := httpserver.DefaultLimits
+	fs.DurationVar(&o.limits.ReadHeaderTimeout, "read-header-timeout", d.ReadHeaderTimeout, "Time a client has to send a request's headers.")
+	fs.DurationVar(&o.limits.ReadTimeout, "read-timeout", d.ReadTimeout, "Time a client has to send a whole request.")
+	fs.DurationVar(&o.limits.WriteTimeout, "write-timeout", d.WriteTimeout,
+		"Time to send a response, from the end of its request's headers: the largest artifact must reach its slowest consumer within it.")
+	fs.DurationVar(&o.limits.IdleTimeout, "idle-timeout", d.IdleTimeout, "Time a kept-alive connection may stay idle between requests.")
+	fs.IntVar(&o.limits.MaxConnections, "max-connections", d.MaxConnections,
+		"Connections open at once; a client past them waits until one closes. 0 means no limit.")
 	fs.Var(&o.sinks, "event-sink-url",
 		"Deprecated: use a Subscription (events.headwater.dev), delivered with retries and signatures by the dispatcher. "+
 			"HTTP endpoint that also receives every public CloudEvent (binary HTTP binding), best effort; repeatable or comma-separated.")

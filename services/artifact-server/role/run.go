@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -67,11 +66,8 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
-	srv := &http.Server{
-		Handler:           httpserver.New(store, reg, log.WithName("http")),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
+	ln = o.limits.Listener(ln, reg)
+	srv := o.limits.Server(httpserver.New(store, reg, log.WithName("http")))
 	serveErr := make(chan error, 1)
 	go func() {
 		serveErr <- command.Serve(ctx, srv, ln, shutdownTimeout)

@@ -21,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/dispatcher/internal/controller"
@@ -42,10 +43,13 @@ type options struct {
 	reportInterval time.Duration
 	// noCrossNamespaceRefs confines each Subscription to its namespace.
 	noCrossNamespaceRefs bool
+	// egress is the policy of the sinks' addresses.
+	egress egress.Options
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.bus.BindFlags(fs)
+	o.egress.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9104")
 	o.kube.BindFlags(fs, "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Events of one Subscription delivered at once, per replica.")
@@ -120,6 +124,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	onBus.Up(conn)
+	// Sinks are tenants' URLs: kept off the metadata endpoint, loopback
+	// and the NATS server (package egress).
+	policy := o.egress.Resolve(ctx, o.bus.URL)
 	metrics, err := dispatch.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -133,7 +140,7 @@ func run(ctx context.Context, o options) error {
 	}
 	d := &dispatch.Dispatcher{
 		JS:          conn.JS,
-		HTTP:        &deliver.Client{},
+		HTTP:        &deliver.Client{Policy: policy},
 		Reports:     reports,
 		Concurrency: o.concurrency,
 		Metrics:     metrics,

@@ -72,6 +72,11 @@ func TestRun(t *testing.T) {
 	o.storage.Path = t.TempDir()
 	o.telemetry.Addr = freeAddr(t)
 	o.secrets.Kubeconfig = filepath.Join(t.TempDir(), "no-cluster")
+	// The git server is on loopback, which the egress policy refuses
+	// by default.
+	if err := o.egress.Policy.Allowed.Set("127.0.0.0/8"); err != nil {
+		t.Fatal(err)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- run(runCtx, o) }()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -32,7 +33,9 @@ const service = "fetcher"
 // options are the fetcher's flags; every flag can also be set from
 // HEADWATER_<FLAG> (see package flagenv).
 type options struct {
-	bus         bus.Options
+	bus bus.Options
+	// egress is the policy of the addresses sources' URLs may reach.
+	egress      egress.Options
 	storage     storage.Options
 	telemetry   telemetry.Options
 	secrets     secrets.Options
@@ -67,6 +70,7 @@ type options struct {
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.bus.BindFlags(fs)
+	o.egress.BindFlags(fs)
 	o.storage.BindFlags(fs)
 	o.telemetry.BindFlags(fs, ":9101")
 	o.secrets.BindFlags(fs)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -203,6 +204,9 @@ func (f *fetcher) readSecrets(context.Context) error {
 
 // connect joins the bus and the fetch jobs' consumer.
 func (f *fetcher) connect(ctx context.Context) error {
+	// Sources' URLs are tenants': every client of one dials through the
+	// egress policy (the providers' credential requests do not).
+	egress.Install(f.o.egress.Resolve(ctx, f.o.bus.URL))
 	conn, err := bus.Connect(ctx, f.o.bus, service, f.log, bus.ReportTo(f.ep.Bus))
 	if err != nil {
 		return fmt.Errorf("connect to the bus: %w", err)

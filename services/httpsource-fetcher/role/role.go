@@ -8,6 +8,7 @@ import (
 	"flag"
 	"net/http"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/sourcekit"
 	"github.com/headwater-gitops/headwater/services/httpsource-fetcher/api/v1alpha1"
 	"github.com/headwater-gitops/headwater/services/httpsource-fetcher/internal/httpsource"
@@ -27,7 +28,9 @@ func Flags() *flag.FlagSet { return sourcekit.Flags(kind()) }
 
 // kind is the HTTPSource fetcher, with its flags.
 func kind() sourcekit.Kind {
-	f := &httpsource.Fetcher{Client: &http.Client{}}
+	// The URLs are tenants': the client follows the egress policy
+	// sourcekit.Run installs.
+	f := &httpsource.Fetcher{Client: &http.Client{Transport: egress.Transport()}}
 	return sourcekit.Kind{
 		Name:  v1alpha1.HTTPSourceKind,
 		Fetch: f.Fetch,

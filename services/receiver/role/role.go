@@ -6,12 +6,15 @@ package role
 import (
 	"context"
 	"flag"
+	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/signature"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/services/receiver/internal/hook"
 )
 
 // service names the receiver on the bus, in logs and in metrics.
@@ -27,6 +30,13 @@ type options struct {
 	kubeconfig string
 	// addr is the listen address of the webhook endpoint.
 	addr string
+	// hookRate and hookBurst bound each Receiver's requests.
+	hookRate  float64
+	hookBurst int
+	// tokenTTL is how long a Receiver's token is cached.
+	tokenTTL time.Duration
+	// tolerance is the replay window of Headwater-signed requests.
+	tolerance time.Duration
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -34,6 +44,10 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.telemetry.BindFlags(fs, ":9104")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster.")
 	fs.StringVar(&o.addr, "receiver-addr", ":9292", "Address the webhook endpoint (/hook/<digest>) listens on (Flux's port).")
+	fs.Float64Var(&o.hookRate, "hook-rate", 10, "Requests per second each Receiver accepts on average; past -hook-burst the others are answered 429 before the token Secret is read. 0 means no limit.")
+	fs.IntVar(&o.hookBurst, "hook-burst", 50, "Requests a Receiver accepts at once before -hook-rate applies.")
+	fs.DurationVar(&o.tokenTTL, "token-cache-ttl", hook.DefaultTokenTTL, "How long a Receiver's token read from its Secret is used before it is read again (a request that does not validate reads it again at once).")
+	fs.DurationVar(&o.tolerance, "signature-tolerance", signature.DefaultTolerance, "Replay window of generic-hmac requests signed by a Headwater dispatcher (X-Headwater-Signature-V2): a timestamp further from the clock is refused.")
 }
 
 // Flags returns the role's flags as Main parses them (command.NewFlagSet),

@@ -10,6 +10,7 @@ import (
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -62,7 +63,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	// The informer cache holds Receivers only; Secrets are read one at a
-	// time, live (hook.SecretTokens).
+	// time (hook.SecretTokens) and kept for -token-cache-ttl (hook.TokenCache).
 	receivers, err := cache.New(cfg, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return fmt.Errorf("receiver cache: %w", err)
@@ -93,11 +94,16 @@ func run(ctx context.Context, o options) error {
 	}
 	ready.Set("receivers", nil)
 
+	tokens := &hook.TokenCache{Source: hook.SecretTokens{Reader: live}, TTL: o.tokenTTL}
+	tokens.Register(reg)
 	h := &hook.Handler{
 		Receivers: hook.CachedReceivers{Reader: receivers},
-		Tokens:    hook.SecretTokens{Reader: live},
+		Tokens:    tokens,
 		Hooks:     conn.NewPublisher(service),
 		Log:       log.WithName("hook"),
+		Tolerance: o.tolerance,
+		Limit:     rate.Limit(o.hookRate),
+		Burst:     o.hookBurst,
 	}
 	h.Register(reg)
 	mux := http.NewServeMux()

@@ -14,7 +14,19 @@ const HMACKey = "hmacKey"
 
 // SignatureHeader is the HTTP header carrying a delivery's signature:
 // "sha256=<hex HMAC-SHA256 of the request body with the Secret's hmacKey>".
+// It covers the body only; SignatureV2Header covers the CloudEvent's id,
+// type and time and a timestamp as well (see docs/events.md).
 const SignatureHeader = "X-Headwater-Signature"
+
+// FluxSignatureHeader carries the same value as SignatureHeader, where
+// Flux's notification-controller Receiver of type generic-hmac looks for
+// it, so a Subscription can notify one.
+const FluxSignatureHeader = "X-Signature"
+
+// SignatureV2Header carries the version 2 signature (package
+// pkg/signature): "t=<Unix seconds>,v2=<hex HMAC-SHA256 of
+// "v2\n<t>\n<ce-id>\n<ce-type>\n<ce-time>\n<body>">".
+const SignatureV2Header = "X-Headwater-Signature-V2"
 
 // Defaults of the HTTP delivery.
 const (
@@ -109,8 +121,10 @@ type HTTPSink struct {
 	URL string `json:"url"`
 
 	// SecretRef names a Secret in the Subscription's namespace whose
-	// hmacKey signs each request: the X-Headwater-Signature header is
-	// sha256=<hex HMAC-SHA256 of the body>.
+	// hmacKey signs each request: the X-Headwater-Signature header (and
+	// X-Signature, for Flux's generic-hmac Receiver) is sha256=<hex
+	// HMAC-SHA256 of the body>; X-Headwater-Signature-V2 also covers the
+	// ce-id, ce-type and ce-time headers and a timestamp (docs/events.md).
 	// +optional
 	SecretRef *meta.LocalObjectReference `json:"secretRef,omitempty"`
 

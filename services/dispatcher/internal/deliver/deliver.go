@@ -1,7 +1,10 @@
 // Package deliver sends one CloudEvent to a Subscription's HTTP endpoint:
 // the CloudEvents HTTP protocol binding in binary content mode (the
 // CloudEvent attributes in ce-* headers, the data as the body), signed with
-// the Subscription's HMAC key. It makes one attempt; retries, backoff and
+// the Subscription's HMAC key (three headers: the body-only signature of
+// older receivers, the same in Flux's generic-hmac header, and the version
+// 2 signature of package signature, which covers ce-id, ce-type, ce-time
+// and a timestamp as well). It makes one attempt; retries, backoff and
 // dead letters belong to the consumer that calls it (package dispatch).
 package deliver
 
@@ -17,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/binding"
@@ -24,6 +28,8 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/egress"
+	"github.com/headwater-gitops/headwater/pkg/signature"
 )
 
 // signaturePrefix starts the value of the signature header.
@@ -78,13 +84,37 @@ type Client struct {
 	// with no redirects followed (a redirect is an error, so a signed
 	// event never goes elsewhere).
 	HTTP *http.Client
+	// Now returns the time of a delivery attempt, the version 2
+	// signature's timestamp; time.Now when nil.
+	Now func() time.Time
+	// Policy, when set, refuses sinks at addresses a tenant may not
+	// reach (package egress); it guards the client made when HTTP is nil.
+	Policy *egress.Policy
+
+	once    sync.Once
+	guarded *http.Client
 }
 
 func (c *Client) client() *http.Client {
 	if c.HTTP != nil {
 		return c.HTTP
 	}
-	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c.once.Do(func() {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		if c.Policy != nil {
+			c.Policy.Guard(t)
+		}
+		c.guarded = &http.Client{Transport: t,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	})
+	return c.guarded
+}
+
+func (c *Client) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
 }
 
 // Deliver makes one attempt to deliver e to t. A non-2xx answer is an
@@ -107,7 +137,12 @@ func (c *Client) Deliver(ctx context.Context, e event.Event, t Target) error {
 	req.ContentLength = int64(len(body))
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	if len(t.Key) > 0 {
-		req.Header.Set(v1alpha1.SignatureHeader, Sign(t.Key, body))
+		sig := Sign(t.Key, body)
+		req.Header.Set(v1alpha1.SignatureHeader, sig)
+		req.Header.Set(v1alpha1.FluxSignatureHeader, sig)
+		m := signature.FromRequest(req.Header, body)
+		m.Timestamp = c.now().Unix()
+		req.Header.Set(signature.Header, signature.Sign(t.Key, m))
 	}
 	resp, err := c.client().Do(req)
 	if err != nil {

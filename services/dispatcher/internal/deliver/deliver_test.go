@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,8 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/egress"
+	"github.com/headwater-gitops/headwater/pkg/signature"
 )
 
 func testEvent(t *testing.T) event.Event {
@@ -69,6 +72,7 @@ func TestSignMatchesOpenSSL(t *testing.T) {
 
 func TestDeliver(t *testing.T) {
 	key := []byte("hmac-key")
+	sent := time.Unix(1700000000, 0)
 	tests := []struct {
 		name    string
 		key     []byte
@@ -97,6 +101,21 @@ func TestDeliver(t *testing.T) {
 				if tc.key != nil && !Verify(tc.key, body, sig) {
 					t.Errorf("signature %q does not verify the body", sig)
 				}
+				if flux := r.Header.Get(v1alpha1.FluxSignatureHeader); flux != sig {
+					t.Errorf("%s %q, want %q as Flux's generic-hmac expects", v1alpha1.FluxSignatureHeader, flux, sig)
+				}
+				if tc.key != nil {
+					// Signed at the client's clock, checked at the
+					// window's edge and past it.
+					if _, err := signature.Verify(tc.key, r.Header, body, sent.Add(signature.DefaultTolerance), signature.DefaultTolerance); err != nil {
+						t.Errorf("%s %q: %v", v1alpha1.SignatureV2Header, r.Header.Get(v1alpha1.SignatureV2Header), err)
+					}
+					if _, err := signature.Verify(tc.key, r.Header, body, sent.Add(signature.DefaultTolerance+time.Second), signature.DefaultTolerance); !errors.Is(err, signature.ErrExpired) {
+						t.Errorf("a replay after the window: %v, want %v", err, signature.ErrExpired)
+					}
+				} else if v2 := r.Header.Get(v1alpha1.SignatureV2Header); v2 != "" {
+					t.Errorf("unsigned delivery has %s %q", v1alpha1.SignatureV2Header, v2)
+				}
 				mu.Unlock()
 				if tc.status == http.StatusFound {
 					w.Header().Set("Location", "http://127.0.0.1:1/elsewhere")
@@ -106,7 +125,7 @@ func TestDeliver(t *testing.T) {
 			defer srv.Close()
 
 			e := testEvent(t)
-			err := (&Client{}).Deliver(context.Background(), e, Target{URL: srv.URL, Key: tc.key, Timeout: 5 * time.Second})
+			err := (&Client{Now: func() time.Time { return sent }}).Deliver(context.Background(), e, Target{URL: srv.URL, Key: tc.key, Timeout: 5 * time.Second})
 			var herr *HTTPError
 			switch {
 			case tc.wantErr == 0 && err != nil:
@@ -143,5 +162,35 @@ func TestDeliverTimeoutAndRedaction(t *testing.T) {
 	}
 	if err != nil && strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("error %q contains credentials", err)
+	}
+}
+
+// TestDeliverRefusedByTheEgressPolicy: a sink at an address the policy
+// refuses (loopback here) gets nothing, and the error says the policy
+// refused it without telling the address or whether anything listens.
+func TestDeliverRefusedByTheEgressPolicy(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	_, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "http://"), ":")
+	for _, u := range []string{srv.URL + "/hook", "http://localhost:" + port + "/hook", "http://169.254.169.254/latest/meta-data/"} {
+		err := (&Client{Policy: &egress.Policy{}}).Deliver(context.Background(), testEvent(t), Target{URL: u, Key: []byte("k"), Timeout: 5 * time.Second})
+		if !egress.Refused(err) {
+			t.Errorf("Deliver to %s = %v, want refused", u, err)
+			continue
+		}
+		if msg := strings.Replace(err.Error(), Redact(u), "", 1); strings.Contains(msg, "127.0.0.1") || strings.Contains(msg, port) || strings.Contains(msg, "169.254") {
+			t.Errorf("the refusal tells the address: %v", err)
+		}
+	}
+	if hits.Load() != 0 {
+		t.Errorf("the refused sink got %d requests", hits.Load())
+	}
+	allowed := &egress.Policy{}
+	if err := allowed.Allowed.Set("127.0.0.1:" + port); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&Client{Policy: allowed}).Deliver(context.Background(), testEvent(t), Target{URL: srv.URL, Timeout: 5 * time.Second}); err != nil || hits.Load() != 1 {
+		t.Errorf("an allowed sink: %v, %d requests", err, hits.Load())
 	}
 }

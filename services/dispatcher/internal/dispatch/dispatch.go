@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
@@ -275,7 +276,9 @@ func (d *Dispatcher) handle(ctx context.Context, r *running, m *events.Message, 
 		return err // shutting down: redelivered at once to another replica
 	}
 	d.Reports.Failed(s.Ref)
-	if dl.Last {
+	// A sink the egress policy refuses stays refused: a dead letter at
+	// once, rather than a retry of the same refusal.
+	if dl.Last || egress.Refused(err) {
 		d.Metrics.deadLetter(s.name())
 		d.Reports.DeadLetter(s.Ref, events.DeadLetter{
 			EventID: m.Event.ID(), EventType: m.Event.Type(), Subject: m.Event.Subject(),

@@ -13,6 +13,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/minio/minio-go/v7/pkg/s3utils"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -195,6 +196,7 @@ func (s *Source) transport(secure bool, tlsConfig *tls.Config, proxy *url.URL) (
 		if err != nil {
 			return nil, err
 		}
+		egress.Guard(t)
 		s.transports[secure] = t
 		return t, nil
 	}
@@ -202,6 +204,7 @@ func (s *Source) transport(secure bool, tlsConfig *tls.Config, proxy *url.URL) (
 	if err != nil {
 		return nil, err
 	}
+	egress.Guard(t)
 	t.IdleConnTimeout = customIdleTimeout
 	if tlsConfig != nil {
 		t.TLSClientConfig = tlsConfig

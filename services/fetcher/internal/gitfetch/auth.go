@@ -14,6 +14,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
@@ -234,7 +235,7 @@ func (s *Source) tokenClient(c *credentials, secretTLS bool) (*http.Client, erro
 			cfg.Certificates = []tls.Certificate{pair}
 		}
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr := egress.Transport()
 	tr.TLSClientConfig = cfg
 	if c.proxy.URL != "" {
 		p, err := url.Parse(c.proxy.URL)

@@ -11,6 +11,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/transport/client"
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 )
 
@@ -60,12 +61,12 @@ func (t *limitedHTTP) NewReceivePackSession(ep *transport.Endpoint, auth transpo
 func (t *limitedHTTP) client(ep *transport.Endpoint) (transport.Transport, *transport.Endpoint, error) {
 	if len(ep.ClientCert) == 0 && len(ep.ClientKey) == 0 && len(ep.CaBundle) == 0 && !ep.InsecureSkipTLS && ep.Proxy.URL == "" {
 		t.once.Do(func() {
-			base := http.DefaultTransport.(*http.Transport).Clone()
+			base := egress.Transport()
 			t.shared = githttp.NewClient(&http.Client{Transport: hostlimit.Wrap(base, t.limiter)})
 		})
 		return t.shared, ep, nil
 	}
-	own := http.DefaultTransport.(*http.Transport).Clone()
+	own := egress.Transport()
 	if err := configureHTTP(own, ep); err != nil {
 		return nil, nil, err
 	}

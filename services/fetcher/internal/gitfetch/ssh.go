@@ -17,6 +17,8 @@ import (
 	"github.com/skeema/knownhosts"
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/net/proxy"
+
+	"github.com/headwater-gitops/headwater/pkg/egress"
 )
 
 // defaultSSHUser is the user of an ssh URL that names none, as in Flux.
@@ -139,7 +141,7 @@ func newDeadlineDialer(u *url.URL, _ proxy.Dialer) (proxy.Dialer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh dialer: invalid deadline: %w", err)
 	}
-	d := &deadlineDialer{deadline: deadline, forward: &net.Dialer{}}
+	d := &deadlineDialer{deadline: deadline, forward: guardedDialer{}}
 	if via := q.Get("via"); via != "" {
 		vu, err := url.Parse(via)
 		if err != nil {
@@ -156,6 +158,13 @@ func newDeadlineDialer(u *url.URL, _ proxy.Dialer) (proxy.Dialer, error) {
 		d.forward = cd
 	}
 	return d, nil
+}
+
+// guardedDialer dials directly, through the installed egress policy.
+type guardedDialer struct{}
+
+func (guardedDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return egress.DialContext(ctx, &net.Dialer{}, network, addr)
 }
 
 // Dial dials addr on network.

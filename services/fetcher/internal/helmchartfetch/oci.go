@@ -24,6 +24,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/registry"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
@@ -358,7 +359,7 @@ func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1
 		}
 		return data, nil
 	}
-	base := http.DefaultTransport.(*http.Transport).Clone()
+	base := egress.Transport()
 	a := &ociAccess{transport: hostlimit.Wrap(base, s.transports.Limiter)}
 	if ref := spec.SecretRef; ref != nil {
 		data, err := get(ref.Name)

@@ -13,6 +13,7 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
@@ -80,7 +81,7 @@ type Transports struct {
 
 func (t *Transports) get(tlsConfig *tls.Config) *http.Transport {
 	t.once.Do(func() {
-		t.shared = http.DefaultTransport.(*http.Transport).Clone()
+		t.shared = egress.Transport()
 	})
 	if tlsConfig == nil {
 		return t.shared

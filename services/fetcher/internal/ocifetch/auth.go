@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -212,12 +213,12 @@ func (s *Source) transport(tlsConfig *tls.Config, proxy *url.URL) http.RoundTrip
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.shared == nil {
-			t := remote.DefaultTransport.(*http.Transport).Clone()
+			t := egress.Guard(remote.DefaultTransport.(*http.Transport).Clone())
 			s.shared = manifestLimit{t}
 		}
 		return s.shared
 	}
-	t := remote.DefaultTransport.(*http.Transport).Clone()
+	t := egress.Guard(remote.DefaultTransport.(*http.Transport).Clone())
 	t.IdleConnTimeout = customIdleTimeout
 	if tlsConfig != nil {
 		t.TLSClientConfig = tlsConfig

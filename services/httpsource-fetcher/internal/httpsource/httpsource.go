@@ -15,10 +15,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/fluxcd/pkg/apis/acl"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/sourcekit"
 	"github.com/headwater-gitops/headwater/services/httpsource-fetcher/api/v1alpha1"
 )
@@ -79,6 +81,11 @@ func (f *Fetcher) Fetch(ctx context.Context, req *sourcekit.Request) (*sourcekit
 	}
 	shown := u.Scheme + "://" + u.Host + u.Path // no query: it may hold a token
 	resp, err := client.Do(r)
+	if egress.Refused(err) {
+		// The same URL is refused at the next try: stalled until the
+		// spec or the policy changes. Nothing of the destination is told.
+		return nil, sourcekit.Stalled(acl.AccessDeniedReason, "failed to fetch %s: %s", shown, egress.ErrRefused)
+	}
 	if err != nil {
 		return nil, sourcekit.Transient(sourcev1.URLInvalidReason, "failed to fetch %s: %s", shown, unwrapURLError(err))
 	}

@@ -14,11 +14,13 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/fluxcd/pkg/apis/acl"
 	"github.com/fluxcd/pkg/apis/meta"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/sourcekit"
 )
@@ -213,5 +215,26 @@ func TestFetchAuthentication(t *testing.T) {
 		if err != nil || got.Load() != tc.want {
 			t.Errorf("secret %s: Authorization %q, %v; want %q", tc.secret, got.Load(), err, tc.want)
 		}
+	}
+}
+
+// TestFetchRefusedByTheEgressPolicy: with the policy installed, a URL at a
+// refused address (loopback here) stalls with AccessDenied, the server
+// sees no request, and the message names neither the address dialled nor
+// what answered there.
+func TestFetchRefusedByTheEgressPolicy(t *testing.T) {
+	srv, url := newServer(t, []byte("secret"), "text/plain")
+	egress.Install(&egress.Policy{})
+	defer egress.Install(nil)
+	_, err := fetch(t, &Fetcher{MaxSize: 1024, Client: &http.Client{Transport: egress.Transport()}}, url+"/x", nil)
+	f := failure.As(err)
+	if f == nil || f.Reason != acl.AccessDeniedReason || f.Handling != failure.Stalling {
+		t.Fatalf("err %v (%+v), want AccessDenied, stalling", err, f)
+	}
+	if want := "failed to fetch " + url + "/x: " + egress.ErrRefused.Error(); err.Error() != want {
+		t.Errorf("message %q, want %q", err, want)
+	}
+	if srv.requests.Load() != 0 {
+		t.Errorf("the refused server got %d requests", srv.requests.Load())
 	}
 }

@@ -8,6 +8,7 @@
 package hook
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -17,14 +18,19 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/signature"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 )
 
@@ -45,6 +51,12 @@ type Tokens interface {
 	Token(ctx context.Context, namespace, secret string) ([]byte, error)
 }
 
+// refresher is a Tokens that can read a token again past its cache
+// (TokenCache).
+type refresher interface {
+	Refresh(ctx context.Context, namespace, secret string) ([]byte, error)
+}
+
 // Publisher publishes a hook on the bus (a *bus.Publisher).
 type Publisher interface {
 	Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error
@@ -62,8 +74,19 @@ type Handler struct {
 	Log logr.Logger
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
+	// Tolerance is the replay window of requests signed by a Headwater
+	// dispatcher (signature.Header); signature.DefaultTolerance when zero.
+	Tolerance time.Duration
+	// Limit and Burst bound the requests of each Receiver (a token
+	// bucket per Receiver, refilled at Limit per second): past them a
+	// request is answered 429 before its Secret is read. Zero Limit
+	// means no bound.
+	Limit rate.Limit
+	Burst int
 
 	requests *prometheus.CounterVec
+	mu       sync.Mutex
+	limiters map[types.UID]*rate.Limiter
 }
 
 // Results of a request, the result label of headwater_receiver_requests_total.
@@ -75,8 +98,9 @@ const (
 	resultInvalid   = "invalid"
 	resultTooLarge  = "too_large"
 	resultError     = "error"
+	resultLimited   = "rate_limited"
 	requestsMetric  = "receiver_requests_total"
-	requestsHelpMsg = "Webhook requests by result: accepted, ping, not_found, not_ready, invalid, too_large, error."
+	requestsHelpMsg = "Webhook requests by result: accepted, ping, not_found, not_ready, rate_limited, invalid, too_large, error."
 )
 
 // Register registers headwater_receiver_requests_total{result} on reg.
@@ -88,7 +112,8 @@ func (h *Handler) Register(reg prometheus.Registerer) {
 }
 
 // ServeHTTP answers as Flux's receiver does: 404 for a path no Receiver
-// has, 503 for a suspended or not ready Receiver, 413 for a body over
+// has, 503 for a suspended or not ready Receiver, 429 past the Receiver's
+// rate limit, 413 for a body over
 // MaxBodyBytes, 400 for a request that does not validate or whose token
 // Secret is gone, 500 when the API server or the bus cannot be reached,
 // and 200 once the hook is on the bus. A GitHub ping that validates is answered 200 and
@@ -124,6 +149,12 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 		return resultNotReady
 	}
 
+	if !h.allow(rcv.UID) {
+		log.V(1).Info("refusing a hook: over the receiver's rate limit")
+		w.WriteHeader(http.StatusTooManyRequests)
+		return resultLimited
+	}
+
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
@@ -154,7 +185,17 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 		w.WriteHeader(http.StatusInternalServerError)
 		return resultError
 	}
-	event, delivery, err := validate(rcv, token, r, body)
+	window := replay{now: h.now(), tolerance: h.Tolerance}
+	if window.tolerance <= 0 {
+		window.tolerance = signature.DefaultTolerance
+	}
+	event, delivery, err := validate(rcv, token, r, body, window)
+	if rf, ok := h.Tokens.(refresher); err != nil && ok {
+		// The token may have been rotated since it was cached.
+		if fresh, ferr := rf.Refresh(ctx, rcv.Namespace, secret); ferr == nil && !bytes.Equal(fresh, token) {
+			event, delivery, err = validate(rcv, fresh, r, body, window)
+		}
+	}
 	if err != nil {
 		// The reason is logged, never answered: a caller without the
 		// token learns nothing.
@@ -179,6 +220,38 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 	return resultAccepted
 }
 
+func (h *Handler) now() time.Time {
+	if h.Now != nil {
+		return h.Now()
+	}
+	return time.Now()
+}
+
+// allow takes a token from the Receiver's bucket; true when Limit is zero.
+func (h *Handler) allow(uid types.UID) bool {
+	if h.Limit <= 0 {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l, ok := h.limiters[uid]
+	if !ok {
+		if h.limiters == nil {
+			h.limiters = map[types.UID]*rate.Limiter{}
+		}
+		// A full bucket is the same as none: drop those, so deleted
+		// Receivers leave nothing behind.
+		for k, v := range h.limiters {
+			if v.TokensAt(h.now()) >= float64(v.Burst()) {
+				delete(h.limiters, k)
+			}
+		}
+		l = rate.NewLimiter(h.Limit, max(h.Burst, 1))
+		h.limiters[uid] = l
+	}
+	return l.AllowN(h.now(), 1)
+}
+
 // hook builds the bus message for an accepted request. Its ID is derived
 // from the provider's delivery ID when there is one, so a redelivery of
 // the same delivery is stored once; otherwise it is random.
@@ -189,10 +262,7 @@ func (h *Handler) hook(rcv *notificationv1.Receiver, event, delivery string) *ev
 		delivery = hex.EncodeToString(b[:])
 	}
 	sum := sha256.Sum256([]byte(delivery))
-	now := time.Now()
-	if h.Now != nil {
-		now = h.Now()
-	}
+	now := h.now()
 	hook := &events.HookReceived{
 		Job: events.Job{
 			ID: fmt.Sprintf("hook/%s/%x", rcv.UID, sum[:12]),

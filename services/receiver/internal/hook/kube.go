@@ -74,5 +74,10 @@ func (s SecretTokens) Token(ctx context.Context, namespace, name string) ([]byte
 	if !ok {
 		return nil, fmt.Errorf("%w: invalid '%s' secret data: required field 'token'", ErrNoToken, key)
 	}
+	if len(token) == 0 {
+		// An empty token would make every signature checkable by anyone
+		// and the webhook path guessable: refused, never "no check".
+		return nil, fmt.Errorf("%w: invalid '%s' secret data: field 'token' is empty", ErrNoToken, key)
+	}
 	return token, nil
 }

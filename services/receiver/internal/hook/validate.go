@@ -8,9 +8,12 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	"github.com/google/go-github/v87/github"
+
+	"github.com/headwater-gitops/headwater/pkg/signature"
 )
 
 // Supported lists the Receiver types Headwater validates, as Flux's
@@ -50,16 +53,38 @@ const pingEvent = "ping"
 // one the Receiver accepts (Flux answers 400).
 var errInvalid = errors.New("invalid request")
 
+// replay says when a signed request is checked: now, and how far its
+// timestamp may be from now.
+type replay struct {
+	now       time.Time
+	tolerance time.Duration
+}
+
 // validate checks a request with its body against a Receiver's type, token
 // and event allow-list, as Flux's notification-controller does, and
 // returns the provider's event type ("" for the generic types) and its
-// delivery ID, if the provider sends one. Every error wraps errInvalid.
-func validate(rcv *notificationv1.Receiver, token []byte, r *http.Request, body []byte) (event, delivery string, err error) {
+// delivery ID, if the provider sends one. A generic-hmac request signed by
+// a Headwater dispatcher (signature.Header) is checked by that signature,
+// which covers the CloudEvent's id, type and time, within the replay
+// window; its ce-id is the delivery ID. Every error wraps errInvalid.
+func validate(rcv *notificationv1.Receiver, token []byte, r *http.Request, body []byte, w replay) (event, delivery string, err error) {
+	if len(token) == 0 {
+		// Never reached through the handler (ErrNoToken), kept so that
+		// an empty key can never verify anything.
+		return "", "", fmt.Errorf("%w: the receiver token is empty", errInvalid)
+	}
 	switch rcv.Spec.Type {
 	case notificationv1.GenericReceiver:
 		// The secret path is the only proof.
 		return "", "", nil
 	case notificationv1.GenericHMACReceiver:
+		if r.Header.Get(signature.Header) != "" {
+			id, err := signature.Verify(token, r.Header, body, w.now, w.tolerance)
+			if err != nil {
+				return "", "", fmt.Errorf("%w: unable to validate the %s signature: %w", errInvalid, signature.Header, err)
+			}
+			return "", id, nil
+		}
 		if err := github.ValidateSignature(r.Header.Get(headerSignature), body, token); err != nil {
 			return "", "", fmt.Errorf("%w: unable to validate HMAC signature: %w", errInvalid, err)
 		}

@@ -53,7 +53,7 @@ const tokenRetry = 30 * time.Second
 //
 // Conditions: Ready (True, Succeeded, "Receiver initialized for path:
 // /hook/<digest>"; False, TokenNotFound, while the token Secret or its
-// "token" key is missing; False, UnsupportedByHeadwater, for what Headwater
+// "token" key is missing or the token is empty; False, UnsupportedByHeadwater, for what Headwater
 // does not implement; False, AccessDenied, for a resource of another
 // namespace under NoCrossNamespaceRefs), Reconciling (while the token is missing, with
 // ProgressingWithRetry) and Stalled (True when unsupported). Ready is
@@ -204,6 +204,12 @@ func (r *Reconciler) token(ctx context.Context, obj *notificationv1.Receiver) (s
 	token, ok := secret.Data["token"]
 	if !ok {
 		return "", fmt.Errorf("invalid '%s' secret data: required field 'token'", key)
+	}
+	if len(token) == 0 {
+		// An empty token signs nothing and makes the webhook path
+		// guessable (a digest of the token, name and namespace): the
+		// Receiver is not made Ready, rather than served unchecked.
+		return "", fmt.Errorf("invalid '%s' secret data: field 'token' is empty", key)
 	}
 	return string(token), nil
 }

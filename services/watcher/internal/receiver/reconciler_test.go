@@ -8,7 +8,9 @@ import (
 	"github.com/fluxcd/pkg/apis/acl"
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
 func TestMark(t *testing.T) {
@@ -103,5 +105,22 @@ func TestCrossNamespace(t *testing.T) {
 		if got := crossNamespace(rcv); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestEmptyTokenIsNoToken: a Secret whose token is empty leaves the
+// Receiver without a webhook path (TokenNotFound), as a missing one does.
+func TestEmptyTokenIsNoToken(t *testing.T) {
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "token"}, Data: map[string][]byte{"token": {}}}
+	r := &Reconciler{Live: fake.NewClientBuilder().WithObjects(secret).Build()}
+	obj := &notificationv1.Receiver{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "r"},
+		Spec: notificationv1.ReceiverSpec{Type: notificationv1.GenericReceiver, SecretRef: &meta.LocalObjectReference{Name: "token"}}}
+	if token, err := r.token(t.Context(), obj); err == nil || err.Error() != "invalid 'apps/token' secret data: field 'token' is empty" {
+		t.Errorf("token = %q, %v; want the empty-token error", token, err)
+	}
+	secret.Data["token"] = []byte("t")
+	r.Live = fake.NewClientBuilder().WithObjects(secret).Build()
+	if token, err := r.token(t.Context(), obj); err != nil || token != "t" {
+		t.Errorf("token = %q, %v", token, err)
 	}
 }
