@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -130,11 +132,46 @@ type Measurement struct {
 	// created no object.
 	CreatedToReady     *Latency
 	CreatedToLastReady time.Duration
+	// Bus is what the NATS server counted during the measurement (its
+	// /varz), when it runs in a process of its own; nil otherwise.
+	Bus *BusTraffic
 	// AfterApply is what the API server did from the end of the apply to
 	// the end of the measurement, when the load generator had stopped
 	// writing and every request it served came from the system (and the
 	// benchmark's one watch); nil when not measured.
 	AfterApply *AfterApply
+}
+
+// BusTraffic is the messages and bytes the NATS server received from its
+// clients (in) and delivered to them (out): JetStream's own acknowledgements
+// and API requests included.
+type BusTraffic struct {
+	InMsgs, OutMsgs, InBytes, OutBytes int64
+}
+
+// natsVarz reads the counters of BusTraffic from NATS's /varz at addr.
+func natsVarz(ctx context.Context, addr string) (BusTraffic, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/varz", nil)
+	if err != nil {
+		return BusTraffic{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return BusTraffic{}, fmt.Errorf("NATS /varz: %w", err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		InMsgs   int64 `json:"in_msgs"`
+		OutMsgs  int64 `json:"out_msgs"`
+		InBytes  int64 `json:"in_bytes"`
+		OutBytes int64 `json:"out_bytes"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return BusTraffic{}, fmt.Errorf("NATS /varz: %w", err)
+	}
+	return BusTraffic{InMsgs: v.InMsgs, OutMsgs: v.OutMsgs, InBytes: v.InBytes, OutBytes: v.OutBytes}, nil
 }
 
 // AfterApply is the API server's CPU and the controller's requests from
@@ -208,6 +245,10 @@ type meter struct {
 	memory *memorySampler
 	// auditLog is the API server's audit log, when it keeps one.
 	auditLog string
+	// natsMonitor is NATS's monitoring address, bus0 its counters at the
+	// start.
+	natsMonitor string
+	bus0        BusTraffic
 	// applied holds, from markApplied, the control plane's CPU and the
 	// controller's requests when the apply ended.
 	applied *appliedMark
@@ -291,7 +332,7 @@ func (m *meter) afterApply(ctx context.Context, end time.Time) (*AfterApply, err
 // startMeter resets the peak RSS of every process, and reads their CPU
 // times and the services' metrics.
 func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
-	m := &meter{auditLog: env.AuditLogPath}
+	m := &meter{auditLog: env.AuditLogPath, natsMonitor: env.NATSMonitorAddr}
 	for _, s := range env.Services() {
 		m.procs = append(m.procs, &measuredProc{name: s.Name, role: RoleService, pid: s.Pid(), metrics: s.TelemetryAddr})
 	}
@@ -316,6 +357,11 @@ func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
 			if p.before, err = scrape(ctx, p.metrics); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if m.natsMonitor != "" {
+		if m.bus0, err = natsVarz(ctx, m.natsMonitor); err != nil {
+			return nil, err
 		}
 	}
 	// CPU last, so the scrapes above are not counted.
@@ -354,6 +400,15 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 		errs = append(errs, fmt.Errorf("after the apply: %w", err))
 	}
 	out.AfterApply = after
+	if m.natsMonitor != "" {
+		bus, err := natsVarz(ctx, m.natsMonitor)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			out.Bus = &BusTraffic{InMsgs: bus.InMsgs - m.bus0.InMsgs, OutMsgs: bus.OutMsgs - m.bus0.OutMsgs,
+				InBytes: bus.InBytes - m.bus0.InBytes, OutBytes: bus.OutBytes - m.bus0.OutBytes}
+		}
+	}
 	machine, cpus, err := machineCPU()
 	if err != nil {
 		errs = append(errs, err)

@@ -302,6 +302,10 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 		fmt.Fprintf(w, "  - created -> Ready by the API server's timestamps (creationTimestamp -> Ready's lastTransitionTime, whole seconds): %s; first created -> last Ready %.0f s (wall here %.1f s)\n",
 			l, m.CreatedToLastReady.Seconds(), m.Wall.Seconds())
 	}
+	if b := m.Bus; b != nil {
+		fmt.Fprintf(w, "  - bus (NATS /varz): in %d messages, %s; out %d messages, %s\n",
+			b.InMsgs, bytesString(uint64(max(b.InBytes, 0))), b.OutMsgs, bytesString(uint64(max(b.OutBytes, 0))))
+	}
 	if line := afterApplyString(m); line != "" {
 		fmt.Fprintln(w, "  - "+line)
 	}
