@@ -2,11 +2,11 @@ package clustertest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -181,15 +181,19 @@ func labelledGitRepository(t *testing.T, cl ctrlclient.Client, name, shard strin
 }
 
 // storedByDeployment counts the "stored artifact" log lines naming source
-// name in the logs of every pod of a watcher Deployment.
+// name in the logs of every pod of a watcher Deployment (JSON, the
+// default -log-format: msg and Flux's key name).
 func storedByDeployment(t *testing.T, deployment, name string) int {
 	t.Helper()
-	re := regexp.MustCompile(`(^|\s)name=` + regexp.QuoteMeta(name) + `(\s|$)`)
 	n := 0
 	for _, p := range pods(t, deployment) {
 		logs := kubectl(t, "-n", ns, "logs", p.Name, "-c", "watcher")
 		for _, line := range strings.Split(logs, "\n") {
-			if strings.Contains(line, `msg="stored artifact"`) && re.MatchString(line) {
+			var l struct {
+				Msg  string `json:"msg"`
+				Name string `json:"name"`
+			}
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "stored artifact" && l.Name == name {
 				n++
 			}
 		}
