@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -126,6 +128,80 @@ type Measurement struct {
 	// MemorySlope, in scenario es, is the memory of the system's
 	// processes at each stage of Ready sources.
 	MemorySlope MemorySlope
+	// CreatedToReady are the times from each created object's
+	// creationTimestamp to its Ready condition's lastTransitionTime, by
+	// the API server's record; CreatedToLastReady is from the first
+	// creationTimestamp to the last Ready. Nil and 0 when the measurement
+	// created no object.
+	CreatedToReady     *Latency
+	CreatedToLastReady time.Duration
+	// Bus is what the NATS server counted during the measurement (its
+	// /varz), when it runs in a process of its own; nil otherwise.
+	Bus *BusTraffic
+	// AfterApply is what the API server did from the end of the apply to
+	// the end of the measurement, when the load generator had stopped
+	// writing and every request it served came from the system (and the
+	// benchmark's one watch); nil when not measured.
+	AfterApply *AfterApply
+}
+
+// BusTraffic is the messages and bytes the NATS server received from its
+// clients (in) and delivered to them (out): JetStream's own acknowledgements
+// and API requests included.
+type BusTraffic struct {
+	InMsgs, OutMsgs, InBytes, OutBytes int64
+}
+
+// natsVarz reads the counters of BusTraffic from NATS's /varz at addr.
+func natsVarz(ctx context.Context, addr string) (BusTraffic, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/varz", nil)
+	if err != nil {
+		return BusTraffic{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return BusTraffic{}, fmt.Errorf("NATS /varz: %w", err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		InMsgs   int64 `json:"in_msgs"`
+		OutMsgs  int64 `json:"out_msgs"`
+		InBytes  int64 `json:"in_bytes"`
+		OutBytes int64 `json:"out_bytes"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return BusTraffic{}, fmt.Errorf("NATS /varz: %w", err)
+	}
+	return BusTraffic{InMsgs: v.InMsgs, OutMsgs: v.OutMsgs, InBytes: v.InBytes, OutBytes: v.OutBytes}, nil
+}
+
+// AfterApply is the API server's CPU and the controller's requests from
+// the end of a scenario's apply to the end of its measurement: the cost,
+// on the API server, of the system's own status writes, reads and watches.
+type AfterApply struct {
+	// Wall is the time from the end of the apply to the end.
+	Wall time.Duration
+	// APIServerCPU is kube-apiserver's CPU time, EtcdCPU etcd's.
+	APIServerCPU, EtcdCPU time.Duration
+	// Requests are the controller's API requests (its client-go metrics)
+	// by method, as Measurement.APIRequests.
+	Requests map[string]float64
+}
+
+// Writes are the requests of a that change objects (POST, PUT, PATCH,
+// DELETE).
+func (a *AfterApply) Writes() float64 {
+	var n float64
+	for k, v := range a.Requests {
+		method, _, _ := strings.Cut(k, "/")
+		switch method {
+		case "POST", "PUT", "PATCH", "DELETE":
+			n += v
+		}
+	}
+	return n
 }
 
 // ServiceCPU is the CPU time of the system's processes together.
@@ -172,12 +248,94 @@ type meter struct {
 	memory *memorySampler
 	// auditLog is the API server's audit log, when it keeps one.
 	auditLog string
+	// natsMonitor is NATS's monitoring address, bus0 its counters at the
+	// start.
+	natsMonitor string
+	bus0        BusTraffic
+	// applied holds, from markApplied, the control plane's CPU and the
+	// controller's requests when the apply ended.
+	applied *appliedMark
+}
+
+// appliedMark is the state markApplied reads.
+type appliedMark struct {
+	at       time.Time
+	cpu      map[string]cpuTimes // by process name: kube-apiserver, etcd
+	requests map[string]float64
+}
+
+// controllerRequests are the API requests by method and code of the
+// system's controller (the watcher, or Flux's source-controller), from its
+// metrics.
+func (m *meter) controllerRequests(ctx context.Context) (map[string]float64, error) {
+	for _, p := range m.procs {
+		if p.metrics != "" && (p.name == harness.Watcher || p.name == FluxSourceController) {
+			ss, err := scrape(ctx, p.metrics)
+			if err != nil {
+				return nil, err
+			}
+			return ss.sumBy("rest_client_requests_total", "method", "code"), nil
+		}
+	}
+	return nil, errors.New("no controller with metrics")
+}
+
+// markApplied reads the control plane's CPU and the controller's requests
+// at the end of the apply, for Measurement.AfterApply.
+func (m *meter) markApplied(ctx context.Context) error {
+	mark := &appliedMark{at: time.Now(), cpu: map[string]cpuTimes{}}
+	for _, p := range m.procs {
+		if p.role == RoleControlPlane {
+			c, err := procCPU(p.pid)
+			if err != nil {
+				return err
+			}
+			mark.cpu[p.name] = c
+		}
+	}
+	reqs, err := m.controllerRequests(ctx)
+	if err != nil {
+		return err
+	}
+	mark.requests = reqs
+	m.applied = mark
+	return nil
+}
+
+// afterApply is what happened since markApplied, until end.
+func (m *meter) afterApply(ctx context.Context, end time.Time) (*AfterApply, error) {
+	if m.applied == nil {
+		return nil, nil
+	}
+	a := &AfterApply{Wall: end.Sub(m.applied.at)}
+	for _, p := range m.procs {
+		before, ok := m.applied.cpu[p.name]
+		if !ok {
+			continue
+		}
+		c, err := procCPU(p.pid)
+		if err != nil {
+			return nil, err
+		}
+		switch p.name {
+		case "kube-apiserver":
+			a.APIServerCPU = c.total() - before.total()
+		case "etcd":
+			a.EtcdCPU = c.total() - before.total()
+		}
+	}
+	reqs, err := m.controllerRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a.Requests = diff(m.applied.requests, reqs)
+	return a, nil
 }
 
 // startMeter resets the peak RSS of every process, and reads their CPU
 // times and the services' metrics.
 func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
-	m := &meter{auditLog: env.AuditLogPath}
+	m := &meter{auditLog: env.AuditLogPath, natsMonitor: env.NATSMonitorAddr}
 	for _, s := range env.Services() {
 		m.procs = append(m.procs, &measuredProc{name: s.Name, role: RoleService, pid: s.Pid(), metrics: s.TelemetryAddr})
 	}
@@ -202,6 +360,11 @@ func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
 			if p.before, err = scrape(ctx, p.metrics); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if m.natsMonitor != "" {
+		if m.bus0, err = natsVarz(ctx, m.natsMonitor); err != nil {
+			return nil, err
 		}
 	}
 	// CPU last, so the scrapes above are not counted.
@@ -235,6 +398,20 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 		Notes:       m.notes,
 	}
 	var errs []error
+	after, err := m.afterApply(ctx, end)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("after the apply: %w", err))
+	}
+	out.AfterApply = after
+	if m.natsMonitor != "" {
+		bus, err := natsVarz(ctx, m.natsMonitor)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			out.Bus = &BusTraffic{InMsgs: bus.InMsgs - m.bus0.InMsgs, OutMsgs: bus.OutMsgs - m.bus0.OutMsgs,
+				InBytes: bus.InBytes - m.bus0.InBytes, OutBytes: bus.OutBytes - m.bus0.OutBytes}
+		}
+	}
 	machine, cpus, err := machineCPU()
 	if err != nil {
 		errs = append(errs, err)

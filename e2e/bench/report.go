@@ -312,6 +312,17 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 	if cp.CPU > 0 {
 		fmt.Fprintf(w, "  - kube-apiserver + etcd: CPU %.1f s, peak RSS %.0f MiB\n", cp.CPU.Seconds(), float64(cp.PeakRSS)/mib)
 	}
+	if l := m.CreatedToReady; l != nil {
+		fmt.Fprintf(w, "  - created -> Ready by the API server's timestamps (creationTimestamp -> Ready's lastTransitionTime, whole seconds): %s; first created -> last Ready %.0f s (wall here %.1f s)\n",
+			l, m.CreatedToLastReady.Seconds(), m.Wall.Seconds())
+	}
+	if b := m.Bus; b != nil {
+		fmt.Fprintf(w, "  - bus (NATS /varz): in %d messages, %s; out %d messages, %s\n",
+			b.InMsgs, bytesString(uint64(max(b.InBytes, 0))), b.OutMsgs, bytesString(uint64(max(b.OutBytes, 0))))
+	}
+	if line := afterApplyString(m); line != "" {
+		fmt.Fprintln(w, "  - "+line)
+	}
 	if m.CPUs > 0 {
 		var ours time.Duration
 		for _, u := range m.Usage {
@@ -355,6 +366,34 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 	for _, n := range m.Notes {
 		fmt.Fprintln(w, "  - note: "+n)
 	}
+}
+
+// afterApplyString says what the API server spent on the system's own
+// requests once the load generator stopped writing (AfterApply), per
+// request and per created source; "" when not measured.
+func afterApplyString(m *Measurement) string {
+	a := m.AfterApply
+	if a == nil || m.CreatedToReady == nil || m.CreatedToReady.N == 0 {
+		return ""
+	}
+	n := float64(m.CreatedToReady.N)
+	var total float64
+	for _, v := range a.Requests {
+		total += v
+	}
+	line := fmt.Sprintf("API server after the apply (%.1f s, only the system's requests and the benchmark's one watch): kube-apiserver CPU %.1f s, etcd %.1f s; the controller's requests %s",
+		a.Wall.Seconds(), a.APIServerCPU.Seconds(), a.EtcdCPU.Seconds(), apiRequestsString(a.Requests))
+	if total > 0 {
+		line += fmt.Sprintf(" (%.0f, %.0f writes): %.2f ms of kube-apiserver CPU per request", total, a.Writes(), a.APIServerCPU.Seconds()*1000/total)
+	}
+	var whole time.Duration
+	for _, u := range m.Usage {
+		if u.Name == "kube-apiserver" {
+			whole = u.CPU
+		}
+	}
+	return line + fmt.Sprintf("; per created source: %.2f ms after the apply, %.2f ms over the whole window (the creates included)",
+		a.APIServerCPU.Seconds()*1000/n, whole.Seconds()*1000/n)
 }
 
 // apiRequestsString sums requests by method, naming the status codes

@@ -199,6 +199,8 @@ func measureKind[T fluxSource](ctx context.Context, o Options, scenario string, 
 		return nil, err
 	}
 	listings0, fetches0 := env.Git.Counts()
+	// Objects created from here on (creationTimestamp has whole seconds).
+	t.createdSince = m.start.Truncate(time.Second)
 	type result struct {
 		at  time.Time
 		err error
@@ -212,6 +214,9 @@ func measureKind[T fluxSource](ctx context.Context, o Options, scenario string, 
 		return nil, fmt.Errorf("apply: %w", err)
 	}
 	applied := time.Now()
+	if err := m.markApplied(ctx); err != nil {
+		m.notes = append(m.notes, "the API server's share after the apply not measured: "+err.Error())
+	}
 	o.progress("%s: applied in %.1f s", scenario, applied.Sub(m.start).Seconds())
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
@@ -228,6 +233,7 @@ func measureKind[T fluxSource](ctx context.Context, o Options, scenario string, 
 			out.Apply = applied.Sub(m.start)
 			listings, fetches := env.Git.Counts()
 			out.Counters = map[string]int64{CounterGitListings: listings - listings0, CounterGitFetches: fetches - fetches0}
+			out.CreatedToReady, out.CreatedToLastReady = t.createdToReady()
 			o.progress("%s: %d/%d after %.1f s", scenario, want, want, out.Wall.Seconds())
 			return out, err
 		case <-tick.C:

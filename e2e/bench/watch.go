@@ -49,6 +49,17 @@ type tracker[T fluxSource] struct {
 	mu      sync.Mutex
 	matched map[string]bool
 	last    time.Time // when the last matching object was seen
+	// sinceCreated are, for each object that matched, the time from its
+	// creationTimestamp to its Ready condition's lastTransitionTime: both
+	// the API server's record (its clock and the watcher's, one machine),
+	// in whole seconds; absent when the object has no Ready condition.
+	sinceCreated []time.Duration
+	// createdSince: sinceCreated counts the objects created from then on
+	// only (those the measurement created); set before run.
+	createdSince time.Time
+	// firstCreated and lastReady span sinceCreated: the earliest
+	// creationTimestamp and the latest Ready transition seen.
+	firstCreated, lastReady time.Time
 }
 
 // newTracker returns a tracker waiting for want objects of the kind
@@ -130,10 +141,42 @@ func (t *tracker[T]) update(o T, deleted bool) {
 		if !t.matched[o.GetName()] {
 			t.matched[o.GetName()] = true
 			t.last = time.Now()
+			t.recordCreatedToReady(o)
 		}
 		return
 	}
 	delete(t.matched, o.GetName())
+}
+
+// recordCreatedToReady notes o's time from creation to Ready by the API
+// server's own timestamps (t.mu held).
+func (t *tracker[T]) recordCreatedToReady(o T) {
+	ready := apimeta.FindStatusCondition(o.GetConditions(), meta.ReadyCondition)
+	created := o.GetCreationTimestamp().Time
+	if ready == nil || created.IsZero() || created.Before(t.createdSince) {
+		return
+	}
+	at := ready.LastTransitionTime.Time
+	t.sinceCreated = append(t.sinceCreated, at.Sub(created))
+	if t.firstCreated.IsZero() || created.Before(t.firstCreated) {
+		t.firstCreated = created
+	}
+	if at.After(t.lastReady) {
+		t.lastReady = at
+	}
+}
+
+// createdToReady summarises the matched objects' times from creation to
+// Ready by the API server's timestamps, and the span from the first
+// creation to the last Ready; nil when none was recorded.
+func (t *tracker[T]) createdToReady() (*Latency, time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := latencyOf("creationTimestamp -> Ready lastTransitionTime (API server's record, 1 s resolution)", t.sinceCreated)
+	if l == nil {
+		return nil, 0
+	}
+	return l, t.lastReady.Sub(t.firstCreated)
 }
 
 func (t *tracker[T]) reached() (time.Time, bool) {

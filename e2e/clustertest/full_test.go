@@ -252,12 +252,12 @@ func fetcherJobs(t *testing.T) map[string]float64 {
 }
 
 // testThroughput measures how long n new sources, each of its own
-// repository of 300 small files, take to become Ready with 1 and with 3
+// repository of 300 small files, take to become Ready with 1, 2 and 3
 // fetcher replicas, and each replica's CPU and jobs.
 func testThroughput(t *testing.T, cl ctrlclient.Client) {
 	const n = 40
 	var table []string
-	for _, replicas := range []int{1, 3} {
+	for _, replicas := range []int{1, 2, 3} {
 		kubectl(t, "-n", ns, "scale", "deployment/fetcher", fmt.Sprintf("--replicas=%d", replicas))
 		if err := env.c.WaitRollout(context.Background(), ns, "deployment/fetcher", 3*time.Minute); err != nil {
 			t.Fatal(err)

@@ -52,6 +52,9 @@ type Env struct {
 	Kubeconfig string
 	// NATSURL is the embedded NATS server's client URL.
 	NATSURL string
+	// NATSMonitorAddr is the host:port of NATS's monitoring endpoint
+	// (/varz) when NATS runs in a process of its own; "" otherwise.
+	NATSMonitorAddr string
 	// NATSIdentities are the keys of the bus identities: the server admits
 	// only them, each with its permissions, as deployed.
 	NATSIdentities *natsserver.Identities
@@ -177,6 +180,7 @@ func (e *Env) startNATSProcess(ctx context.Context, keys string) error {
 		return err
 	}
 	e.NATSURL = "nats://" + addr
+	e.NATSMonitorAddr = monitor
 	return nil
 }
 

@@ -225,6 +225,13 @@ func TestChartRendersTheKustomizations(t *testing.T) {
 				"components:\n  - ../deploy/components/receivers\n  - ../deploy/components/dispatcher\n  - ../deploy/components/nats-external\n",
 			values: map[string]any{"storage": map[string]any{"type": "directory", "directory": map[string]any{"accessMode": "ReadWriteMany"}},
 				"nats": map[string]any{"external": on()}, "receivers": on(), "dispatcher": on()}},
+		{name: "shards", kustomization: "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy\n" +
+			"components:\n  - ../deploy/components/shards\n",
+			values: map[string]any{"shards": []any{"shard1", "shard2"}}},
+		{name: "flux-system+shards", ns: "flux-system",
+			kustomization: "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: flux-system\nresources:\n  - ../deploy/crds\n  - ../deploy/base\n" +
+				"components:\n  - ../deploy/components/minio\n  - ../deploy/components/shards\n  - ../deploy/components/flux-dropin\n",
+			values: map[string]any{"fluxDropIn": on(), "shards": []any{"shard1", "shard2"}}},
 		{name: "production+receivers+dispatcher+monitoring",
 			kustomization: "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/overlays/production\n" +
 				"components:\n  - ../deploy/components/receivers\n  - ../deploy/components/dispatcher\n  - ../deploy/components/monitoring\n",
@@ -352,8 +359,9 @@ func TestChartParameters(t *testing.T) {
 	}
 }
 
-// TestChartRejectsBadValues checks that a wrong type, an unknown key and
-// S3 storage without its Secret fail at render, saying what is wrong.
+// TestChartRejectsBadValues checks that a wrong type, an unknown key, S3
+// storage without its Secret and shards that cannot be fail at render,
+// saying what is wrong.
 func TestChartRejectsBadValues(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -370,6 +378,12 @@ func TestChartRejectsBadValues(t *testing.T) {
 			[]string{"/storage/type", "minio", "s3", "directory"}},
 		{"s3 without its Secret", map[string]any{"storage": map[string]any{"type": "s3"}},
 			[]string{"storage.s3.existingSecret", "endpoint, bucket, accesskey and secretkey"}},
+		{"shards with receivers", map[string]any{"shards": []any{"shard1"}, "receivers": map[string]any{"enabled": true}},
+			[]string{"shards and receivers.enabled are both set", "refuses"}},
+		{"a shard name that is no DNS label", map[string]any{"shards": []any{"Shard_1"}},
+			[]string{"/shards/0", "does not match pattern"}},
+		{"a shard twice", map[string]any{"shards": []any{"shard1", "shard1"}},
+			[]string{"/shards", "are equal"}},
 		{"external NATS and a bundled cluster", map[string]any{"nats": map[string]any{
 			"external": map[string]any{"enabled": true}, "cluster": map[string]any{"enabled": true}}},
 			[]string{"nats.external.enabled and nats.cluster.enabled are both true"}},
@@ -386,5 +400,86 @@ func TestChartRejectsBadValues(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestChartShards renders three shards (components/shards has two) and
+// checks each is the watcher of its own sources, under its own names, and
+// that the main watcher takes the rest and knows the fleet.
+func TestChartShards(t *testing.T) {
+	values := map[string]any{"shards": []any{"a", "team-b", "c"},
+		"watcher": map[string]any{"replicas": 3, "serviceAccount": map[string]any{"name": "hw"}}}
+	objs, err := helmTemplate(t, "gitops", values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(key string) map[string]any {
+		o, ok := objs[key]
+		if !ok {
+			t.Fatalf("no %s", key)
+		}
+		c := o["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+		out := map[string]any{}
+		for _, e := range c["env"].([]any) {
+			e := e.(map[string]any)
+			out[e["name"].(string)] = e["value"]
+		}
+		return out
+	}
+	main := env("Deployment gitops/watcher")
+	if got := main["HEADWATER_WATCH_LABEL_SELECTOR"]; got != "!sharding.fluxcd.io/key" {
+		t.Errorf("main watcher's selector %v", got)
+	}
+	if got := main["HEADWATER_FLEET_SELECTORS"]; got != "!sharding.fluxcd.io/key;sharding.fluxcd.io/key in (a,team-b,c)" {
+		t.Errorf("main watcher's fleet %v", got)
+	}
+	for _, shard := range []string{"a", "team-b", "c"} {
+		d := "Deployment gitops/watcher-" + shard
+		e := env(d)
+		if got := e["HEADWATER_WATCH_LABEL_SELECTOR"]; got != "sharding.fluxcd.io/key in ("+shard+")" {
+			t.Errorf("%s: selector %v", d, got)
+		}
+		if _, ok := e["HEADWATER_FLEET_SELECTORS"]; ok {
+			t.Errorf("%s reports the fleet: only the main watcher does", d)
+		}
+		spec := objs[d]["spec"].(map[string]any)
+		if spec["replicas"] != float64(3) {
+			t.Errorf("%s: replicas %v, want the watcher's 3", d, spec["replicas"])
+		}
+		if got := spec["selector"].(map[string]any)["matchLabels"].(map[string]any)["app.kubernetes.io/name"]; got != "watcher-"+shard {
+			t.Errorf("%s selects pods %v", d, got)
+		}
+		if got := spec["template"].(map[string]any)["spec"].(map[string]any)["serviceAccountName"]; got != "hw-"+shard {
+			t.Errorf("%s runs as %v, want hw-%s", d, got, shard)
+		}
+		for _, key := range []string{"ServiceAccount gitops/hw-" + shard, "PodDisruptionBudget gitops/watcher-" + shard,
+			"ClusterRoleBinding <nil>/headwater-watcher-" + shard, "RoleBinding gitops/headwater-watcher-leader-election-" + shard} {
+			if _, ok := objs[key]; !ok {
+				t.Errorf("no %s", key)
+			}
+		}
+		subjects := objs["ClusterRoleBinding <nil>/headwater-watcher-"+shard]["subjects"].([]any)
+		if got := subjects[0].(map[string]any)["name"]; got != "hw-"+shard {
+			t.Errorf("ClusterRoleBinding of %s binds %v", shard, got)
+		}
+	}
+	for k := range objs {
+		if strings.Contains(k, "shard1") || strings.Contains(k, "shard2") {
+			t.Errorf("%s: components/shards' own shard rendered", k)
+		}
+	}
+
+	// No shards: no shard object, and the main watcher watches everything.
+	objs, err = helmTemplate(t, "gitops", map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := env("Deployment gitops/watcher")["HEADWATER_WATCH_LABEL_SELECTOR"]; ok {
+		t.Error("without shards the watcher has a label selector")
+	}
+	for k := range objs {
+		if strings.Contains(k, "watcher-") && !strings.Contains(k, "leader-election") && !strings.Contains(k, "receivers") {
+			t.Errorf("without shards the chart renders %s", k)
+		}
 	}
 }

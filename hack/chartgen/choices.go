@@ -32,8 +32,10 @@ type Dimension struct {
 // componentOrder is the order components are added in, whatever the
 // order of the dimensions: the overlays' (production: nats-cluster, then
 // nats-tls), then the optional ones, then those that remove or patch
-// what the others add.
-var componentOrder = []string{"nats-cluster", "nats-tls", "receivers", "dispatcher", "monitoring", "tracing", "nats-external", "flux-dropin"}
+// what the others add; shards first, so that every other component's
+// patches of the watcher (TLS, tracing, an external NATS, the drop-in)
+// reach the shards' copies too.
+var componentOrder = []string{"shards", "nats-cluster", "nats-tls", "receivers", "dispatcher", "monitoring", "tracing", "nats-external", "flux-dropin"}
 
 // storageOverlays are the kustomizations the storage choices build on:
 // deploy/ (MinIO) and the overlays.
@@ -74,6 +76,26 @@ var Dimensions = []Dimension{
 	toggle("monitoring", "monitoring"),
 	toggle("tracing", "tracing"),
 	toggle("fluxDropIn", "flux-dropin"),
+	{
+		// Watcher shards (components/shards): any non-empty list of
+		// shards renders the component, whose shard1 objects become the
+		// template of every shard (ShardTemplate).
+		Name:     "shards",
+		Values:   []string{"false", "true"},
+		Resource: func(string) string { return "" },
+		Component: func(v string) string {
+			if v == "true" {
+				return "shards"
+			}
+			return ""
+		},
+		Cond: func(v string) string {
+			if v == "true" {
+				return ".Values.shards"
+			}
+			return "not .Values.shards"
+		},
+	},
 }
 
 // toggle is a choice between leaving a component out and adding it, by

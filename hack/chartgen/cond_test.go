@@ -9,8 +9,9 @@ import (
 )
 
 // evalCond evaluates a condition of Grid.Cond as a chart template would,
-// for combination c: .Values.<key>.enabled from the toggles, the
-// variables ($storage, $nats) from the dimensions of more values.
+// for combination c: .Values.<key>.enabled from the toggles, .Values.shards
+// a list of one shard or none, the variables ($storage, $nats) from the
+// dimensions of more values.
 func evalCond(t *testing.T, g Grid, cond string, c Combo) bool {
 	t.Helper()
 	if cond == "" {
@@ -25,6 +26,15 @@ func evalCond(t *testing.T, g Grid, cond string, c Combo) bool {
 			name := strings.TrimPrefix(d.Var, "$")
 			vars[name] = v
 			prelude += "{{ " + d.Var + " := .Vars." + name + " }}"
+			continue
+		}
+		if d.Name == "shards" {
+			// A list, not a toggle: any shard renders the component.
+			if v == "true" {
+				values["shards"] = []any{"shard1"}
+			} else {
+				values["shards"] = []any{}
+			}
 			continue
 		}
 		m := values

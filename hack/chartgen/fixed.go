@@ -100,7 +100,7 @@ home: https://github.com/headwater-gitops/headwater
 sources:
   - https://github.com/headwater-gitops/headwater
 `, header, strings.TrimPrefix(d.Tag, "v"), d.Tag))
-	c.Files["templates/_helpers.tpl"] = []byte(helpers)
+	c.Files["templates/_helpers.tpl"] = []byte(helpers + shardsHelper)
 	values, err := valuesYAML(d)
 	if err != nil {
 		return err
@@ -250,6 +250,15 @@ tracing:
 # notification-controller. See docs/migrate-from-flux.md.
 fluxDropIn:
   enabled: false
+
+# Watcher shards, as Flux shards source-controller (components/shards,
+# docs/sharding.md): a watcher Deployment watcher-<shard> for each name,
+# reconciling the sources labelled sharding.fluxcd.io/key: <shard>; the
+# main watcher then takes the sources without the label and reports those
+# no shard selects. The shards run the watcher's image, replicas,
+# resources and pod settings, as ServiceAccount <watcher's>-<shard>. Not
+# with receivers.enabled. E.g. [shard1, shard2].
+shards: []
 `)
 	return []byte(b.String()), nil
 }
@@ -328,6 +337,15 @@ func valuesSchema() map[string]any {
 			"monitoring":        toggle,
 			"tracing":           object(map[string]any{"enabled": boolean, "endpoint": str}),
 			"fluxDropIn":        toggle,
+			"shards": map[string]any{
+				"type":        "array",
+				"uniqueItems": true,
+				"items": map[string]any{
+					// A DNS label, short enough for the longest name made
+					// of it (headwater-watcher-leader-election-<shard>).
+					"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 30,
+				},
+			},
 		},
 	}
 }

@@ -57,6 +57,10 @@ func Generate(root string) (*Chart, error) {
 				// The release's namespace is Helm's (--create-namespace).
 				continue
 			}
+			if isOtherShard(o.Name) {
+				// Rendered from ShardTemplate's, once per shard.
+				continue
+			}
 			if err := p.Parameterize(o); err != nil {
 				return nil, fmt.Errorf("%s: %w", g.Describe(c), err)
 			}
@@ -67,6 +71,9 @@ func Generate(root string) (*Chart, error) {
 			text, err := p.Template(string(y))
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s: %w", g.Describe(c), o.Key(), err)
+			}
+			if isShardTemplate(o.Name) {
+				text = shardText(text)
 			}
 			obj, ok := objects[o.Key()]
 			if !ok {
@@ -95,13 +102,20 @@ func Generate(root string) (*Chart, error) {
 		// the order kustomize appends them, and the others are mostly
 		// subsequences of it, which the merge then keeps as one copy.
 		slices.SortStableFunc(variants, func(a, b Variant) int { return len(b.Lines) - len(a.Lines) })
-		name := path.Join("templates", strings.ToLower(obj.kind)+"-"+obj.name+".yaml")
+		file := obj.name
+		if isShardTemplate(file) {
+			file = shardFile(file)
+		}
+		name := path.Join("templates", strings.ToLower(obj.kind)+"-"+file+".yaml")
 		if _, dup := chart.Files[name]; dup {
 			return nil, fmt.Errorf("two objects make %s", name)
 		}
 		text, err := Emit(g, variants, ObjectCond(obj.kind, obj.name))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+		if isShardTemplate(obj.name) {
+			text = wrapShards(text)
 		}
 		chart.Files[name] = []byte(text)
 	}

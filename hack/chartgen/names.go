@@ -26,9 +26,16 @@ func workloadBySA(sa string) (Workload, bool) {
 }
 
 // serviceAccountName is the token of the name of w's ServiceAccount:
-// .Values.<key>.serviceAccount.name, or deploy/'s.
+// .Values.<key>.serviceAccount.name, or deploy/'s; for a watcher shard,
+// that name and "-<shard>".
 func (p *Parameterizer) serviceAccountName(w Workload) string {
-	return p.token("inline", "serviceaccount."+w.Key,
+	if isShardTemplate(w.ServiceAccount) {
+		// A shard's: the watcher's, suffixed with the shard's name.
+		base := strings.TrimSuffix(w.ServiceAccount, "-"+ShardTemplate)
+		return p.token("inline", "serviceaccount."+w.ServiceAccount,
+			fmt.Sprintf("{{ printf \"%%s-%%s\" (.Values.%s.serviceAccount.name | default %q) $shard }}", w.Key, base))
+	}
+	return p.token("inline", "serviceaccount."+w.ServiceAccount,
 		fmt.Sprintf("{{ .Values.%s.serviceAccount.name | default %q }}", w.Key, w.ServiceAccount))
 }
 

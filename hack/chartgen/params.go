@@ -22,6 +22,9 @@ type Workload struct {
 // Workloads are the workloads the chart's values size.
 var Workloads = []Workload{
 	{"Deployment", "watcher", "watcher", "watcher", "watcher"},
+	// components/shards' ShardTemplate: every shard, sized and placed by
+	// the watcher's values.
+	{"Deployment", "watcher-" + ShardTemplate, "watcher", "watcher", "watcher-" + ShardTemplate},
 	{"Deployment", "fetcher", "fetcher", "fetcher", "fetcher"},
 	{"Deployment", "packager", "packager", "packager", "packager"},
 	{"Deployment", "artifact-server", "artifact-server", "artifactServer", "artifact-server"},
@@ -256,6 +259,7 @@ func (p *Parameterizer) Template(y string) (string, error) {
 	y = s3Secret.ReplaceAllString(y, `{{ include "headwater.s3Secret" . }}$1`)
 	y = strings.ReplaceAll(y, NATSExternalSecret, "{{ .Values.nats.external.existingSecret }}")
 	y = strings.ReplaceAll(y, TracingEndpoint, "{{ .Values.tracing.endpoint | quote }}")
+	y = strings.ReplaceAll(y, FleetShards, `sharding.fluxcd.io/key in ({{ join "," .Values.shards }})`)
 	var err error
 	y = blockToken.ReplaceAllStringFunc(y, func(line string) string {
 		m := blockToken.FindStringSubmatch(line)

@@ -69,3 +69,14 @@ names. Namespaced objects keep deploy/'s names: one release per namespace.
 {{- define "headwater.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+
+{{- /*
+headwater.shards: fails on values that cannot go with watcher shards
+(docs/sharding.md): receivers.enabled, whose -receivers serves every
+source (a shard refuses it).
+*/ -}}
+{{- define "headwater.shards" -}}
+{{- if and .Values.shards .Values.receivers.enabled -}}
+{{- fail "shards and receivers.enabled are both set: the receiver's -receivers serves every source, which a watcher shard refuses; serve Flux's webhook Receivers with Flux's notification-controller (docs/sharding.md)" -}}
+{{- end -}}
+{{- end -}}
