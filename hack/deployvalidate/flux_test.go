@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -195,6 +196,10 @@ func checkSubjectsIn(t *testing.T, m *Manifests, ns string) {
 // artifact URL; the artifact-servers' pods also carry app:
 // source-controller, the selector of Flux's own Service; and their
 // NetworkPolicy admits the namespace's pods (Flux's controllers).
+// tenantURLClients are Headwater's workloads that request the URLs tenants
+// write (sources, sinks, hooks): none of them may reach an artifact-server.
+var tenantURLClients = []string{"fetcher", "httpsource-fetcher", "dispatcher", "receiver"}
+
 func checkDropInService(t *testing.T, m *Manifests, ns string) {
 	t.Helper()
 	svc, ok := m.Service("source-controller")
@@ -241,6 +246,10 @@ func checkDropInService(t *testing.T, m *Manifests, ns string) {
 		t.Errorf("artifact-server -storage-adv-addr %q expands to %q, want %q", adv, Expand(adv, c.Env, ns), want)
 	}
 
+	// Flux's controllers (labelled as `flux install` labels them) reach
+	// the artifact-servers; Headwater's pods that request tenants' URLs
+	// do not (docs/security.md, "Egress").
+	fluxController := labels.Set{"app": "kustomize-controller"}
 	var admitted bool
 	for _, np := range m.NetworkPolicies {
 		if !labels.SelectorFromSet(np.Spec.PodSelector.MatchLabels).Matches(labels.Set(d.Spec.Template.Labels)) {
@@ -248,9 +257,19 @@ func checkDropInService(t *testing.T, m *Manifests, ns string) {
 		}
 		for _, in := range np.Spec.Ingress {
 			for _, from := range in.From {
-				if from.NamespaceSelector == nil && from.IPBlock == nil && from.PodSelector != nil &&
-					len(from.PodSelector.MatchLabels) == 0 && len(from.PodSelector.MatchExpressions) == 0 {
-					admitted = true
+				if from.NamespaceSelector != nil || from.IPBlock != nil || from.PodSelector == nil {
+					continue
+				}
+				sel, err := metav1.LabelSelectorAsSelector(from.PodSelector)
+				if err != nil {
+					t.Errorf("NetworkPolicy %s: %v", np.Name, err)
+					continue
+				}
+				admitted = admitted || sel.Matches(fluxController)
+				for _, w := range m.Workloads() {
+					if slices.Contains(tenantURLClients, w.Name) && sel.Matches(labels.Set(w.Template.Labels)) {
+						t.Errorf("NetworkPolicy %s admits %s/%s, which requests tenants' URLs, to the artifact-servers", np.Name, w.Kind, w.Name)
+					}
 				}
 			}
 		}
