@@ -27,8 +27,8 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/events"
-	"github.com/headwater-gitops/headwater/pkg/tracing"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
+	"github.com/headwater-gitops/headwater/pkg/tracing"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/controller"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/notify"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
