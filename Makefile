@@ -332,12 +332,14 @@ crds-kustomization:
 
 ##@ Test
 
-# `make test` runs every step to the end, even past a failing one, and
+# `make test` runs every step to the end (make lint first, so CI sees an
+# unformatted file or a vet finding), even past a failing one, and
 # then fails listing the steps that failed: one red package does not hide
 # the state of the others (the node test above all).
 .PHONY: test
-test: $(TEST_TOOLS) ## Run every test: unit, integration, fuzz (short) and end-to-end, the node test included; lists what failed at the end.
+test: $(TEST_TOOLS) ## Run make lint and every test: unit, integration, fuzz (short) and end-to-end, the node test included; lists what failed at the end.
 	@failed=(); \
+	$(MAKE) --no-print-directory lint || failed+=("make lint"); \
 	for m in $(MODULES); do \
 		echo "==> go test $$m"; \
 		(cd $$m && go test $(GO_TEST_FLAGS) ./...) || failed+=("go test $$m"); \
