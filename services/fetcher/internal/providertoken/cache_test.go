@@ -11,40 +11,28 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
-// clock is a settable time for the cache.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newTestCache(t *testing.T, max int) (*Cache, *clock, *prometheus.Registry) {
+func newTestCache(t *testing.T, max int) (*Cache, *testingclock.FakeClock, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	c := NewCache(max, reg)
-	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	c.now = clk.now
+	clk := testingclock.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c.now = clk.Now
 	return c, clk, reg
 }
 
 // minter mints numbered tokens valid for ttl from clk's time.
 type minter struct {
-	clk   *clock
+	clk   *testingclock.FakeClock
 	ttl   time.Duration
 	calls atomic.Int32
 }
 
 func (m *minter) mint(context.Context) (Token, error) {
 	n := m.calls.Add(1)
-	return Token{Value: fmt.Sprintf("t%d", n), ExpiresAt: m.clk.now().Add(m.ttl)}, nil
+	return Token{Value: fmt.Sprintf("t%d", n), ExpiresAt: m.clk.Now().Add(m.ttl)}, nil
 }
 
 func TestCacheReusesUntil80PercentOfLifetime(t *testing.T) {
@@ -62,11 +50,11 @@ func TestCacheReusesUntil80PercentOfLifetime(t *testing.T) {
 	if got := get(); got != "t1" {
 		t.Fatalf("first token %q, want t1", got)
 	}
-	clk.add(7*time.Minute + 59*time.Second)
+	clk.Step(7*time.Minute + 59*time.Second)
 	if got := get(); got != "t1" {
 		t.Errorf("token at 79%% of its lifetime %q, want the cached t1", got)
 	}
-	clk.add(2 * time.Second)
+	clk.Step(2 * time.Second)
 	if got := get(); got != "t2" {
 		t.Errorf("token past 80%% of its lifetime %q, want a new one", got)
 	}
@@ -85,7 +73,7 @@ func TestCacheCapsReuseAtAnHour(t *testing.T) {
 	c, clk, _ := newTestCache(t, 0)
 	m := &minter{clk: clk, ttl: 24 * time.Hour}
 	for _, step := range []time.Duration{0, 59 * time.Minute, 2 * time.Minute} {
-		clk.add(step)
+		clk.Step(step)
 		if _, err := c.Get(context.Background(), ProviderAzure, "k", m.mint); err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +90,7 @@ func TestCacheSharesOneMintAcrossConcurrentFetches(t *testing.T) {
 	mint := func(context.Context) (Token, error) {
 		calls.Add(1)
 		<-release
-		return Token{Value: "shared", ExpiresAt: clk.now().Add(time.Hour)}, nil
+		return Token{Value: "shared", ExpiresAt: clk.Now().Add(time.Hour)}, nil
 	}
 	const n = 16
 	var wg, started sync.WaitGroup
@@ -169,7 +157,7 @@ func TestCacheIsBounded(t *testing.T) {
 
 func TestNilCacheMintsEveryTime(t *testing.T) {
 	var c *Cache
-	m := &minter{clk: &clock{t: time.Now()}, ttl: time.Hour}
+	m := &minter{clk: testingclock.NewFakeClock(time.Now()), ttl: time.Hour}
 	for range 3 {
 		if _, err := c.Get(context.Background(), ProviderGitHub, "k", m.mint); err != nil {
 			t.Fatal(err)

@@ -15,23 +15,11 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/headwater-gitops/headwater/pkg/signature"
 )
-
-// clock is a settable time.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // post serves one request and returns its status code.
 func post(h *Handler, path string, header http.Header, body []byte) int {
@@ -82,30 +70,30 @@ func signedV2(key, id string, ts time.Time, body []byte) http.Header {
 // the window it is refused, and a changed ce-id does not verify.
 func TestSignedDeliveriesAndReplays(t *testing.T) {
 	rcv := receiver("hmac", notificationv1.GenericHMACReceiver)
-	clk := &clock{t: time.Unix(1700000000, 0)}
+	clk := testingclock.NewFakeClock(time.Unix(1700000000, 0))
 	pub := &published{}
-	h := &Handler{Receivers: receivers{rcv}, Tokens: tokens{"apps/webhook-token": testToken}, Hooks: pub, Log: logr.Discard(), Now: clk.now}
+	h := &Handler{Receivers: receivers{rcv}, Tokens: tokens{"apps/webhook-token": testToken}, Hooks: pub, Log: logr.Discard(), Now: clk.Now}
 	body := []byte(`{"revision":"main@sha1:abc"}`)
-	captured := signedV2(testToken, "event-1", clk.now(), body)
+	captured := signedV2(testToken, "event-1", clk.Now(), body)
 	if code := post(h, rcv.Status.WebhookPath, captured, body); code != http.StatusOK || len(pub.hooks) != 1 {
 		t.Fatalf("a signed delivery: %d, %d hooks", code, len(pub.hooks))
 	}
-	clk.add(time.Minute)
+	clk.Step(time.Minute)
 	if code := post(h, rcv.Status.WebhookPath, captured, body); code != http.StatusOK || len(pub.hooks) != 2 || pub.hooks[1].Job.ID != pub.hooks[0].Job.ID {
 		t.Fatalf("a replay inside the window: %d, %d hooks; want the same hook ID, stored once", code, len(pub.hooks))
 	}
-	clk.add(signature.DefaultTolerance)
+	clk.Step(signature.DefaultTolerance)
 	if code := post(h, rcv.Status.WebhookPath, captured, body); code != http.StatusBadRequest || len(pub.hooks) != 2 {
 		t.Errorf("a replay after the window: %d, %d hooks; want 400", code, len(pub.hooks))
 	}
-	forged := signedV2(testToken, "event-2", clk.now(), body)
+	forged := signedV2(testToken, "event-2", clk.Now(), body)
 	forged.Set("Ce-Id", "event-3")
 	if code := post(h, rcv.Status.WebhookPath, forged, body); code != http.StatusBadRequest {
 		t.Errorf("a changed ce-id: %d, want 400", code)
 	}
 	// A request with the V2 header is not let through by a valid
 	// body-only signature beside an invalid V2 one.
-	mixed := signedV2("wrong", "event-4", clk.now(), body)
+	mixed := signedV2("wrong", "event-4", clk.Now(), body)
 	mixed.Set("X-Signature", "sha256="+sign(sha256.New, testToken, body))
 	if code := post(h, rcv.Status.WebhookPath, mixed, body); code != http.StatusBadRequest {
 		t.Errorf("an invalid V2 signature beside a valid X-Signature: %d, want 400", code)
@@ -117,9 +105,9 @@ func TestSignedDeliveriesAndReplays(t *testing.T) {
 // the bucket refills with time.
 func TestRateLimitPerReceiver(t *testing.T) {
 	a, b := receiver("a", notificationv1.GenericReceiver), receiver("b", notificationv1.GenericReceiver)
-	clk := &clock{t: time.Unix(1700000000, 0)}
+	clk := testingclock.NewFakeClock(time.Unix(1700000000, 0))
 	reads := &countingTokens{Tokens: tokens{"apps/webhook-token": testToken}}
-	h := &Handler{Receivers: receivers{a, b}, Tokens: reads, Hooks: &published{}, Log: logr.Discard(), Now: clk.now, Limit: 1, Burst: 3}
+	h := &Handler{Receivers: receivers{a, b}, Tokens: reads, Hooks: &published{}, Log: logr.Discard(), Now: clk.Now, Limit: 1, Burst: 3}
 	for i := range 3 {
 		if code := post(h, a.Status.WebhookPath, nil, nil); code != http.StatusOK {
 			t.Fatalf("request %d: %d", i, code)
@@ -136,7 +124,7 @@ func TestRateLimitPerReceiver(t *testing.T) {
 	if code := post(h, b.Status.WebhookPath, nil, nil); code != http.StatusOK {
 		t.Errorf("another Receiver: %d, want 200", code)
 	}
-	clk.add(time.Second)
+	clk.Step(time.Second)
 	if code := post(h, a.Status.WebhookPath, nil, nil); code != http.StatusOK {
 		t.Errorf("a second later: %d, want 200", code)
 	}
@@ -161,11 +149,11 @@ func (c *countingTokens) Token(ctx context.Context, namespace, name string) ([]b
 // it.
 func TestTokenCache(t *testing.T) {
 	rcv := receiver("hmac", notificationv1.GenericHMACReceiver)
-	clk := &clock{t: time.Unix(1700000000, 0)}
+	clk := testingclock.NewFakeClock(time.Unix(1700000000, 0))
 	src := tokens{"apps/webhook-token": testToken}
 	reads := &countingTokens{Tokens: src}
-	cache := &TokenCache{Source: reads, TTL: time.Minute, Now: clk.now}
-	h := &Handler{Receivers: receivers{rcv}, Tokens: cache, Hooks: &published{}, Log: logr.Discard(), Now: clk.now}
+	cache := &TokenCache{Source: reads, TTL: time.Minute, Now: clk.Now}
+	h := &Handler{Receivers: receivers{rcv}, Tokens: cache, Hooks: &published{}, Log: logr.Discard(), Now: clk.Now}
 	body := []byte(`{}`)
 	signed := func(key string) http.Header {
 		return http.Header{"X-Signature": {"sha256=" + sign(sha256.New, key, body)}}
@@ -178,7 +166,7 @@ func TestTokenCache(t *testing.T) {
 	if reads.n != 1 {
 		t.Errorf("%d reads for 10 requests, want 1", reads.n)
 	}
-	clk.add(time.Minute)
+	clk.Step(time.Minute)
 	post(h, rcv.Status.WebhookPath, signed(testToken), body)
 	if reads.n != 2 {
 		t.Errorf("%d reads after the TTL, want 2", reads.n)
