@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/testsupport/otlpreceiver"
 )
 
 // The tenants of scenario f, each a namespace.
@@ -28,6 +31,11 @@ const (
 type FairLoad struct {
 	Big, Small int
 	Delay      time.Duration
+	// Stages, on Headwater, exports every service's spans to the
+	// benchmark and notes where the small tenant's sources spent their
+	// time, in each round (stages.go). Tracing costs CPU of its own: the
+	// times of a run with Stages are not the scenario's figures.
+	Stages bool
 }
 
 // Name is the scenario's row.
@@ -63,6 +71,14 @@ func (f *Fairness) String() string {
 // (wall: until its last source is Ready), with the small tenant's times in
 // Fairness.
 func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Measurement, err error) {
+	var traces *otlpreceiver.Receiver
+	if load.Stages && sys == Headwater {
+		if traces, err = otlpreceiver.Start(); err != nil {
+			return nil, fmt.Errorf("scenario f: trace receiver: %w", err)
+		}
+		defer traces.Close()
+		o.Harness.Env = append(slices.Clone(o.Harness.Env), stageOTelEnv(traces.HTTPEndpoint())...)
+	}
 	env, stop, err := startEnv(ctx, o, "fair-share", sys)
 	if err != nil {
 		return nil, err
@@ -92,7 +108,7 @@ func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Me
 	}
 
 	// The big tenant, and the small one Delay later.
-	var loaded time.Duration
+	var loaded round
 	o.progress("f (%s): the big tenant's %d, the small tenant's %d %s later", sys, load.Big, load.Small, load.Delay)
 	big := newTracker(c, bigTenant, load.Big, func() client.ObjectList { return &sourcev1.GitRepositoryList{} },
 		readyWithArtifact[*sourcev1.GitRepository])
@@ -114,39 +130,60 @@ func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Me
 	if err != nil {
 		return m, fmt.Errorf("scenario f: %w", err)
 	}
-	m.Fairness = &Fairness{Idle: idle, Loaded: loaded}
+	m.Fairness = &Fairness{Idle: idle.ready.Sub(idle.start), Loaded: loaded.ready.Sub(loaded.start)}
 	m.Notes = append(m.Notes, "small tenant's time to Ready: "+m.Fairness.String())
+	if traces != nil {
+		// The services export every 500 ms: wait for the last spans.
+		if !sleep(ctx, 3*time.Second) {
+			return m, ctx.Err()
+		}
+		spans := traces.Spans()
+		for _, r := range []round{idle, loaded} {
+			table, n := stageTable(spans, smallTenant, r.prefix, r.start)
+			o.progress("f (%s): stages of the small tenant's %s round (%d of %d sources traced; %d spans received), from its first create "+
+				"(its creates returned after %d ms, its last source Ready after %d ms):\n%s",
+				sys, strings.TrimSuffix(r.prefix, "-"), n, load.Small, len(spans), r.created.Sub(r.start).Milliseconds(),
+				r.ready.Sub(r.start).Milliseconds(), table)
+		}
+		m.Notes = append(m.Notes, "run with -stages (tracing on): its times are not the scenario's figures")
+	}
 	return m, nil
 }
 
+// round is a tenant's round of creates: when it started, when its
+// creates had returned and when its last source was Ready.
+type round struct {
+	prefix                string
+	start, created, ready time.Time
+}
+
 // tenantReady creates a GitRepository of each url in ns (names prefixed
-// with prefix) and returns the time from the first create until all are
-// Ready with an artifact.
-func tenantReady(ctx context.Context, c client.WithWatch, ns, prefix string, urls []string) (time.Duration, error) {
+// with prefix) and awaits them all Ready with an artifact.
+func tenantReady(ctx context.Context, c client.WithWatch, ns, prefix string, urls []string) (round, error) {
 	// The idle round's sources are Ready already when the loaded round
 	// starts: each round counts its own.
 	t := newTracker(c, ns, len(urls), func() client.ObjectList { return &sourcev1.GitRepositoryList{} },
 		func(o *sourcev1.GitRepository) bool {
 			return strings.HasPrefix(o.Name, prefix+"-") && readyWithArtifact(o)
 		})
-	start := time.Now()
+	r := round{prefix: prefix + "-", start: time.Now()}
 	done := make(chan error, 1)
-	var at time.Time
+	var ready time.Time
 	go func() {
 		var err error
-		at, err = t.run(ctx)
+		ready, err = t.run(ctx)
 		done <- err
 	}()
 	names := sourceNames(prefix, len(urls))
 	if err := forEach(ctx, names, func(ctx context.Context, i int, name string) error {
 		return c.Create(ctx, gitRepositoryIn(ns, name, urls[i]))
 	}); err != nil {
-		return 0, fmt.Errorf("create: %w", err)
+		return r, fmt.Errorf("create: %w", err)
 	}
-	if err := <-done; err != nil {
-		return 0, err
-	}
-	return at.Sub(start), nil
+	r.created = time.Now()
+	err := <-done
+	r.ready = ready
+	return r, err
 }
 
 // sourceNames are n names prefix-00000 on.

@@ -353,6 +353,7 @@ func (w *watcher) setupSources(ctx context.Context) error {
 	}
 	for _, kind := range w.kinds {
 		r := &controller.Reconciler{Client: w.kubeClient, Live: w.liveReader, Kind: kind, Jobs: w.jobs, Admission: w.admission, Seal: w.key,
+			NewQueue:          w.o.fairShare.NewWorkQueue(),
 			Recorder:          &notify.Recorder{Recorder: w.mgr.GetEventRecorder("headwater-watcher"), Forwarder: w.notifier},
 			RequeueDependency: w.o.requeueDependency, Metrics: w.reconcileMetrics, Steady: w.steady, AlignRemotes: w.o.alignRemotes, Fetchers: fetchers,
 			Retries: &controller.Retries{New: func() client.Object { return kind.New() }, Kind: kind.Name, Metrics: w.reconcileMetrics,
@@ -395,7 +396,8 @@ func (w *watcher) setupGenerators(ctx context.Context) error {
 	w.generators = &generator.Reconciler{Client: w.mgr.GetClient(), Live: w.mgr.GetAPIReader(), Jobs: w.jobs, Seal: w.key, Owns: w.owns,
 		Writer:   w.externalArtifacts,
 		Recorder: &notify.Recorder{Recorder: w.mgr.GetEventRecorder("headwater-watcher"), Forwarder: w.notifier},
-		Metrics:  generator.NewMetrics(crmetrics.Registry), NoCrossNamespaceRefs: w.o.noCrossNamespaceRefs}
+		Metrics:  generator.NewMetrics(crmetrics.Registry), NoCrossNamespaceRefs: w.o.noCrossNamespaceRefs,
+		NewQueue: w.o.fairShare.NewWorkQueue()}
 	if err := w.generators.SetupWithManager(ctx, w.mgr, w.o.concurrency); err != nil {
 		return fmt.Errorf("set up ArtifactGenerator controller: %w", err)
 	}

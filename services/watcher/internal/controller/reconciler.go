@@ -33,6 +33,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/tracing"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/fairshare"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/sourcekind"
@@ -68,6 +69,10 @@ type Reconciler struct {
 	// with other namespaces' (package fairshare); nil publishes them
 	// through Jobs at once.
 	Admission Admission
+	// NewQueue, when set, makes the controller's work queue (the fair
+	// one of fairshare.Options.NewWorkQueue); nil keeps
+	// controller-runtime's.
+	NewQueue fairshare.NewQueueFunc
 	// Seal seals every job published, so that only outcomes of jobs this
 	// watcher (or another replica) issued are applied.
 	Seal *seal.Key
@@ -116,7 +121,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 		Named(strings.ToLower(r.Kind.Name)).
 		For(watched, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency, NewQueue: r.NewQueue})
 	if err := r.Kind.Setup(ctx, mgr, b); err != nil {
 		return err
 	}

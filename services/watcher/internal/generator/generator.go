@@ -37,6 +37,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/externalartifact"
+	"github.com/headwater-gitops/headwater/services/watcher/internal/fairshare"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/patch"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/seal"
 )
@@ -63,6 +64,10 @@ const staleRead = time.Second
 // Reconciler reconciles ArtifactGenerators and applies their jobs'
 // outcomes.
 type Reconciler struct {
+	// NewQueue, when set, makes the controller's work queue (the fair
+	// one of fairshare.Options.NewWorkQueue); nil keeps
+	// controller-runtime's.
+	NewQueue fairshare.NewQueueFunc
 	// Client reads from the informer cache and writes objects.
 	Client client.Client
 	// Live reads objects from the API server, after a conflicting write.

@@ -61,7 +61,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 		For(&swv1beta1.ArtifactGenerator{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicates.ReconcileRequestedPredicate{}))).
 		Owns(&sourcev1.ExternalArtifact{}, builder.WithPredicates(deletedOnly{})).
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency})
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: concurrency, NewQueue: r.NewQueue})
 	for kind, newObj := range sourceKinds {
 		b = b.Watches(newObj(), handler.EnqueueRequestsFromMapFunc(r.generatorsOf(kind)),
 			builder.WithPredicates(sourcekind.ArtifactChanged{}))
