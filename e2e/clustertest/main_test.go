@@ -44,7 +44,7 @@ var env struct {
 	// kustomizations holds the kustomizations deployPath writes over
 	// deploy/'s.
 	kustomizations string
-	skip     string // why the tests skip, when the machine cannot run a node
+	skip           string // why the tests skip, when the machine cannot run a node
 }
 
 func TestMain(m *testing.M) {
