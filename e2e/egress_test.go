@@ -72,6 +72,38 @@ func TestEgressRefused(t *testing.T) {
 		waitKindEvent(t, "HTTPSource", name, corev1.EventTypeWarning, acl.AccessDeniedReason, func(msg string) bool { return strings.HasSuffix(msg, refusedByPolicy) })
 	}
 
+	// Built-in sources at Headwater's internals, fetched by the fetcher
+	// (whose every client of a tenant's URL dials through the policy): a
+	// GitRepository at the NATS server's port, another at the victim's
+	// artifact on the artifact-server, a HelmRepository at the
+	// artifact-server. Each stalls at its first attempt (AccessDenied in
+	// FetchFailed, Stalled, a Warning Event), not retried as a server that
+	// is down, and the message ends in the policy's words.
+	gitTargets := map[string]string{
+		"egress-git-nats":     "http://" + natsURL.Host + "/tenant.git",
+		"egress-git-artifact": before.URL,
+	}
+	for name, target := range gitTargets {
+		createSource(t, name, target, branch)
+	}
+	createHelmRepository(t, "egress-helm-artifact", "http://"+env.ArtifactAddr+"/")
+	for name := range gitTargets {
+		got := waitCondition(t, name, meta.ReadyCondition, metav1.ConditionFalse, acl.AccessDeniedReason)
+		checkRefusedConditions(t, "GitRepository "+name, got.Status.Conditions)
+		if got.Status.Artifact != nil {
+			t.Errorf("%s: an artifact %+v from a refused destination", name, got.Status.Artifact)
+		}
+		waitKubeEvent(t, name, corev1.EventTypeWarning, acl.AccessDeniedReason, func(msg string) bool { return strings.HasSuffix(msg, refusedByPolicy) })
+	}
+	helmRepo := waitConditionOf(t, "helmrepository egress-helm-artifact",
+		func() *sourcev1.HelmRepository {
+			return getObject(t, "egress-helm-artifact", &sourcev1.HelmRepository{})
+		},
+		meta.ReadyCondition, metav1.ConditionFalse, acl.AccessDeniedReason)
+	checkRefusedConditions(t, "HelmRepository egress-helm-artifact", helmRepo.Status.Conditions)
+	waitKindEvent(t, sourcev1.HelmRepositoryKind, "egress-helm-artifact", corev1.EventTypeWarning, acl.AccessDeniedReason,
+		func(msg string) bool { return strings.HasSuffix(msg, refusedByPolicy) })
+
 	// Subscriptions whose sinks are the metadata endpoint and the
 	// artifact-server, selecting a source made after them.
 	sinks := map[string]string{
@@ -131,5 +163,29 @@ func TestEgressRefused(t *testing.T) {
 	if !apimeta.IsStatusConditionTrue(now.Status.Conditions, meta.ReadyCondition) ||
 		now.Status.Artifact.Digest != before.Digest || now.Status.Artifact.Revision != before.Revision {
 		t.Errorf("victim after the attempts: %+v, want Ready with %s", now.Status, before.Digest)
+	}
+}
+
+// checkRefusedConditions checks the conditions of a built-in source whose
+// fetch the egress policy refused: FetchFailed and Stalled True and Ready
+// False, each with reason AccessDenied and a message that ends in the
+// policy's words and names nothing of what listens at the destination.
+func checkRefusedConditions(t *testing.T, what string, conds []metav1.Condition) {
+	t.Helper()
+	for typ, status := range map[string]metav1.ConditionStatus{
+		sourcev1.FetchFailedCondition: metav1.ConditionTrue,
+		meta.StalledCondition:         metav1.ConditionTrue,
+		meta.ReadyCondition:           metav1.ConditionFalse,
+	} {
+		c := apimeta.FindStatusCondition(conds, typ)
+		if c == nil || c.Status != status || c.Reason != acl.AccessDeniedReason || !strings.HasSuffix(c.Message, refusedByPolicy) {
+			t.Errorf("%s: %s %+v, want %s, AccessDenied, ending in the refusal", what, typ, c, status)
+			continue
+		}
+		for _, told := range []string{"connection refused", "not found", "nats"} {
+			if strings.Contains(strings.ToLower(c.Message), strings.ToLower(told)) {
+				t.Errorf("%s: %s tells what answered (%q): %s", what, typ, told, c.Message)
+			}
+		}
 	}
 }

@@ -158,6 +158,8 @@ func testConfig() (harness.Config, error) {
 			harness.Watcher: {"-source-metrics-interval", "2s"},
 			// Reports at once, so Subscription status follows quickly.
 			harness.Dispatcher: {"-report-interval", "200ms"},
+			// A replay window a test can outwait (TestReplayRefused).
+			harness.Receiver: {"-signature-tolerance", replayWindow.String()},
 		},
 		Dispatcher: true,
 		// The HTTPSource plug-in kind runs too (TestHTTPSource), as its

@@ -142,6 +142,19 @@ type Cluster struct {
 	done   chan struct{}
 }
 
+// TestServerRanges are the private ranges of the servers a test reaches
+// through the cluster: the link's (HostIP, where a test's servers listen)
+// and the Service range (an in-cluster server behind a Service).
+// Headwater's egress policy refuses private addresses to tenants' URLs
+// unless allowed: a test's install passes these as its
+// -allowed-destinations (HEADWATER_ALLOWED_DESTINATIONS, the chart's
+// egress.allowedDestinations).
+func (c *Cluster) TestServerRanges() []string {
+	link := &net.IPNet{IP: net.ParseIP(c.ns.hostIP).To4(), Mask: net.CIDRMask(c.ns.prefixLn, 32)}
+	link.IP = link.IP.Mask(link.Mask)
+	return []string{link.String(), serviceCIDR}
+}
+
 type proc struct {
 	name string
 	p    *process.Process

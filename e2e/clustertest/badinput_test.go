@@ -102,7 +102,7 @@ func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository
 		// The documented repair: run the setup Job again (it makes only
 		// what is missing), then restart NATS so it reads the new key.
 		kubectl(t, "-n", ns, "delete", "job", "headwater-setup", "--ignore-not-found")
-		kubectl(t, "apply", "-k", env.deploy)
+		kubectl(t, "apply", "-k", deployPath("."))
 		eventually(t, 2*time.Minute, "setup Job made the missing Secret", func(ctx context.Context) error {
 			_, err := env.c.Client.CoreV1().Secrets(ns).Get(ctx, "headwater-nats-packager", metav1.GetOptions{})
 			return err

@@ -102,7 +102,7 @@ func TestHelmInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel, err := install.RunWithContext(ctx, chrt, nil)
+	rel, err := install.RunWithContext(ctx, chrt, withTestServers(nil))
 	if err != nil {
 		t.Fatalf("helm install %s: %v\n%s", chartRef, err, diagnose())
 	}
@@ -166,7 +166,7 @@ func testHelmUpgrade(t *testing.T, h *helmClient, cl ctrlclient.Client, chrt *ch
 	upgrade.WaitForJobs = true
 	upgrade.Timeout = 8 * time.Minute
 	start := time.Now()
-	rel, err := upgrade.RunWithContext(ctx, release, chrt, rolled)
+	rel, err := upgrade.RunWithContext(ctx, release, chrt, withTestServers(rolled))
 	if err != nil {
 		w.stop()
 		t.Fatalf("helm upgrade: %v\n%s", err, diagnose())

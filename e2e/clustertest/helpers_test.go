@@ -3,6 +3,8 @@ package clustertest
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -138,13 +140,61 @@ func install(t *testing.T, dir string) time.Duration {
 	return took
 }
 
-// deployPath is dir inside deploy/, or dir itself when absolute (a
-// kustomization of a test's own).
+// deployPath is a kustomization over dir (inside deploy/, or dir itself
+// when absolute: a kustomization of a test's own) that lets the services
+// reach the test's servers, as an operator allows an in-cluster git
+// server: the egress policy refuses private addresses to tenants' URLs by
+// default, and the node's link and Services are private
+// (cluster.TestServerRanges). The same dir always gives the same
+// kustomization, so what an install applied its uninstall deletes.
 func deployPath(dir string) string {
-	if filepath.IsAbs(dir) {
-		return dir
+	target := dir
+	if !filepath.IsAbs(dir) {
+		target = filepath.Join(env.deploy, dir)
 	}
-	return filepath.Join(env.deploy, dir)
+	sum := sha256.Sum256([]byte(target))
+	wrap := filepath.Join(env.kustomizations, hex.EncodeToString(sum[:8]))
+	// kustomize takes only relative paths to other kustomizations.
+	rel, err := filepath.Rel(wrap, target)
+	if err != nil {
+		panic(fmt.Sprintf("kustomization over %s: %v", target, err))
+	}
+	if err := os.MkdirAll(wrap, 0o755); err != nil {
+		panic(fmt.Sprintf("kustomization over %s: %v", target, err))
+	}
+	if err := os.WriteFile(filepath.Join(wrap, "kustomization.yaml"), []byte(allowTestServers(rel)), 0o644); err != nil {
+		panic(fmt.Sprintf("kustomization over %s: %v", target, err))
+	}
+	return wrap
+}
+
+// allowTestServers is a kustomization of resource (a relative path) that
+// sets HEADWATER_ALLOWED_DESTINATIONS to the test servers' ranges in every
+// Deployment that requests tenants' URLs it renders (docs/security.md,
+// "Egress").
+func allowTestServers(resource string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%q]\npatches:\n", resource)
+	allowed := strings.Join(env.c.TestServerRanges(), ",")
+	for _, d := range []string{"fetcher", "dispatcher", "httpsource-fetcher"} {
+		fmt.Fprintf(&b, `  - target: {kind: Deployment, name: %[1]s}
+    patch: |-
+      {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": %[1]q},
+       "spec": {"template": {"spec": {"containers": [{"name": %[1]q, "env": [{"name": "HEADWATER_ALLOWED_DESTINATIONS", "value": %[2]q}]}]}}}}
+`, d, allowed)
+	}
+	return b.String()
+}
+
+// withTestServers returns the chart's values vals (nil: the defaults)
+// with egress.allowedDestinations the test servers' ranges, as
+// deployPath's kustomization sets them.
+func withTestServers(vals map[string]any) map[string]any {
+	out := map[string]any{"egress": map[string]any{"allowedDestinations": env.c.TestServerRanges()}}
+	for k, v := range vals {
+		out[k] = v
+	}
+	return out
 }
 
 // uninstall deletes every source first (the watcher must still be there

@@ -41,7 +41,10 @@ var env struct {
 	gitRoot  string
 	repoRoot string
 	deploy   string // the repository's deploy/ directory
-	skip     string // why the tests skip, when the machine cannot run a node
+	// kustomizations holds the kustomizations deployPath writes over
+	// deploy/'s.
+	kustomizations string
+	skip           string // why the tests skip, when the machine cannot run a node
 }
 
 func TestMain(m *testing.M) {
@@ -108,6 +111,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	env.deploy = filepath.Join(wd, "..", "..", "deploy")
+	env.kustomizations = filepath.Join(dir, "kustomizations")
 	return m.Run()
 }
 

@@ -69,7 +69,7 @@ func TestFluxHelmSwitch(t *testing.T) {
 		install.WaitForJobs = true
 		install.Timeout = 8 * time.Minute
 		start := time.Now()
-		rel, err := install.RunWithContext(context.Background(), chrt, map[string]any{"fluxDropIn": map[string]any{"enabled": true}})
+		rel, err := install.RunWithContext(context.Background(), chrt, withTestServers(map[string]any{"fluxDropIn": map[string]any{"enabled": true}}))
 		if err != nil {
 			t.Fatalf("helm install -n flux-system --set fluxDropIn.enabled=true: %v\n%s", err, diagnose())
 		}

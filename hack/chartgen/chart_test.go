@@ -357,6 +357,24 @@ func TestChartParameters(t *testing.T) {
 			t.Errorf("%s does not export traces to %s:\n%s", d, collector, b)
 		}
 	}
+
+	// egress.allowedDestinations is every tenant-URL client's
+	// -allowed-destinations, and the default allows nothing.
+	b, _ = json.Marshal(objs["Deployment gitops/fetcher"])
+	if !strings.Contains(string(b), `{"name":"`+AllowedDestinationsEnv+`","value":""}`) {
+		t.Errorf("fetcher allows destinations by default:\n%s", b)
+	}
+	objs, err = helmTemplate(t, "gitops", map[string]any{"dispatcher": map[string]any{"enabled": true},
+		"egress": map[string]any{"allowedDestinations": []any{"10.96.12.34:3000", "192.168.0.0/16"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"fetcher", "dispatcher"} {
+		b, _ := json.Marshal(objs["Deployment gitops/"+d])
+		if !strings.Contains(string(b), `{"name":"`+AllowedDestinationsEnv+`","value":"10.96.12.34:3000,192.168.0.0/16"}`) {
+			t.Errorf("%s does not allow egress.allowedDestinations:\n%s", d, b)
+		}
+	}
 }
 
 // TestChartRejectsBadValues checks that a wrong type, an unknown key, S3

@@ -244,6 +244,18 @@ tracing:
   enabled: false
   endpoint: ` + TracingEndpoint + `
 
+# The egress policy of the services that request tenants' URLs (the
+# fetchers and the dispatcher; docs/security.md, "Egress"): a private
+# address (the cluster's Services and Pods, 10.0.0.0/8, 172.16.0.0/12,
+# 192.168.0.0/16, 100.64.0.0/10, fc00::/7), loopback or link-local is
+# refused to a source's URL or a Subscription's sink unless listed here.
+egress:
+  # CIDRs or addresses, each optionally with :port, e.g.
+  # [10.96.12.34:3000] for an in-cluster git server's Service (its
+  # -allowed-destinations). Headwater's own NATS and artifact-server stay
+  # refused whatever this says.
+  allowedDestinations: []
+
 # A drop-in for Flux's source-controller (components/flux-dropin): install
 # into Flux's namespace (helm install -n flux-system) after scaling Flux's
 # source-controller to 0; no Flux CRDs, events to Flux's
@@ -336,7 +348,10 @@ func valuesSchema() map[string]any {
 			"crds":              object(map[string]any{"install": boolean}),
 			"monitoring":        toggle,
 			"tracing":           object(map[string]any{"enabled": boolean, "endpoint": str}),
-			"fluxDropIn":        toggle,
+			"egress": object(map[string]any{"allowedDestinations": map[string]any{
+				"type": "array", "items": map[string]any{"type": "string", "minLength": 1},
+			}}),
+			"fluxDropIn": toggle,
 			"shards": map[string]any{
 				"type":        "array",
 				"uniqueItems": true,

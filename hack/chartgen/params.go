@@ -219,6 +219,9 @@ func (p *Parameterizer) Parameterize(o Object) error {
 		}
 		for _, c := range containers {
 			if c := c.(map[string]any); c["name"] == w.Container {
+				if err := p.egress(c); err != nil {
+					return fmt.Errorf("%s: %w", o.Key(), err)
+				}
 				if err := p.podSettings(w, template, pod, c); err != nil {
 					return fmt.Errorf("%s: %w", o.Key(), err)
 				}

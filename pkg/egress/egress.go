@@ -1,17 +1,20 @@
 // Package egress keeps the requests Headwater makes to tenant-chosen URLs
 // (Subscription sinks, HTTPSource URLs, Helm repository and chart URLs,
 // Bucket endpoints, git and OCI hosts) off the addresses a tenant must not
-// reach through Headwater: the metadata endpoint (169.254.169.254) and
-// the rest of link-local, loopback (the pod itself), unspecified and
+// reach through Headwater: the private ranges (RFC 1918, CGNAT's
+// 100.64.0.0/10, IPv6 unique local addresses), where the cluster's
+// Services and Pods live, the metadata endpoint (169.254.169.254) and the
+// rest of link-local, loopback (the pod itself), unspecified and
 // multicast addresses, Headwater's own internals (the NATS server), and
-// what the operator denies with -denied-destinations.
+// what the operator denies with -denied-destinations (a cluster whose
+// Service or Pod CIDRs are public addresses).
 //
 // The check is made on the address actually dialled, after DNS resolution
 // (net.Dialer.Control), not on the URL's host name: a name that resolves
 // to an internal address, or is rebound to one after a first check, is
 // refused all the same. -allowed-destinations lets through what the
-// built-in list refuses (a fetch from loopback on one machine, `make
-// run`), never Headwater's internals. The refusal says nothing of the
+// built-in list refuses (an in-cluster git server, a fetch from loopback
+// on one machine, `make run`), never Headwater's internals. The refusal says nothing of the
 // destination (ErrRefused), so a tenant learns nothing from its status
 // but that the policy refused it.
 package egress
@@ -36,9 +39,16 @@ import (
 // what users see: it names neither the address nor the port.
 var ErrRefused = errors.New("destination refused by the egress policy (-allowed-destinations)")
 
-// Builtin are the ranges refused unless allowed: loopback, link-local (the
-// cloud metadata endpoint), unspecified and multicast.
+// Builtin are the ranges refused unless allowed: the private ranges (where
+// a cluster's Services and Pods, and a company's internal servers, are),
+// loopback, link-local (the cloud metadata endpoint), unspecified and
+// multicast.
 var Builtin = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),     // RFC 1918
+	netip.MustParsePrefix("172.16.0.0/12"),  // RFC 1918
+	netip.MustParsePrefix("192.168.0.0/16"), // RFC 1918
+	netip.MustParsePrefix("100.64.0.0/10"),  // shared address space (CGNAT, some clusters' Pods)
+	netip.MustParsePrefix("fc00::/7"),       // IPv6 unique local addresses
 	netip.MustParsePrefix("127.0.0.0/8"),
 	netip.MustParsePrefix("::1/128"),
 	netip.MustParsePrefix("169.254.0.0/16"),
@@ -124,12 +134,12 @@ func (r *Rules) Set(v string) error {
 }
 
 // Policy decides which addresses may be dialled for a tenant's URL. The
-// zero Policy refuses Builtin only.
+// zero Policy refuses Builtin only: every address but public ones.
 type Policy struct {
 	// Allowed lets through what Builtin or Denied refuse.
 	Allowed Rules
-	// Denied refuses more (private ranges, the cluster's Service and Pod
-	// CIDRs, one host's port).
+	// Denied refuses more (the cluster's Service and Pod CIDRs where
+	// they are not private, one host's port).
 	Denied Rules
 	// Internal are Headwater's own endpoints, refused whatever Allowed
 	// says (InternalURLs fills it).
@@ -156,11 +166,13 @@ func (o *Options) Resolve(ctx context.Context, urls ...string) *Policy {
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Var(&o.Policy.Allowed, "allowed-destinations",
 		"Addresses a tenant's URL (a Subscription's sink, a fetch) may reach although the egress policy refuses them: "+
-			"comma-separated CIDRs or addresses, each optionally with :port. The built-in refusals are loopback, link-local "+
-			"(the metadata endpoint), unspecified and multicast; Headwater's own NATS server is refused whatever this says.")
+			"comma-separated CIDRs or addresses, each optionally with :port (e.g. an in-cluster git server's Service, 10.96.12.34:3000). "+
+			"The built-in refusals are the private ranges (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, fc00::/7: "+
+			"the cluster's Services and Pods), loopback, link-local (the metadata endpoint), unspecified and multicast; "+
+			"Headwater's own NATS server is refused whatever this says.")
 	fs.Var(&o.Policy.Denied, "denied-destinations",
 		"Addresses a tenant's URL may not reach, besides the built-in ones: comma-separated CIDRs or addresses, each optionally "+
-			"with :port (e.g. the cluster's Service and Pod CIDRs, 10.0.0.0/8). -allowed-destinations wins over it.")
+			"with :port (e.g. the cluster's Service and Pod CIDRs where they are not private ranges). -allowed-destinations wins over it.")
 	fs.Func("internal-destinations",
 		"Headwater's own endpoints a tenant's URL may never reach, whatever -allowed-destinations says: comma-separated host:port "+
 			"(e.g. the artifact-server's Service), resolved at start; the NATS server of -nats-url is always among them.",

@@ -17,7 +17,8 @@ func TestCheck(t *testing.T) {
 	var o Options
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	o.BindFlags(fs)
-	if err := fs.Parse([]string{"-denied-destinations", "10.0.0.0/8, 192.168.1.5:8080", "-allowed-destinations", "10.1.2.3,127.0.0.1:9000,[::1]:9001"}); err != nil {
+	if err := fs.Parse([]string{"-denied-destinations", "203.0.113.0/24, 198.51.100.5:8080", "-allowed-destinations",
+		"10.1.2.3,127.0.0.1:9000,[::1]:9001,192.168.7.0/24:443,203.0.113.9"}); err != nil {
 		t.Fatal(err)
 	}
 	p := o.Policy
@@ -33,12 +34,25 @@ func TestCheck(t *testing.T) {
 		"224.0.0.1:80":                true,
 		"127.0.0.1:9000":              false, // allowed with its port
 		"[::1]:9001":                  false,
-		"127.0.0.1:4222":              true,  // internal: never allowed
-		"10.9.9.9:443":                true,  // denied
-		"10.1.2.3:443":                false, // allowed inside the denied range
+		"127.0.0.1:4222":              true, // internal: never allowed
+		"10.9.9.9:443":                true, // private, as the cluster's Services and Pods
+		"172.16.0.1:443":              true,
+		"172.31.255.255:443":          true,
+		"192.168.1.5:443":             true,
+		"100.64.0.1:443":              true, // CGNAT
+		"100.127.255.1:443":           true,
+		"[fd12:3456::1]:443":          true,  // unique local
+		"[::ffff:10.9.9.9]:443":       true,  // v4-mapped
+		"172.32.0.1:443":              false, // just past the private ranges
+		"100.128.0.1:443":             false,
+		"10.1.2.3:443":                false, // allowed inside a private range
+		"192.168.7.8:443":             false, // allowed with its port
+		"192.168.7.8:80":              true,
 		"10.1.2.3:8222":               true,  // internal wins over allowed
-		"192.168.1.5:8080":            true,
-		"192.168.1.5:443":             false,
+		"203.0.113.1:443":             true,  // denied
+		"203.0.113.9:443":             false, // allowed inside the denied range
+		"198.51.100.5:8080":           true,
+		"198.51.100.5:443":            false,
 		"93.184.216.34:443":           false,
 		"[2606:2800:220:1::1]:443":    false,
 	} {
@@ -47,7 +61,7 @@ func TestCheck(t *testing.T) {
 			t.Errorf("Check(%s) = %v, want refused %t", addr, err, refused)
 		}
 	}
-	if got := o.Policy.Denied.String(); got != "10.0.0.0/8,192.168.1.5:8080" {
+	if got := o.Policy.Denied.String(); got != "203.0.113.0/24,198.51.100.5:8080" {
 		t.Errorf("Denied = %q", got)
 	}
 	for _, bad := range []string{"example.com", "10.0.0.0/33", "1.2.3.4:x", "10.0.0.0/8:99999"} {

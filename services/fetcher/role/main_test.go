@@ -6,11 +6,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fluxcd/pkg/apis/acl"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,6 +20,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/buildinfo"
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
@@ -40,6 +43,9 @@ func TestFlags(t *testing.T) {
 // TestRun starts the fetcher as main does, without a cluster, and has it
 // fetch a repository.
 func TestRun(t *testing.T) {
+	// run points TMPDIR at its own work directory, removed when it
+	// stops: the next test's is the test binary's again.
+	t.Setenv("TMPDIR", os.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
@@ -175,4 +181,92 @@ func get(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestRunEgressRefused starts the fetcher as main does, with the egress
+// policy's defaults, and has it fetch a repository on loopback: the first
+// attempt fails Stalled with Flux's AccessDenied, in FetchFailed, with the
+// policy's words and nothing of what listens there, and the job is not
+// tried again.
+func TestRunEgressRefused(t *testing.T) {
+	// run points TMPDIR at its own work directory, removed when it
+	// stops: the next test's is the test binary's again.
+	t.Setenv("TMPDIR", os.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	root := t.TempDir()
+	repo, err := gitserver.NewRepo(root, "app", t.TempDir(), "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := repo.Write(map[string]string{"app.yaml": "kind: Namespace\n"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Commit("first"); err != nil {
+		t.Fatal(err)
+	}
+	srv := &gitserver.Server{Root: root}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Stop() }()
+
+	var o options
+	o.bindFlags(flag.NewFlagSet(service, flag.ContinueOnError))
+	o.bus.URL = ns.ClientURL()
+	o.storage.Path = t.TempDir()
+	o.telemetry.Addr = freeAddr(t)
+	o.secrets.Kubeconfig = filepath.Join(t.TempDir(), "no-cluster")
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, o) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	waitReady(t, "http://"+o.telemetry.Addr+"/readyz")
+
+	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "test", logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := &events.FetchRequested{
+		Job:           events.Job{ID: "job-refused", Object: events.ObjectRef{Kind: sourcev1.GitRepositoryKind, Namespace: "default", Name: "app"}},
+		GitRepository: &sourcev1.GitRepositorySpec{URL: srv.RepoURL("app"), Reference: &sourcev1.GitRepositoryRef{Branch: "main"}},
+	}
+	cons, err := conn.EnsureConsumer(ctx, events.PublishStream, events.Consumer(events.PublishStream, "test", events.ConsumerOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.NewPublisher("test").Publish(ctx, events.FetchSubject(sourcev1.GitRepositoryKind), events.TypeFetchRequested, req.Job, req); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(30 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := events.Decode(msg.Data())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, ok := m.Data.(*events.Outcome)
+	if !ok || m.Event.Type() != events.TypeFetchFailed || out.Failure == nil {
+		t.Fatalf("outcome %s %+v, want FetchFailed", m.Event.Type(), m.Data)
+	}
+	f := out.Failure
+	if f.Condition != sourcev1.FetchFailedCondition || f.Reason != acl.AccessDeniedReason || !f.Stalled || f.Retrying ||
+		!strings.HasSuffix(f.Message, egress.ErrRefused.Error()) {
+		t.Errorf("failure %+v, want FetchFailed, AccessDenied, stalled, not retried, ending in %q", f, egress.ErrRefused)
+	}
+	if strings.Contains(f.Message, "connection refused") || strings.Contains(f.Message, "404") {
+		t.Errorf("the message tells what answered: %s", f.Message)
+	}
 }

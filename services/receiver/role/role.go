@@ -14,7 +14,6 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/signature"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
-	"github.com/headwater-gitops/headwater/services/receiver/internal/hook"
 )
 
 // service names the receiver on the bus, in logs and in metrics.
@@ -33,8 +32,6 @@ type options struct {
 	// hookRate and hookBurst bound each Receiver's requests.
 	hookRate  float64
 	hookBurst int
-	// tokenTTL is how long a Receiver's token is cached.
-	tokenTTL time.Duration
 	// tolerance is the replay window of Headwater-signed requests.
 	tolerance time.Duration
 }
@@ -46,7 +43,6 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.addr, "receiver-addr", ":9292", "Address the webhook endpoint (/hook/<digest>) listens on (Flux's port).")
 	fs.Float64Var(&o.hookRate, "hook-rate", 10, "Requests per second each Receiver accepts on average; past -hook-burst the others are answered 429 before the token Secret is read. 0 means no limit.")
 	fs.IntVar(&o.hookBurst, "hook-burst", 50, "Requests a Receiver accepts at once before -hook-rate applies.")
-	fs.DurationVar(&o.tokenTTL, "token-cache-ttl", hook.DefaultTokenTTL, "How long a Receiver's token read from its Secret is used before it is read again (a request that does not validate reads it again at once).")
 	fs.DurationVar(&o.tolerance, "signature-tolerance", signature.DefaultTolerance, "Replay window of generic-hmac requests signed by a Headwater dispatcher (X-Headwater-Signature-V2): a timestamp further from the clock is refused.")
 }
 

@@ -13,9 +13,9 @@ import (
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
 	"github.com/headwater-gitops/headwater/pkg/command"
@@ -62,8 +62,9 @@ func run(ctx context.Context, o options) error {
 	if err := notificationv1.AddToScheme(scheme); err != nil {
 		return err
 	}
-	// The informer cache holds Receivers only; Secrets are read one at a
-	// time (hook.SecretTokens) and kept for -token-cache-ttl (hook.TokenCache).
+	// The informer cache holds Receivers only; a Secret is watched alone,
+	// from the first request of a Receiver that names it until no
+	// Receiver does (hook.SecretWatches).
 	receivers, err := cache.New(cfg, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return fmt.Errorf("receiver cache: %w", err)
@@ -71,9 +72,15 @@ func run(ctx context.Context, o options) error {
 	if err := hook.IndexWebhookPath(ctx, receivers); err != nil {
 		return err
 	}
-	live, err := client.New(cfg, client.Options{Scheme: scheme})
+	clientset, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	tokens := &hook.SecretWatches{Client: clientset}
+	tokens.Register(reg)
+	defer tokens.Stop()
+	if err := hook.PruneOnChange(ctx, receivers, tokens); err != nil {
+		return err
 	}
 
 	conn, err := bus.Connect(ctx, o.bus, service, log, bus.ReportTo(onBus))
@@ -94,8 +101,6 @@ func run(ctx context.Context, o options) error {
 	}
 	ready.Set("receivers", nil)
 
-	tokens := &hook.TokenCache{Source: hook.SecretTokens{Reader: live}, TTL: o.tokenTTL}
-	tokens.Register(reg)
 	h := &hook.Handler{
 		Receivers: hook.CachedReceivers{Reader: receivers},
 		Tokens:    tokens,

@@ -12,13 +12,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
+	"github.com/fluxcd/pkg/apis/acl"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 
 	"github.com/headwater-gitops/headwater/pkg/archive"
 	"github.com/headwater-gitops/headwater/pkg/bus"
+	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/fetchjob"
@@ -98,6 +101,7 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 	// The requests of the fetch report the hosts that held them.
 	ctx, tracker := hostlimit.Track(ctx)
 	result, err := h.fetch(ctx, req)
+	err = refused(err)
 	if f := failure.As(err); f != nil && f.Handling != failure.Stalling {
 		if held := tracker.Held(); held != nil {
 			// Whatever the HTTP library made of it, the host (or its
@@ -115,6 +119,28 @@ func (h *Handler) Handle(ctx context.Context, msg *events.Message, _ bus.Deliver
 		h.observe(req.Job.Object.Kind, ResultFailed, start)
 	}
 	return err
+}
+
+// refused returns the failure of a fetch the egress policy refused as
+// Stalling with Flux's reason AccessDenied, in the condition it names (its
+// message, the library's words ending in the policy's, tells nothing of
+// the address dialled): retrying cannot help before the spec or the
+// operator's -allowed-destinations change, so the object stalls at once,
+// with a Warning Event, instead of being retried as a server that is
+// down. Any other err is returned as it is. Some libraries keep only the
+// words of the cause (go-git's UnexpectedError), so the words count as
+// well as the error chain.
+func refused(err error) error {
+	f := failure.As(err)
+	if f == nil || (!egress.Refused(err) && !strings.Contains(f.Error(), egress.ErrRefused.Error())) {
+		return err
+	}
+	condition := f.Condition
+	if condition == "" {
+		condition = sourcev1.FetchFailedCondition
+	}
+	return &failure.Error{Handling: failure.Stalling, Condition: condition, Reason: acl.AccessDeniedReason,
+		Err: f.Err, Revision: f.Revision, Notices: f.Notices}
 }
 
 // refuse settles a job the live object does not back: a stale one is

@@ -8,7 +8,6 @@
 package hook
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -49,12 +48,6 @@ type Receivers interface {
 // spec.secretRef names, in its namespace.
 type Tokens interface {
 	Token(ctx context.Context, namespace, secret string) ([]byte, error)
-}
-
-// refresher is a Tokens that can read a token again past its cache
-// (TokenCache).
-type refresher interface {
-	Refresh(ctx context.Context, namespace, secret string) ([]byte, error)
 }
 
 // Publisher publishes a hook on the bus (a *bus.Publisher).
@@ -190,12 +183,6 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 		window.tolerance = signature.DefaultTolerance
 	}
 	event, delivery, err := validate(rcv, token, r, body, window)
-	if rf, ok := h.Tokens.(refresher); err != nil && ok {
-		// The token may have been rotated since it was cached.
-		if fresh, ferr := rf.Refresh(ctx, rcv.Namespace, secret); ferr == nil && !bytes.Equal(fresh, token) {
-			event, delivery, err = validate(rcv, fresh, r, body, window)
-		}
-	}
 	if err != nil {
 		// The reason is logged, never answered: a caller without the
 		// token learns nothing.

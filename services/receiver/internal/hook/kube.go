@@ -7,8 +7,8 @@ import (
 
 	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -53,23 +53,9 @@ func (c CachedReceivers) ByWebhookPath(ctx context.Context, path string) (*notif
 // key does not exist: the request cannot be validated (400, as Flux).
 var ErrNoToken = errors.New("no token")
 
-// SecretTokens reads tokens with a direct GET of the one Secret a
-// Receiver names: the receiver may get Secrets, never list or watch them,
-// so it holds no Secret but the one it needs, and only for the request.
-type SecretTokens struct {
-	Reader client.Reader
-}
-
-// Token implements Tokens, with Flux's messages.
-func (s SecretTokens) Token(ctx context.Context, namespace, name string) ([]byte, error) {
-	key := types.NamespacedName{Namespace: namespace, Name: name}
-	var secret corev1.Secret
-	if err := s.Reader.Get(ctx, key, &secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			err = errors.Join(ErrNoToken, err)
-		}
-		return nil, fmt.Errorf("unable to read token from secret '%s': %w", key, err)
-	}
+// tokenOf returns the token of secret key: Flux's messages for a missing
+// or empty one.
+func tokenOf(key types.NamespacedName, secret *corev1.Secret) ([]byte, error) {
 	token, ok := secret.Data["token"]
 	if !ok {
 		return nil, fmt.Errorf("%w: invalid '%s' secret data: required field 'token'", ErrNoToken, key)
@@ -80,4 +66,35 @@ func (s SecretTokens) Token(ctx context.Context, namespace, name string) ([]byte
 		return nil, fmt.Errorf("%w: invalid '%s' secret data: field 'token' is empty", ErrNoToken, key)
 	}
 	return token, nil
+}
+
+// PruneOnChange stops the Secret watches of tokens that no Receiver in
+// receivers (an informer cache) names any more, whenever a Receiver
+// changes or is deleted.
+func PruneOnChange(ctx context.Context, receivers cache.Cache, tokens *SecretWatches) error {
+	inf, err := receivers.GetInformer(ctx, &notificationv1.Receiver{})
+	if err != nil {
+		return fmt.Errorf("receiver informer: %w", err)
+	}
+	prune := func() {
+		var list notificationv1.ReceiverList
+		if err := receivers.List(ctx, &list); err != nil {
+			return // the next change prunes
+		}
+		named := map[types.NamespacedName]bool{}
+		for _, r := range list.Items {
+			if r.Spec.SecretRef != nil {
+				named[types.NamespacedName{Namespace: r.Namespace, Name: r.Spec.SecretRef.Name}] = true
+			}
+		}
+		tokens.Prune(func(key types.NamespacedName) bool { return named[key] })
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(any, any) { prune() },
+		DeleteFunc: func(any) { prune() },
+	})
+	if err != nil {
+		return fmt.Errorf("receiver informer: %w", err)
+	}
+	return nil
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	testingclock "k8s.io/utils/clock/testing"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/headwater-gitops/headwater/pkg/signature"
 )
@@ -36,7 +36,7 @@ func post(h *Handler, path string, header http.Header, body []byte) int {
 // request is refused, never accepted unchecked), whatever the type.
 func TestEmptyTokenIsRefused(t *testing.T) {
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "webhook-token"}, Data: map[string][]byte{"token": {}}}
-	_, err := SecretTokens{Reader: fake.NewClientBuilder().WithObjects(secret).Build()}.Token(t.Context(), "apps", "webhook-token")
+	_, err := tokenOf(types.NamespacedName{Namespace: "apps", Name: "webhook-token"}, secret)
 	if err == nil || !strings.Contains(err.Error(), "field 'token' is empty") {
 		t.Fatalf("Token = %v, want an empty-token error", err)
 	}
@@ -142,40 +142,4 @@ func (c *countingTokens) Token(ctx context.Context, namespace, name string) ([]b
 	c.n++
 	c.mu.Unlock()
 	return c.Tokens.Token(ctx, namespace, name)
-}
-
-// TestTokenCache: a burst of hooks reads the Secret once; it is read again
-// after the TTL; a rotated token is used by the first request signed with
-// it.
-func TestTokenCache(t *testing.T) {
-	rcv := receiver("hmac", notificationv1.GenericHMACReceiver)
-	clk := testingclock.NewFakeClock(time.Unix(1700000000, 0))
-	src := tokens{"apps/webhook-token": testToken}
-	reads := &countingTokens{Tokens: src}
-	cache := &TokenCache{Source: reads, TTL: time.Minute, Now: clk.Now}
-	h := &Handler{Receivers: receivers{rcv}, Tokens: cache, Hooks: &published{}, Log: logr.Discard(), Now: clk.Now}
-	body := []byte(`{}`)
-	signed := func(key string) http.Header {
-		return http.Header{"X-Signature": {"sha256=" + sign(sha256.New, key, body)}}
-	}
-	for range 10 {
-		if code := post(h, rcv.Status.WebhookPath, signed(testToken), body); code != http.StatusOK {
-			t.Fatalf("signed request: %d", code)
-		}
-	}
-	if reads.n != 1 {
-		t.Errorf("%d reads for 10 requests, want 1", reads.n)
-	}
-	clk.Step(time.Minute)
-	post(h, rcv.Status.WebhookPath, signed(testToken), body)
-	if reads.n != 2 {
-		t.Errorf("%d reads after the TTL, want 2", reads.n)
-	}
-	src["apps/webhook-token"] = "rotated"
-	if code := post(h, rcv.Status.WebhookPath, signed("rotated"), body); code != http.StatusOK {
-		t.Errorf("the first request with a rotated token: %d, want 200", code)
-	}
-	if code := post(h, rcv.Status.WebhookPath, signed(testToken), body); code != http.StatusBadRequest {
-		t.Errorf("the old token after the rotation: %d, want 400", code)
-	}
 }
