@@ -49,8 +49,7 @@ type AWS struct {
 	mu       sync.Mutex
 	secrets  map[string]string // access key ID -> secret access key
 	sessions map[string]string // access key ID -> session token
-	// Sessions are the role session names STS was asked for.
-	Sessions []string
+	sessionNames []string
 }
 
 // Start serves STS and ECR until Close.
@@ -72,7 +71,14 @@ func (a *AWS) ValidLogin(user, password string) bool {
 	return user == "AWS" && a.logins.valid(password)
 }
 
-// CredentialsMinted and LoginsMinted count what STS and ECR issued.
+// SessionNames are the role session names STS was asked for, in order.
+func (a *AWS) SessionNames() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.sessionNames...)
+}
+
+// CredentialsMinted counts the credentials STS issued.
 func (a *AWS) CredentialsMinted() int { return a.creds.Minted() }
 
 // LoginsMinted counts the ECR authorization tokens issued.
@@ -123,7 +129,7 @@ func (a *AWS) sts(w http.ResponseWriter, r *http.Request, body []byte) {
 	exp := time.Now().Add(a.ttl()).UTC()
 	a.mu.Lock()
 	a.secrets[id], a.sessions[id] = secret, session
-	a.Sessions = append(a.Sessions, f.Get("RoleSessionName"))
+	a.sessionNames = append(a.sessionNames, f.Get("RoleSessionName"))
 	a.mu.Unlock()
 	a.creds.issue(id, exp)
 	type credentials struct {
