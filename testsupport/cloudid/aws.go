@@ -44,11 +44,11 @@ type AWS struct {
 
 	faults
 	server
-	creds    issued // access key ID -> expiry
-	logins   issued // ECR passwords
-	mu       sync.Mutex
-	secrets  map[string]string // access key ID -> secret access key
-	sessions map[string]string // access key ID -> session token
+	creds        issued // access key ID -> expiry
+	logins       issued // ECR passwords
+	mu           sync.Mutex
+	secrets      map[string]string // access key ID -> secret access key
+	sessions     map[string]string // access key ID -> session token
 	sessionNames []string
 }
 
