@@ -294,3 +294,45 @@ func xmlEscape(s string) string {
 	_ = xml.EscapeText(&b, []byte(s))
 	return b.String()
 }
+
+// CodeCommit returns an Authorize of a git server (testsupport/gitserver)
+// that lets in only AWS CodeCommit's Git credentials: user
+// "<access key ID>%<session token>" of credentials STS issued that have
+// not expired, and password "<time>Z<signature>", a SigV4 signature
+// (service codecommit in Region, method GIT, only the host signed, no
+// payload) of the repository's URL on host name (the CodeCommit host the
+// server stands for), made less than 15 minutes ago.
+func (a *AWS) CodeCommit(name string) func(*http.Request) bool {
+	return func(r *http.Request) bool {
+		user, password, ok := r.BasicAuth()
+		id, session, ok2 := strings.Cut(user, "%")
+		if !ok || !ok2 || len(password) < 17 || password[15] != 'Z' {
+			return false
+		}
+		a.mu.Lock()
+		secret, known := a.secrets[id]
+		want := a.sessions[id]
+		a.mu.Unlock()
+		if !known || !a.creds.valid(id) || session != want {
+			return false
+		}
+		stamp := password[:15]
+		t, err := time.Parse("20060102T150405", stamp)
+		if err != nil || time.Since(t) > 15*time.Minute || time.Until(t) > time.Minute {
+			return false
+		}
+		repo := r.URL.EscapedPath()
+		for _, suffix := range []string{"/info/refs", "/git-upload-pack", "/git-receive-pack"} {
+			repo = strings.TrimSuffix(repo, suffix)
+		}
+		canonical := "GIT\n" + repo + "\n\nhost:" + name + "\n\nhost\n"
+		sum := sha256.Sum256([]byte(canonical))
+		date := stamp[:8]
+		toSign := strings.Join([]string{"AWS4-HMAC-SHA256", stamp, date + "/" + a.Region + "/codecommit/aws4_request", hex.EncodeToString(sum[:])}, "\n")
+		key := []byte("AWS4" + secret)
+		for _, part := range []string{date, a.Region, "codecommit", "aws4_request"} {
+			key = hmacSHA256(key, part)
+		}
+		return hmac.Equal([]byte(hex.EncodeToString(hmacSHA256(key, toSign))), []byte(password[16:]))
+	}
+}
