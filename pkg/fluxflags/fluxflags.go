@@ -178,7 +178,7 @@ var SourceController = []Flag{
 	{Name: "token-cache-max-size", Default: "100", Usage: "The maximum size of the cache in number of tokens.",
 		NoEffect: "only the fetchers get tokens from cloud and Git providers", kind: intKind},
 	{Name: "token-cache-max-duration", Default: "1h0m0s", Usage: "The maximum duration a token is cached.",
-		NoEffect: "the fetcher reuses a token for 80% of its lifetime, at most Flux's default of 1h", kind: durationKind},
+		NoEffect: "only the fetchers get tokens from cloud and Git providers", kind: durationKind},
 }
 
 // Bind registers on fs, after the role's own flags, every flag of

@@ -50,6 +50,8 @@ type options struct {
 	refCacheTTL time.Duration
 	// tokenCacheSize bounds the provider access tokens kept; 0 keeps none.
 	tokenCacheSize int
+	// tokenCacheMaxDuration bounds how long a provider token is reused.
+	tokenCacheMaxDuration time.Duration
 	// contentCache reuses the artifacts of identical content.
 	contentCache bool
 	// verifyInterval is how long a verified stored artifact is trusted.
@@ -85,7 +87,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.refCacheTTL, "ref-cache-ttl", gitfetch.DefaultRefCacheTTL,
 		"How long a Git remote's reference listing answers other fetches of the same remote with the same credentials; 0 disables sharing.")
 	fs.IntVar(&o.tokenCacheSize, "token-cache-max-size", providertoken.DefaultCacheEntries,
-		"Most access tokens of Git providers (GitHub App installations, the Azure workload identity) kept until shortly before they expire, as Flux's flag of that name; 0 mints a token for every fetch.")
+		"Most access tokens and registry logins of providers (GitHub App installations, the fetcher's AWS, Azure and GCP identities) kept until shortly before they expire, as Flux's flag of that name; 0 mints a token for every fetch.")
+	fs.DurationVar(&o.tokenCacheMaxDuration, "token-cache-max-duration", providertoken.DefaultMaxDuration,
+		"Longest a cached provider token or registry login is reused, whatever its lifetime (it is renewed after 80% of its lifetime in any case), as Flux's flag of that name.")
 	fs.DurationVar(&o.verifyInterval, "artifact-verify-interval", storage.DefaultVerifyInterval,
 		"How long an unchanged reconcile trusts a stored artifact this fetcher read and found intact, while storage reports the same size and modification time (ETag); 0 reads it through on every reconcile, as Flux.")
 	fs.BoolVar(&o.contentCache, "content-cache", true,

@@ -26,6 +26,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ocifetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/provenance"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/workdir"
@@ -89,6 +90,9 @@ func (o options) check() (hostlimit.Rules, error) {
 	}
 	if o.tokenCacheSize < 0 {
 		return nil, errors.New("--token-cache-max-size must not be negative")
+	}
+	if o.tokenCacheMaxDuration < 0 {
+		return nil, errors.New("--token-cache-max-duration must not be negative")
 	}
 	rules, err := hostlimit.ParseRules(o.rateLimits)
 	if err != nil {
@@ -293,8 +297,9 @@ func (f *fetcher) sources() (map[string]source.Source, error) {
 	reg := f.ep.Registry
 	var tokens *providertoken.Cache // nil mints a token for every fetch
 	if f.o.tokenCacheSize > 0 {
-		tokens = providertoken.NewCache(f.o.tokenCacheSize, reg)
+		tokens = providertoken.NewCache(f.o.tokenCacheSize, reg).WithMaxDuration(f.o.tokenCacheMaxDuration)
 	}
+	cloud := &registrylogin.Login{Tokens: tokens, Limiter: f.limiter}
 	helmchartfetch.SetMaxChartFileSize(f.o.helmChartFileMaxSize)
 	helmSource := helmfetch.NewSource(f.secretReader, f.o.helmIndexMaxSize, helmfetch.NewValidators(helmfetch.DefaultValidatorEntries), reg)
 	recent, err := helmfetch.NewRecent("", helmfetch.DefaultRecentTTL, helmfetch.DefaultRecentEntries)
@@ -303,14 +308,14 @@ func (f *fetcher) sources() (map[string]source.Source, error) {
 	}
 	helmSource.Recent, f.recent = recent, recent
 	helmSource.Limit(f.limiter)
-	chartSource := &helmchartfetch.Source{Secrets: f.secretReader, Storage: f.store, MaxChartSize: f.o.helmChartMaxSize, Indexes: helmSource}
+	chartSource := &helmchartfetch.Source{Secrets: f.secretReader, Storage: f.store, MaxChartSize: f.o.helmChartMaxSize, Indexes: helmSource, Cloud: cloud}
 	chartSource.Limit(f.limiter)
 	return map[string]source.Source{
 		gitfetch.Kind: &gitfetch.Source{Secrets: f.secretReader,
 			RefCache: gitfetch.NewRefCache(f.o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens, Limiter: f.limiter},
 		bucketfetch.Kind: &bucketfetch.Source{Secrets: f.secretReader, Concurrency: f.o.bucketConcurrency,
 			MaxFileSize: f.o.maxFileSize, Limiter: f.limiter},
-		ocifetch.Kind:       &ocifetch.Source{Secrets: f.secretReader, MaxFileSize: f.o.maxFileSize, Limiter: f.limiter},
+		ocifetch.Kind:       &ocifetch.Source{Secrets: f.secretReader, MaxFileSize: f.o.maxFileSize, Limiter: f.limiter, Cloud: cloud},
 		helmfetch.Kind:      helmSource,
 		helmchartfetch.Kind: chartSource,
 	}, nil

@@ -66,7 +66,7 @@ func (c *credentials) proxyFor(ctx context.Context) transport.ProxyOptions {
 
 // authenticate reads the Secrets req names, if any, and builds the
 // credentials for u with Flux's rules (see credentialsFor and
-// proxyOptions); for provider github or azure it adds the provider's token
+// proxyOptions); for provider github, azure or aws it adds the provider's token
 // (see providerToken). A Secret that cannot be read is a transient
 // failure; one whose content cannot work stalls the source.
 func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u *url.URL) (*credentials, error) {
@@ -128,7 +128,7 @@ func (s *Source) authenticate(ctx context.Context, req *events.FetchRequested, u
 		// A listing obtained with a provider's token never answers a
 		// source without it, even with the same Secrets (or none).
 		c.fingerprint = secrets.Fingerprint(data, proxyData, map[string][]byte{"provider": []byte(provider)})
-		if err := s.providerToken(ctx, provider, spec, app, c); err != nil {
+		if err := s.providerToken(ctx, provider, spec, app, c, ns, u); err != nil {
 			return nil, err
 		}
 	}
@@ -152,18 +152,19 @@ func gitHubApp(spec *sourcev1.GitRepositorySpec, ns string, data map[string][]by
 }
 
 // providerToken obtains the token of provider github (a GitHub App
-// installation token, sent as the password of user x-access-token) or
+// installation token, sent as the password of user x-access-token),
 // azure (a Microsoft Entra ID token for Azure DevOps from the fetcher's
-// workload identity, sent as a bearer token) and makes it c's
+// workload identity, sent as a bearer token) or aws (AWS CodeCommit
+// credentials signed with the fetcher's IAM role) and makes it c's
 // authentication, as Flux does. Token endpoints are reached through
 // spec.proxySecretRef's proxy; a GitHub App's also with its Secret's TLS
 // settings (ca.crt, tls.crt and tls.key).
 func (s *Source) providerToken(ctx context.Context, provider string, spec *sourcev1.GitRepositorySpec,
-	app *providertoken.GitHubApp, c *credentials) error {
-	if provider == sourcev1.GitProviderAzure && spec.ServiceAccountName != "" {
+	app *providertoken.GitHubApp, c *credentials, ns string, u *url.URL) error {
+	if (provider == sourcev1.GitProviderAzure || provider == sourcev1.GitProviderAWS) && spec.ServiceAccountName != "" {
 		return source.StalledError(source.UnsupportedProviderReason,
-			"object-level workload identity (spec.serviceAccountName with provider 'azure') is not supported yet: "+
-				"remove serviceAccountName to authenticate with the fetcher's own workload identity")
+			"object-level workload identity (spec.serviceAccountName with provider '%s') is not supported yet: "+
+				"remove serviceAccountName to authenticate with the fetcher's own workload identity", provider)
 	}
 	client, err := s.tokenClient(c, provider == sourcev1.GitProviderGitHub)
 	if err != nil {
@@ -190,8 +191,56 @@ func (s *Source) providerToken(ctx context.Context, provider string, spec *sourc
 			return tokenFailure(err, format)
 		}
 		c.method = &githttp.TokenAuth{Token: token.Value}
+	case sourcev1.GitProviderAWS:
+		login, err := s.codeCommitLogin(ctx, client, ns, u)
+		if err != nil {
+			return err
+		}
+		c.method = &githttp.BasicAuth{Username: login.Username, Password: login.Password}
 	}
 	return nil
+}
+
+// codeCommitLogin signs the CodeCommit repository URL u with the
+// fetcher's IAM role (IRSA), as Flux does for provider aws.
+func (s *Source) codeCommitLogin(ctx context.Context, client *http.Client, ns string, u *url.URL) (providertoken.Login, error) {
+	signed := *u
+	signed.User = nil
+	if a, ok := s.Aliases[u.Host]; ok {
+		signed.Host = a
+	}
+	region, err := codeCommitRegion(&signed)
+	if err != nil {
+		return providertoken.Login{}, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to configure authentication options: %w", err)
+	}
+	const format = "failed to configure authentication options: failed to get access token for Git repository: " +
+		"failed to create provider access token for the controller: %w"
+	id, err := providertoken.AWSWebIdentityFromEnv(s.Getenv)
+	if err != nil {
+		return providertoken.Login{}, tokenFailure(err, format)
+	}
+	login, err := id.CodeCommitLogin(ctx, client, s.Tokens, ns, region, &signed)
+	if err != nil {
+		return providertoken.Login{}, tokenFailure(err, format)
+	}
+	return login, nil
+}
+
+// codeCommitRegion checks u is an AWS CodeCommit HTTPS URL
+// (git-codecommit[-fips].<region>.amazonaws.com[.cn]) and returns its
+// region, with Flux's messages.
+func codeCommitRegion(u *url.URL) (string, error) {
+	if !strings.EqualFold(u.Scheme, "https") {
+		return "", errors.New("AWS CodeCommit authentication requires an HTTPS Git URL")
+	}
+	h := u.Hostname()
+	parts := strings.Split(h, ".")
+	if len(parts) < 4 ||
+		!(strings.HasPrefix(h, "git-codecommit.") || strings.HasPrefix(h, "git-codecommit-fips.")) ||
+		!(strings.HasSuffix(h, ".amazonaws.com") || strings.HasSuffix(h, ".amazonaws.com.cn")) {
+		return "", fmt.Errorf("invalid AWS CodeCommit Git URL: %s", u.Host)
+	}
+	return parts[1], nil
 }
 
 // tokenFailure classifies a token that could not be obtained: an endpoint

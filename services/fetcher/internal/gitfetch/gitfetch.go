@@ -80,9 +80,14 @@ type Source struct {
 	// App's installation token, Entra ID's) as it limits the clones' (see
 	// LimitHTTP): the same hosts, the same holds.
 	Limiter *hostlimit.Limiter
-	// Getenv looks up the workload identity's environment (provider
-	// azure); nil reads the process's.
+	// Getenv looks up the workload identity's environment (providers
+	// azure and aws); nil reads the process's.
 	Getenv func(string) (string, bool)
+	// Aliases map a Git host (host:port) to the AWS CodeCommit host it
+	// stands for, for provider aws's URL check, region and signature.
+	// Only tests set it (there is no flag): a loopback server cannot be
+	// named like CodeCommit.
+	Aliases map[string]string
 }
 
 var (
@@ -119,12 +124,10 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 		return nil, source.StalledError(sourcev1.URLInvalidReason, "failed to parse url '%s': no host", spec.URL)
 	}
 	switch p := spec.Provider; p {
-	case "", sourcev1.GitProviderGeneric, sourcev1.GitProviderGitHub, sourcev1.GitProviderAzure:
+	case "", sourcev1.GitProviderGeneric, sourcev1.GitProviderGitHub, sourcev1.GitProviderAzure, sourcev1.GitProviderAWS:
 	default:
-		// AWS CodeCommit credentials are not implemented: say so rather
-		// than try anonymous access and fail obscurely.
 		return nil, source.StalledError(source.UnsupportedProviderReason,
-			"git provider '%s' is not supported yet: use provider 'generic' with a secretRef, 'github' or 'azure'", p)
+			"git provider '%s' is not supported: use 'generic', 'github', 'azure' or 'aws'", p)
 	}
 	r, err := newRef(spec.Reference)
 	if err != nil {

@@ -44,6 +44,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -82,6 +83,10 @@ type Source struct {
 	// Indexes fetch the index of a dependency's repository that is no
 	// HelmRepository of the namespace; nil refuses such dependencies.
 	Indexes *helmfetch.Source
+	// Cloud logs in to the registries of an OCI HelmRepository's
+	// spec.provider aws, azure and gcp with the fetcher's own identity;
+	// nil logs in with the process's environment and caches nothing.
+	Cloud *registrylogin.Login
 
 	transports helmfetch.Transports
 }

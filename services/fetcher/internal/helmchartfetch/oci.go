@@ -31,6 +31,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/notation"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -340,13 +341,14 @@ func (a *ociAccess) auth() authn.Authenticator {
 // ociAccess reads an OCI HelmRepository's access with Flux's rules: basic
 // auth from spec.secretRef (username and password, or a
 // .dockerconfigjson entry for the registry's host), TLS from
-// spec.certSecretRef.
+// spec.certSecretRef; without a secretRef, spec.provider aws, azure or gcp
+// logs in with the fetcher's cloud identity (see package registrylogin).
 func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1.HelmRepositorySpec) (*ociAccess, error) {
 	switch spec.Provider {
-	case "", sourcev1.GenericOCIProvider:
+	case "", sourcev1.GenericOCIProvider, registrylogin.AWS, registrylogin.Azure, registrylogin.GCP:
 	default:
 		return nil, source.StalledError(source.UnsupportedProviderReason,
-			"OCI provider '%s' is not supported yet: use provider 'generic' with a secretRef", spec.Provider)
+			"OCI provider '%s' is not supported: use 'generic', 'aws', 'azure' or 'gcp'", spec.Provider)
 	}
 	host := strings.SplitN(strings.TrimPrefix(spec.URL, "oci://"), "/", 2)[0]
 	get := func(name string) (map[string][]byte, error) {
@@ -378,6 +380,19 @@ func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1
 		if base.TLSClientConfig, err = secrets.TLSConfig(data, namespace+"/"+ref.Name); err != nil {
 			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to construct Helm client's TLS config: %w", err)
 		}
+	}
+	if p := spec.Provider; spec.SecretRef == nil && p != "" && p != sourcev1.GenericOCIProvider {
+		// As Flux: the provider's login only without a secretRef.
+		login := s.Cloud
+		if login == nil {
+			login = &registrylogin.Login{}
+		}
+		cfg, err := login.Credentials(ctx, p, namespace, host, nil)
+		if err != nil {
+			return nil, source.FailedWith(registrylogin.Handling(err), sourcev1.AuthenticationFailedReason,
+				"failed to get credential from '%s': %w", p, err)
+		}
+		a.username, a.password = cfg.Username, cfg.Password
 	}
 	return a, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -50,7 +51,8 @@ type access struct {
 // access reads the Secrets the spec names and builds the credentials and
 // transport with Flux's rules: the first image pull secret (spec.secretRef,
 // then the service account's) with credentials for the registry, else
-// anonymous; TLS from spec.certSecretRef, or no certificate check with
+// with spec.provider aws, azure or gcp a login with the fetcher's cloud
+// identity (see package registrylogin), else anonymous; TLS from spec.certSecretRef, or no certificate check with
 // spec.insecure and no certSecretRef; a proxy from spec.proxySecretRef. A
 // Secret that cannot be read is a transient failure; one whose content
 // cannot work stalls the source.
@@ -70,6 +72,11 @@ func (s *Source) access(ctx context.Context, namespace string, spec *sourcev1.OC
 			return nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get proxy address: %w", err)
 		}
 	}
+	if p := spec.Provider; p != "" && p != sourcev1.GenericOCIProvider && auth == authn.Anonymous {
+		if auth, err = s.cloudLogin(ctx, namespace, spec, repo.RegistryStr(), proxy); err != nil {
+			return nil, err
+		}
+	}
 	var tlsConfig *tls.Config
 	if ref := spec.CertSecretRef; ref != nil && ref.Name != "" {
 		data, err := s.secret(ctx, namespace, ref.Name)
@@ -86,6 +93,27 @@ func (s *Source) access(ctx context.Context, namespace string, spec *sourcev1.OC
 		tlsConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // spec.insecure asks for it
 	}
 	return &access{auth: auth, transport: hostlimit.Wrap(s.transport(tlsConfig, proxy), s.Limiter)}, nil
+}
+
+// cloudLogin logs in to a cloud registry with the fetcher's own identity,
+// as Flux does when spec.provider is aws, azure or gcp and no image pull
+// secret holds credentials for the registry.
+func (s *Source) cloudLogin(ctx context.Context, namespace string, spec *sourcev1.OCIRepositorySpec, registry string, proxy *url.URL) (authn.Authenticator, error) {
+	if spec.ServiceAccountName != "" {
+		return nil, source.StalledError(source.UnsupportedProviderReason,
+			"object-level workload identity (spec.serviceAccountName with provider '%s') is not supported yet: "+
+				"remove serviceAccountName to authenticate with the fetcher's own identity", spec.Provider)
+	}
+	login := s.Cloud
+	if login == nil {
+		login = &registrylogin.Login{}
+	}
+	cfg, err := login.Credentials(ctx, spec.Provider, namespace, registry, proxy)
+	if err != nil {
+		return nil, source.FailedWith(registrylogin.Handling(err), sourcev1.AuthenticationFailedReason,
+			"failed to get credential from %s: %w", spec.Provider, err)
+	}
+	return authn.FromConfig(cfg), nil
 }
 
 // authenticator finds the credentials for registry in the image pull

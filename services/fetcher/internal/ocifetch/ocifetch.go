@@ -28,6 +28,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
@@ -67,6 +68,10 @@ type Source struct {
 	// MaxExtractSize bounds the bytes extracted from one layer;
 	// DefaultMaxExtractSize when not positive.
 	MaxExtractSize int64
+	// Cloud logs in to the registries of spec.provider aws, azure and
+	// gcp with the fetcher's own identity; nil logs in with the process's
+	// environment and caches nothing.
+	Cloud *registrylogin.Login
 
 	mu     sync.Mutex
 	shared http.RoundTripper // the transport of sources without TLS settings or proxy
@@ -132,12 +137,9 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 // serve whatever the registry holds.
 func checkSpec(spec *sourcev1.OCIRepositorySpec) error {
 	switch spec.Provider {
-	case "", sourcev1.GenericOCIProvider:
+	case "", sourcev1.GenericOCIProvider, registrylogin.AWS, registrylogin.Azure, registrylogin.GCP:
 	default:
-		// Cloud workload identity (aws, azure, gcp) is not implemented:
-		// say so rather than pull anonymously and fail obscurely.
-		return source.StalledError(source.UnsupportedProviderReason,
-			"OCI provider '%s' is not supported yet: use provider 'generic' with a secretRef or serviceAccountName", spec.Provider)
+		return source.StalledError(source.UnsupportedProviderReason, "OCI provider '%s' is not supported: use 'generic', 'aws', 'azure' or 'gcp'", spec.Provider)
 	}
 	if ls := spec.LayerSelector; ls != nil {
 		switch ls.Operation {

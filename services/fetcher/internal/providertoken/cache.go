@@ -27,9 +27,10 @@ import (
 // identity and scope), not per source, so few are needed.
 const DefaultCacheEntries = 1024
 
-// MaxCacheDuration bounds how long a token is reused, whatever its
-// lifetime (Flux's token cache maximum).
-const MaxCacheDuration = time.Hour
+// DefaultMaxDuration bounds how long a token is reused, whatever its
+// lifetime, unless WithMaxDuration says otherwise (Flux's default of
+// --token-cache-max-duration).
+const DefaultMaxDuration = time.Hour
 
 // Results of a token request, the result label of
 // headwater_provider_tokens_total.
@@ -53,12 +54,14 @@ type Token struct {
 
 // Cache keeps tokens by key until 80% of their lifetime has passed (the
 // threshold kubelet rotates service account tokens at, and Flux's token
-// cache uses), at most MaxCacheDuration. Concurrent requests for one key
+// cache uses), at most its maximum duration (DefaultMaxDuration unless
+// WithMaxDuration sets another). Concurrent requests for one key
 // share a single mint; a failed mint is not cached. It keeps at most
 // MaxEntries tokens, dropping expired ones first, then those that expire
 // soonest. It is safe for concurrent use; a nil *Cache mints every time.
 type Cache struct {
 	max     int
+	maxAge  time.Duration
 	now     func() time.Time
 	metrics *prometheus.CounterVec
 	mu      sync.Mutex
@@ -82,7 +85,17 @@ func NewCache(maxEntries int, reg prometheus.Registerer) *Cache {
 	if maxEntries <= 0 {
 		maxEntries = DefaultCacheEntries
 	}
-	return &Cache{max: maxEntries, now: time.Now, metrics: newMetrics(reg), entries: map[string]*entry{}}
+	return &Cache{max: maxEntries, maxAge: DefaultMaxDuration, now: time.Now, metrics: newMetrics(reg), entries: map[string]*entry{}}
+}
+
+// WithMaxDuration sets the longest a token is reused, whatever its
+// lifetime (Flux's --token-cache-max-duration), when d is positive, and
+// returns c. Call it before the cache is used.
+func (c *Cache) WithMaxDuration(d time.Duration) *Cache {
+	if c != nil && d > 0 {
+		c.maxAge = d
+	}
+	return c
 }
 
 // newMetrics makes, and registers on reg when it is not nil, the counter
@@ -90,7 +103,7 @@ func NewCache(maxEntries int, reg prometheus.Registerer) *Cache {
 func newMetrics(reg prometheus.Registerer) *prometheus.CounterVec {
 	m := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: telemetry.Namespace, Name: "provider_tokens_total",
-		Help: "Access tokens fetches asked for to authenticate with a provider (github, azure), by result: minted (the provider issued one), cached (a cached or in-flight one answered) or failed.",
+		Help: "Access tokens fetches asked for to authenticate with a provider (github, azure, aws, gcp), by result: minted (the provider issued one), cached (a cached or in-flight one answered) or failed.",
 	}, []string{"provider", "result"})
 	if reg != nil {
 		reg.MustRegister(m)
@@ -170,11 +183,11 @@ func (c *Cache) Get(ctx context.Context, provider, key string, mint func(context
 }
 
 // reuseUntil is when a token minted now stops being reused: after 80% of
-// its lifetime, at most MaxCacheDuration from now.
+// its lifetime, at most the cache's maximum duration from now.
 func (c *Cache) reuseUntil(t Token) time.Time {
 	now := c.now()
 	d := t.ExpiresAt.Sub(now) * 8 / 10
-	return now.Add(min(d, MaxCacheDuration))
+	return now.Add(min(d, c.maxAge))
 }
 
 // reusable reports whether e is in flight or holds a token to hand out.

@@ -83,6 +83,21 @@ func TestCacheCapsReuseAtAnHour(t *testing.T) {
 	}
 }
 
+func TestCacheMaxDurationIsSettable(t *testing.T) {
+	c, clk, _ := newTestCache(t, 0)
+	c.WithMaxDuration(5 * time.Minute)
+	m := &minter{clk: clk, ttl: 24 * time.Hour}
+	for _, step := range []time.Duration{0, 4 * time.Minute, 2 * time.Minute} {
+		clk.Step(step)
+		if _, err := c.Get(context.Background(), ProviderAWS, "k", m.mint); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := m.calls.Load(); n != 2 {
+		t.Errorf("mints over 6 minutes with --token-cache-max-duration=5m %d, want 2", n)
+	}
+}
+
 func TestCacheSharesOneMintAcrossConcurrentFetches(t *testing.T) {
 	c, clk, _ := newTestCache(t, 0)
 	release := make(chan struct{})
