@@ -165,10 +165,11 @@ type ChartSource struct {
 	// HelmRepository is the spec of a HelmRepository source: where charts
 	// are downloaded from and the Secrets to download them with.
 	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
-	// Repositories are the HelmRepositories (type default, with an index)
-	// of the HelmChart's namespace, for the dependencies of a chart from a
-	// GitRepository or a Bucket: a dependency's repository URL is looked
-	// up among them, for its index and credentials.
+	// Repositories are the HelmRepositories of the HelmChart's namespace
+	// (type default with an index, and type oci), for the dependencies of
+	// a chart from a GitRepository or a Bucket: a dependency's repository
+	// URL is looked up among them, for its index and credentials (an OCI
+	// one's credentials only).
 	Repositories []ChartRepository `json:"repositories,omitempty"`
 }
 
@@ -178,7 +179,7 @@ type ChartRepository struct {
 	Name string `json:"name"`
 	// Spec is its spec (URL, Secrets).
 	Spec sourcev1.HelmRepositorySpec `json:"spec"`
-	// Artifact is its stored index.
+	// Artifact is its stored index (none for an OCI HelmRepository).
 	Artifact meta.Artifact `json:"artifact"`
 }
 
