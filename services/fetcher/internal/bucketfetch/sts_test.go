@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"encoding/pem"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -109,6 +112,34 @@ func TestSTSLDAP(t *testing.T) {
 	_, _, _, err = sourcetest.Fetch(t, src, request(spec("ldap-wrong")))
 	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Transient,
 		"STS authentication failed: AssumeRoleWithLDAPIdentity at 'http://"+srv.Endpoint+"'")
+
+	t.Run("certSecretRef", func(t *testing.T) {
+		// The STS endpoint behind TLS with a certificate of its own
+		// authority: trusted with spec.sts.certSecretRef's ca.crt only.
+		target, err := url.Parse("http://" + srv.Endpoint)
+		must(t, err)
+		front := httptest.NewTLSServer(httputil.NewSingleHostReverseProxy(target))
+		t.Cleanup(front.Close)
+		caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: front.Certificate().Raw})
+		src := &Source{Secrets: kube(t, map[string]map[string]string{
+			"ldap":    {"username": "alice", "password": "wonderland"},
+			"sts-tls": {"ca.crt": string(caPEM)},
+		}), MaxRetries: 1}
+		s := spec("ldap")
+		s.STS.Endpoint = front.URL
+		_, _, _, err = sourcetest.Fetch(t, src, request(s))
+		sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Transient, "STS authentication failed: ")
+		if !strings.Contains(err.Error(), "certificate") {
+			t.Errorf("without certSecretRef: %v, want a certificate error", err)
+		}
+		s.STS.CertSecretRef = &meta.LocalObjectReference{Name: "sts-tls"}
+		before := dir.Binds(alice)
+		_, _, got, err := sourcetest.Fetch(t, src, request(s))
+		must(t, err)
+		if len(got) != 1 || dir.Binds(alice) == before {
+			t.Errorf("files %v, binds %d -> %d: want the bucket read after an exchange through TLS", got, before, dir.Binds(alice))
+		}
+	})
 }
 
 // TestSTSAWS reads an aws Bucket with spec.sts provider aws, as Flux: the
