@@ -116,13 +116,16 @@ func TestFetchChartDependenciesOCI(t *testing.T) {
 			t.Fatalf("failure %v", err)
 		}
 	})
-	for _, repo := range []string{"@stable", "alias:stable"} {
+	for repo, want := range map[string]string{
+		"@stable":      "aliased repository dependency is not supported: @stable (refer to the repository by its http(s):// or oci:// URL",
+		"alias:stable": "invalid dependency repository URL: alias:stable (refer to the repository by its http(s):// or oci:// URL",
+	} {
 		t.Run("repository "+repo, func(t *testing.T) {
 			aliased := "apiVersion: v2\nname: app\nversion: 1.0.0\ndependencies:\n- name: redis\n  version: 1.x\n  repository: \"" + repo + "\"\n"
 			_, err := deps(map[string]string{"app/Chart.yaml": aliased}, repos)
 			f := failure.As(err)
 			if f == nil || f.Condition != sourcev1.BuildFailedCondition || f.Reason != ReasonDependencyBuild || f.Handling != failure.Final ||
-				!strings.Contains(f.Error(), "aliased repository dependency is not supported: "+repo) {
+				!strings.Contains(f.Error(), want) {
 				t.Fatalf("failure %v", err)
 			}
 		})

@@ -182,8 +182,9 @@ func (s *Source) readDir(ctx context.Context, artifact, dir string, keep func(re
 // registry, with the credentials of the namespace's OCI HelmRepository of
 // that URL when there is one, anonymously otherwise. A dependency with an
 // alias is added under its alias. A repository given as an alias ("@name",
-// "alias:name") is refused in Flux's words: Flux has no list of named
-// repositories to look it up in.
+// "alias:name") is refused in Flux's words (aliased repository dependency
+// is not supported; invalid dependency repository URL): Flux has no list
+// of named repositories to look it up in.
 type depBuilder struct {
 	r        *tarballResolved
 	work     string
@@ -195,6 +196,9 @@ type depBuilder struct {
 func (b *depBuilder) fail(h failure.Handling, err error) error {
 	return buildFailure(h, sourcev1.BuildFailedCondition, ReasonDependencyBuild, "dependency build error", err)
 }
+
+// byURL is what to do about a dependency whose repository is no URL.
+const byURL = " (refer to the repository by its http(s):// or oci:// URL, as a HelmRepository of the namespace has it)"
 
 // missing returns the dependencies ch requests (its lock file's, when it
 // has one) that it does not hold, by alias or name, in their order.
@@ -239,12 +243,14 @@ func (b *depBuilder) build(ctx context.Context, ch *chart.Chart, dir string) err
 			sub, err = b.remote(ctx, dep)
 		case strings.HasPrefix(repoURL, "oci://"):
 			sub, err = b.oci(ctx, dep)
-		case strings.HasPrefix(repoURL, "@") || strings.HasPrefix(repoURL, "alias:"):
-			err = b.fail(failure.Final, fmt.Errorf("failed to add remote dependency '%s': aliased repository dependency is not supported: %s "+
-				"(refer to the repository by its URL, as a HelmRepository of the namespace has it)", depName(dep), repoURL))
+		case strings.HasPrefix(repoURL, "@"):
+			err = b.fail(failure.Final, fmt.Errorf("failed to add remote dependency '%s': aliased repository dependency is not supported: %s%s",
+				depName(dep), repoURL, byURL))
 		default:
-			err = b.fail(failure.Final, fmt.Errorf("failed to add remote dependency '%s': invalid dependency repository URL: %s",
-				depName(dep), failure.RedactURL(repoURL)))
+			// "alias:name" is Helm's other alias form; Flux takes it for
+			// a URL of an unknown scheme, and so does Headwater.
+			err = b.fail(failure.Final, fmt.Errorf("failed to add remote dependency '%s': invalid dependency repository URL: %s%s",
+				depName(dep), failure.RedactURL(repoURL), byURL))
 		}
 		if err != nil {
 			return err
