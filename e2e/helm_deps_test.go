@@ -108,7 +108,7 @@ func TestHelmChartDependenciesOCI(t *testing.T) {
 	get := func() *sourcev1.HelmChart { return getObject(t, "oci-deps-aliased", &sourcev1.HelmChart{}) }
 	bad := waitConditionOf(t, "helmchart oci-deps-aliased", get, meta.ReadyCondition, metav1.ConditionFalse, "DependencyBuildError")
 	if c := conditionOf(t, bad, sourcev1.BuildFailedCondition); c.Status != metav1.ConditionTrue ||
-		!strings.Contains(c.Message, "aliased repository dependency is not supported: @stable") || !strings.Contains(c.Message, "by its URL") {
+		!strings.Contains(c.Message, "aliased repository dependency is not supported: @stable") || !strings.Contains(c.Message, "refer to the repository by its http(s):// or oci:// URL") {
 		t.Errorf("BuildFailed = %s %q", c.Status, c.Message)
 	}
 	waitKindEvent(t, sourcev1.HelmChartKind, "oci-deps-aliased", corev1.EventTypeWarning, "DependencyBuildError", nil)
