@@ -34,9 +34,10 @@ type Pattern struct {
 // source-watcher requires.
 var captureName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// placeholder finds "{name}" in a template; "{" followed by anything else
-// (a glob's alternation, say) is left as it is.
-var placeholder = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+// placeholder finds "{name}" in a template, and the Go-template form
+// "{{ .name }}" that source-watcher's tests also use; "{" followed by
+// anything else (a glob's alternation, say) is left as it is.
+var placeholder = regexp.MustCompile(`\{\{\s*\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
 // ParsePattern parses spec.pathPattern. Its error, in source-watcher's
 // words where it has them, wraps ErrInvalid.
@@ -106,7 +107,8 @@ func (p *Pattern) String() string { return p.raw }
 func render(s string, values map[string]string) (string, error) {
 	var bad string
 	out := placeholder.ReplaceAllStringFunc(s, func(m string) string {
-		name := m[1 : len(m)-1]
+		sub := placeholder.FindStringSubmatch(m)
+		name := sub[1] + sub[2]
 		v, ok := values[name]
 		if !ok && bad == "" {
 			bad = name

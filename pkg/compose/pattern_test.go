@@ -88,6 +88,17 @@ func TestPatternExpand(t *testing.T) {
 	}
 }
 
+// TestRender replaces both placeholder forms, and leaves other braces.
+func TestRender(t *testing.T) {
+	got, err := render("{app}-{{ .env }}-{{.app}}/{a,b}", map[string]string{"app": "auth", "env": "dev"})
+	if err != nil || got != "auth-dev-auth/{a,b}" {
+		t.Errorf("render = %q, %v", got, err)
+	}
+	if _, err := render("{{ .team }}", map[string]string{"app": "auth"}); err == nil || !strings.Contains(err.Error(), "{team}") {
+		t.Errorf("an unknown Go-template placeholder: %v", err)
+	}
+}
+
 func TestPatternExpandFails(t *testing.T) {
 	p, err := ParsePattern("@repo/apps/{app}")
 	if err != nil {
