@@ -410,10 +410,18 @@ func TreeDigest(ctx context.Context, dir string) (string, error) {
 // Needed returns, by source alias, the paths of the source's tree the copy
 // operations of artifacts read: a literal path, or a glob's literal
 // prefix ("" for the whole tree). Operations that do not parse are left
-// out (Build refuses them). Unpack's keep is Needed's Keep.
-func Needed(artifacts []swv1beta1.OutputArtifact) map[string]Paths {
+// out (Build refuses them). Unpack's keep is Needed's Keep. With a
+// pattern (nil: none), artifacts are its templates, read as if every
+// capture were "*".
+func Needed(artifacts []swv1beta1.OutputArtifact, pattern *Pattern) map[string]Paths {
 	out := map[string]Paths{}
 	for _, a := range artifacts {
+		if pattern != nil {
+			var err error
+			if a, err = pattern.renderArtifact(a, pattern.sample("*"), pattern.sample("*")); err != nil {
+				continue
+			}
+		}
 		for _, c := range a.Copy {
 			o, err := parseOp(c, nil)
 			if err != nil {

@@ -57,12 +57,10 @@ const ArtifactAlias = "artifact"
 // Validate checks a generator's spec without reading any content: unique
 // source aliases, unique output names that are valid object names, copy
 // operations that name a known alias and stay inside their trees, known
-// strategies, and revision and originRevision naming known aliases. Its
-// error wraps ErrInvalid.
+// strategies, and revision and originRevision naming known aliases. With
+// a pathPattern, the pattern is parsed and the artifacts are checked as
+// its templates (see Pattern). Its error wraps ErrInvalid.
 func Validate(spec *swv1beta1.ArtifactGeneratorSpec) error {
-	if spec.PathPattern != "" {
-		return fmt.Errorf("%w: spec.pathPattern is not supported by Headwater", ErrInvalid)
-	}
 	aliases := map[string]bool{}
 	for _, s := range spec.Sources {
 		if aliases[s.Alias] {
@@ -73,6 +71,16 @@ func Validate(spec *swv1beta1.ArtifactGeneratorSpec) error {
 		}
 		aliases[s.Alias] = true
 	}
+	if spec.PathPattern != "" {
+		p, err := ParsePattern(spec.PathPattern)
+		if err != nil {
+			return err
+		}
+		if !aliases[p.Alias] {
+			return fmt.Errorf("%w: pathPattern %q: source alias %s not found in spec.sources", ErrInvalid, spec.PathPattern, p.Alias)
+		}
+		return p.validateTemplates(spec.OutputArtifacts, aliases)
+	}
 	names := map[string]bool{}
 	for _, a := range spec.OutputArtifacts {
 		if names[a.Name] {
@@ -82,21 +90,30 @@ func Validate(spec *swv1beta1.ArtifactGeneratorSpec) error {
 		if err := checkName(a.Name); err != nil {
 			return fmt.Errorf("%w: artifact %q: %w", ErrInvalid, a.Name, err)
 		}
-		for field, ref := range map[string]string{"revision": a.Revision, "originRevision": a.OriginRevision} {
-			if ref == "" {
-				continue
-			}
-			if alias, ok := strings.CutPrefix(ref, "@"); !ok || !aliases[alias] {
-				return fmt.Errorf("%w: artifact %q: %s %q names no source alias", ErrInvalid, a.Name, field, ref)
-			}
+		if err := validateArtifact(a, aliases); err != nil {
+			return err
 		}
-		if len(a.Copy) == 0 {
-			return fmt.Errorf("%w: artifact %q has no copy operations", ErrInvalid, a.Name)
+	}
+	return nil
+}
+
+// validateArtifact checks an output's revision, originRevision and copy
+// operations; its error wraps ErrInvalid.
+func validateArtifact(a swv1beta1.OutputArtifact, aliases map[string]bool) error {
+	for field, ref := range map[string]string{"revision": a.Revision, "originRevision": a.OriginRevision} {
+		if ref == "" {
+			continue
 		}
-		for i, op := range a.Copy {
-			if _, err := parseOp(op, aliases); err != nil {
-				return fmt.Errorf("%w: artifact %q copy[%d]: %w", ErrInvalid, a.Name, i, err)
-			}
+		if alias, ok := strings.CutPrefix(ref, "@"); !ok || !aliases[alias] {
+			return fmt.Errorf("%w: artifact %q: %s %q names no source alias", ErrInvalid, a.Name, field, ref)
+		}
+	}
+	if len(a.Copy) == 0 {
+		return fmt.Errorf("%w: artifact %q has no copy operations", ErrInvalid, a.Name)
+	}
+	for i, op := range a.Copy {
+		if _, err := parseOp(op, aliases); err != nil {
+			return fmt.Errorf("%w: artifact %q copy[%d]: %w", ErrInvalid, a.Name, i, err)
 		}
 	}
 	return nil

@@ -217,7 +217,6 @@ func TestValidate(t *testing.T) {
 		"unknown revision":     func(s *swv1beta1.ArtifactGeneratorSpec) { s.OutputArtifacts[0].Revision = "@nope" },
 		"unknown strategy":     func(s *swv1beta1.ArtifactGeneratorSpec) { s.OutputArtifacts[0].Copy[0].Strategy = "Append" },
 		"invalid name":         func(s *swv1beta1.ArtifactGeneratorSpec) { s.OutputArtifacts[0].Name = "A_b" },
-		"path pattern":         func(s *swv1beta1.ArtifactGeneratorSpec) { s.PathPattern = "@repo/apps/{app}" },
 		"bad glob":             func(s *swv1beta1.ArtifactGeneratorSpec) { s.OutputArtifacts[0].Copy[0].From = "@repo/apps/[a" },
 	}
 	for name, mutate := range tests {
@@ -292,7 +291,7 @@ func TestUnpackNeeded(t *testing.T) {
 	files := tree{"apps/a/x.yaml": "a", "apps/a/sub/y.yaml": "ay", "apps/b/x.yaml": "b", "values.yaml": "v: 1", "docs/r.md": "r"}
 	art := swv1beta1.OutputArtifact{Name: "o", Copy: []swv1beta1.CopyOperation{
 		cp("@repo/apps/a/**", "@artifact/"), cp("@repo/values.yaml", "@artifact/")}}
-	needed := Needed([]swv1beta1.OutputArtifact{art})
+	needed := Needed([]swv1beta1.OutputArtifact{art}, nil)
 	dir := t.TempDir()
 	if err := Unpack(strings.NewReader(tarball(t, files)), dir, 0, needed["repo"].Keep); err != nil {
 		t.Fatal(err)

@@ -165,10 +165,11 @@ type ChartSource struct {
 	// HelmRepository is the spec of a HelmRepository source: where charts
 	// are downloaded from and the Secrets to download them with.
 	HelmRepository *sourcev1.HelmRepositorySpec `json:"helmRepository,omitempty"`
-	// Repositories are the HelmRepositories (type default, with an index)
-	// of the HelmChart's namespace, for the dependencies of a chart from a
-	// GitRepository or a Bucket: a dependency's repository URL is looked
-	// up among them, for its index and credentials.
+	// Repositories are the HelmRepositories of the HelmChart's namespace
+	// (type default with an index, and type oci), for the dependencies of
+	// a chart from a GitRepository or a Bucket: a dependency's repository
+	// URL is looked up among them, for its index and credentials (an OCI
+	// one's credentials only).
 	Repositories []ChartRepository `json:"repositories,omitempty"`
 }
 
@@ -178,7 +179,7 @@ type ChartRepository struct {
 	Name string `json:"name"`
 	// Spec is its spec (URL, Secrets).
 	Spec sourcev1.HelmRepositorySpec `json:"spec"`
-	// Artifact is its stored index.
+	// Artifact is its stored index (none for an OCI HelmRepository).
 	Artifact meta.Artifact `json:"artifact"`
 }
 
@@ -491,6 +492,16 @@ type GenerateRequested struct {
 	// Artifacts are the generator's spec.artifacts: the outputs to
 	// compose, in order.
 	Artifacts []swv1beta1.OutputArtifact `json:"artifacts"`
+	// PathPattern is the generator's spec.pathPattern: when set,
+	// Artifacts are templates, expanded by the packager once per
+	// directory of the source's tree the pattern matches. Added in v1 as
+	// an optional field.
+	PathPattern string `json:"pathPattern,omitempty"`
+	// Foreign are the names of the ExternalArtifacts of the generator's
+	// namespace that another producer owns: an output the pattern names so
+	// is refused before anything is stored. Added in v1 as an optional
+	// field.
+	Foreign []string `json:"foreign,omitempty"`
 	// Previous are the outputs stored before (the generator's
 	// inventory): an output whose content is unchanged keeps its
 	// artifact, and the stored files of a previous output no longer in
@@ -522,4 +533,8 @@ type GeneratedOutput struct {
 	// Changed is true when the output's content is new since the
 	// job's Previous outputs: only then is a new artifact published.
 	Changed bool `json:"changed,omitempty"`
+	// Labels are the captures of the generator's pathPattern that made
+	// the output (lowercased), set on its ExternalArtifact. Added in v1 as
+	// an optional field.
+	Labels map[string]string `json:"labels,omitempty"`
 }

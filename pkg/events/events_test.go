@@ -89,7 +89,9 @@ func sampleData() map[string]any {
 			Artifacts: []swv1beta1.OutputArtifact{{Name: "app-a", OriginRevision: "@repo",
 				Copy: []swv1beta1.CopyOperation{{From: "@repo/apps/a/**", To: "@artifact/", Exclude: []string{"*.md"}},
 					{From: "@repo/values.yaml", To: "@artifact/values.yaml", Strategy: swv1beta1.MergeStrategy}}}},
-			Previous: []GeneratedOutput{{Name: "app-a", Artifact: *testArtifact()}},
+			PathPattern: "@repo/apps/{app}",
+			Foreign:     []string{"app-z"},
+			Previous:    []GeneratedOutput{{Name: "app-a", Artifact: *testArtifact(), Labels: map[string]string{"app": "a"}}},
 		},
 		TypeFetched: &Fetched{
 			Job:          testJob(),

@@ -64,6 +64,14 @@ func New(tb testing.TB) *Server {
 	return process.ForTest(tb, Tool, start)
 }
 
+// NewWithEnv starts a server as New does, with env ("KEY=value") added
+// to MinIO's environment: an LDAP identity provider or an access policy
+// plugin, say (MINIO_IDENTITY_LDAP_*, MINIO_POLICY_PLUGIN_URL).
+func NewWithEnv(tb testing.TB, env ...string) *Server {
+	tb.Helper()
+	return process.ForTest(tb, Tool, func(bin, dir string) (*Server, error) { return startIP(bin, dir, "127.0.0.1", env...) })
+}
+
 // Start starts a server with its data in dir (created if needed), for use
 // outside tests; the caller must Stop it.
 func Start(dir string) (*Server, error) { return StartOn(dir, "127.0.0.1") }
@@ -118,12 +126,12 @@ func StartOn(dir, ip string) (*Server, error) {
 
 func start(bin, dir string) (*Server, error) { return startIP(bin, dir, "127.0.0.1") }
 
-func startIP(bin, dir, ip string) (*Server, error) {
+func startIP(bin, dir, ip string, env ...string) (*Server, error) {
 	user, password := "minio-"+randomHex(6), randomHex(16)
 	var err error
 	for range startAttempts {
 		var s *Server
-		s, err = startOnce(bin, dir, ip, user, password)
+		s, err = startOnce(bin, dir, ip, user, password, env)
 		if err == nil {
 			return s, nil
 		}
@@ -134,7 +142,7 @@ func startIP(bin, dir, ip string) (*Server, error) {
 	return nil, err
 }
 
-func startOnce(bin, dir, ip, user, password string) (*Server, error) {
+func startOnce(bin, dir, ip, user, password string, env []string) (*Server, error) {
 	addr, err := process.FreeAddrOn(ip)
 	if err != nil {
 		return nil, fmt.Errorf("miniotest: %w", err)
@@ -157,6 +165,7 @@ func startOnce(bin, dir, ip, user, password string) (*Server, error) {
 	}
 	cmd := exec.Command(bin, "server", "--address", addr, "--console-address", consoleAddr, dir)
 	cmd.Env = append(environ(), "MINIO_ROOT_USER="+user, "MINIO_ROOT_PASSWORD="+password, "MINIO_UPDATE=off", "HOME="+homeDir)
+	cmd.Env = append(cmd.Env, env...)
 	if s.proc, err = process.Start("miniotest", cmd, nil); err != nil {
 		_ = os.RemoveAll(homeDir)
 		return nil, err

@@ -87,6 +87,10 @@ type Source struct {
 	// tests shorten it).
 	gcsBackoff time.Duration
 
+	// stsRoundTripper, when set, carries the requests to STS endpoints
+	// (tests reach a test STS server by AWS's host name with it).
+	stsRoundTripper http.RoundTripper
+
 	mu         sync.Mutex
 	transports map[bool]http.RoundTripper // shared S3 transports, by secure
 	cloud      http.RoundTripper          // shared GCS and Azure transport

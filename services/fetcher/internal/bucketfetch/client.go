@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"regexp"
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -14,6 +17,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/s3utils"
 
 	"github.com/headwater-gitops/headwater/pkg/egress"
+	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
@@ -39,13 +43,62 @@ func checkSpec(spec *sourcev1.BucketSpec) error {
 		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
 			"unsupported Bucket provider '%s': use 'generic', 'aws', 'gcp' or 'azure'", spec.Provider)
 	}
-	if spec.STS != nil {
-		return source.StalledError(sourcev1.InvalidSTSConfigurationReason,
-			"STS authentication (spec.sts, provider '%s') is not supported yet", spec.STS.Provider)
+	if err := checkSTS(spec); err != nil {
+		return err
 	}
 	if spec.ServiceAccountName != "" {
 		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
 			"authentication with spec.serviceAccountName is not supported yet")
+	}
+	return nil
+}
+
+// Keys of spec.sts.secretRef for the ldap STS provider, as Flux reads them.
+const (
+	keySTSUsername = "username"
+	keySTSPassword = "password"
+)
+
+// stsEndpointPattern is what an aws STS endpoint must match, as Flux's
+// AWS authentication checks it: a global, regional, FIPS or VPC endpoint
+// of AWS STS.
+var stsEndpointPattern = regexp.MustCompile(`^https://(.+\.)?sts(-fips)?(\.[^.]+)?(\.vpce)?\.amazonaws\.com$`)
+
+// checkSTS refuses, in Flux's words, an spec.sts that does not go with
+// the Bucket's provider (aws with STS provider aws and neither secretRef
+// nor certSecretRef; generic with ldap), or whose endpoint is no URL. The
+// API server's validation refuses most of them already; gcp and azure
+// ignore spec.sts, as in Flux.
+func checkSTS(spec *sourcev1.BucketSpec) error {
+	sts := spec.STS
+	if sts == nil {
+		return nil
+	}
+	provider := spec.Provider
+	if provider == "" {
+		provider = sourcev1.BucketProviderGeneric
+	}
+	incompatible := source.StalledError(sourcev1.InvalidSTSConfigurationReason,
+		"STS provider '%s' is not supported for '%s' bucket provider", sts.Provider, provider)
+	switch provider {
+	case sourcev1.BucketProviderAmazon:
+		switch {
+		case sts.Provider != sourcev1.STSProviderAmazon:
+			return incompatible
+		case sts.SecretRef != nil:
+			return source.StalledError(sourcev1.InvalidSTSConfigurationReason, "spec.sts.secretRef is not required for the '%s' STS provider", sts.Provider)
+		case sts.CertSecretRef != nil:
+			return source.StalledError(sourcev1.InvalidSTSConfigurationReason, "spec.sts.certSecretRef is not required for the '%s' STS provider", sts.Provider)
+		}
+	case sourcev1.BucketProviderGeneric:
+		if sts.Provider != sourcev1.STSProviderLDAP {
+			return incompatible
+		}
+	default:
+		return nil
+	}
+	if _, err := url.Parse(sts.Endpoint); err != nil {
+		return source.StalledError(sourcev1.URLInvalidReason, "failed to parse STS endpoint '%s': %w", sts.Endpoint, err)
 	}
 	return nil
 }
@@ -111,6 +164,11 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 		}
 	}
 
+	stsData, stsCertData, stsTLS, err := s.stsSecrets(ctx, namespace, spec)
+	if err != nil {
+		return nil, "", err
+	}
+
 	transport, err := s.transport(secure, tlsConfig, proxy)
 	if err != nil {
 		return nil, "", source.Failed(sourcev1.BucketOperationFailedReason, "failed to create bucket client transport: %w", err)
@@ -128,7 +186,19 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 			opts.Creds = credentials.NewStaticV4(access, secret, "")
 		}
 	case spec.Provider == sourcev1.BucketProviderAmazon:
-		if opts.Creds, err = awsCredentials(ctx, transport); err != nil {
+		var stsEndpoint string
+		var stsTransport http.RoundTripper = transport
+		if spec.STS != nil {
+			stsEndpoint = spec.STS.Endpoint
+			if stsTransport, err = s.stsTransport(nil, proxy); err != nil {
+				return nil, "", err
+			}
+		}
+		if opts.Creds, err = awsCredentials(ctx, transport, stsTransport, stsEndpoint); err != nil {
+			return nil, "", err
+		}
+	case spec.STS != nil && spec.STS.Provider == sourcev1.STSProviderLDAP:
+		if opts.Creds, err = s.ldapCredentials(ctx, spec.STS, stsData, stsTLS, proxy); err != nil {
 			return nil, "", err
 		}
 	}
@@ -136,7 +206,94 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 	if err != nil {
 		return nil, "", source.StalledError(sourcev1.URLInvalidReason, "invalid endpoint '%s': %w", spec.Endpoint, err)
 	}
-	return client, secrets.Fingerprint(keys, proxyData, certData), nil
+	return client, secrets.Fingerprint(keys, proxyData, certData, stsData, stsCertData, stsIdentity(spec.STS)), nil
+}
+
+// stsIdentity names an spec.sts in the content identity: its provider
+// and endpoint.
+func stsIdentity(sts *sourcev1.BucketSTSSpec) map[string][]byte {
+	if sts == nil {
+		return nil
+	}
+	return map[string][]byte{"provider": []byte(sts.Provider), "endpoint": []byte(sts.Endpoint)}
+}
+
+// stsSecrets reads spec.sts.secretRef (its data checked for the ldap
+// provider: username and password, as Flux) and spec.sts.certSecretRef
+// (the TLS settings of the requests to the STS endpoint).
+func (s *Source) stsSecrets(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (data, certData map[string][]byte,
+	tlsConfig *tls.Config, err error) {
+	sts := spec.STS
+	if sts == nil {
+		return nil, nil, nil, nil
+	}
+	if ref := sts.SecretRef; ref != nil {
+		if data, err = s.secret(ctx, namespace, ref.Name); err != nil {
+			return nil, nil, nil, source.Failed(sourcev1.AuthenticationFailedReason,
+				"failed to get STS secret '%s/%s': %w", namespace, ref.Name, err)
+		}
+		if sts.Provider == sourcev1.STSProviderLDAP && (len(data[keySTSUsername]) == 0 || len(data[keySTSPassword]) == 0) {
+			return nil, nil, nil, source.Failed(sourcev1.AuthenticationFailedReason,
+				"invalid '%s' secret data for '%s' STS provider: required fields %s, %s", ref.Name, sts.Provider, keySTSUsername, keySTSPassword)
+		}
+	}
+	if ref := sts.CertSecretRef; ref != nil {
+		if certData, err = s.secret(ctx, namespace, ref.Name); err != nil {
+			return nil, nil, nil, source.Failed(sourcev1.AuthenticationFailedReason,
+				"failed to get STS TLS config: failed to get secret '%s/%s': %w", namespace, ref.Name, err)
+		}
+		if tlsConfig, err = secrets.TLSConfig(certData, namespace+"/"+ref.Name); err != nil {
+			return nil, nil, nil, source.StalledError(sourcev1.AuthenticationFailedReason, "failed to get STS TLS config: %w", err)
+		}
+	}
+	return data, certData, tlsConfig, nil
+}
+
+// stsTransport is the transport of the requests to an STS endpoint: the
+// bucket's proxy, spec.sts.certSecretRef's TLS settings, the egress guard
+// and the limits of the endpoint's host. Tests replace it (stsRoundTripper)
+// to reach a test STS server by AWS's host name.
+func (s *Source) stsTransport(tlsConfig *tls.Config, proxy *url.URL) (http.RoundTripper, error) {
+	if s.stsRoundTripper != nil {
+		return s.stsRoundTripper, nil
+	}
+	t, err := minio.DefaultTransport(true)
+	if err != nil {
+		return nil, source.Failed(sourcev1.AuthenticationFailedReason, "failed to create STS client transport: %w", err)
+	}
+	egress.Guard(t)
+	t.IdleConnTimeout = customIdleTimeout
+	if tlsConfig != nil {
+		t.TLSClientConfig = tlsConfig
+	}
+	if proxy != nil {
+		t.Proxy = http.ProxyURL(proxy)
+	}
+	return hostlimit.Wrap(t, s.Limiter), nil
+}
+
+// ldapCredentials exchanges spec.sts.secretRef's LDAP username and
+// password at the STS endpoint (MinIO's AssumeRoleWithLDAPIdentity) for
+// temporary credentials, as Flux's generic provider does. The exchange is
+// made before the bucket is read, so a refusal (a wrong password, a user
+// without a policy, an endpoint that does not answer) fails the fetch with
+// AuthenticationFailed and the STS server's words; the credentials are
+// renewed by the client when they expire.
+func (s *Source) ldapCredentials(ctx context.Context, sts *sourcev1.BucketSTSSpec, data map[string][]byte, tlsConfig *tls.Config,
+	proxy *url.URL) (*credentials.Credentials, error) {
+	t, err := s.stsTransport(tlsConfig, proxy)
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Transport: t}
+	creds := credentials.New(&credentials.LDAPIdentity{Client: client, STSEndpoint: sts.Endpoint,
+		LDAPUsername: string(data[keySTSUsername]), LDAPPassword: string(data[keySTSPassword])})
+	if _, err := creds.GetWithContext(&credentials.CredContext{Client: client, Context: ctx}); err != nil {
+		return nil, source.Failed(sourcev1.AuthenticationFailedReason,
+			"STS authentication failed: AssumeRoleWithLDAPIdentity at '%s': %w (check the username and password of spec.sts.secretRef, and that the STS server maps a policy to the user)",
+			failure.RedactURL(sts.Endpoint), err)
+	}
+	return creds, nil
 }
 
 // proxyURL reads the proxy of spec.proxySecretRef, with the Secret's data;
@@ -240,14 +397,37 @@ func (s *Source) cloudTransport(proxy *url.URL) http.RoundTripper {
 // the AWS_* environment, the shared credentials file, then the instance,
 // container (ECS, EKS Pod Identity) or web identity (IRSA) endpoints. It
 // fails, as Flux does, when none of them has credentials.
-func awsCredentials(ctx context.Context, transport http.RoundTripper) (*credentials.Credentials, error) {
+func awsCredentials(ctx context.Context, transport, stsTransport http.RoundTripper, stsEndpoint string) (*credentials.Credentials, error) {
 	client := &http.Client{Transport: transport}
+	iam := &credentials.IAM{Client: client}
+	if stsEndpoint != "" {
+		if !stsEndpointPattern.MatchString(stsEndpoint) {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason,
+				"AWS authentication failed: invalid STS endpoint: '%s'. must match %s", stsEndpoint, stsEndpointPattern)
+		}
+		if os.Getenv("AWS_WEB_IDENTITY_TOKEN_FILE") != "" {
+			// The web identity (IRSA) is exchanged at spec.sts.endpoint;
+			// the instance metadata, when it is what answers, keeps its
+			// own address.
+			iam.Endpoint = stsEndpoint
+			iam.Client = &http.Client{Transport: stsTransport}
+		}
+	}
 	creds := credentials.NewChainCredentials([]credentials.Provider{
 		&credentials.EnvAWS{},
 		&credentials.FileAWSCredentials{},
-		&credentials.IAM{Client: client},
+		iam,
 	})
-	v, err := creds.GetWithContext(&credentials.CredContext{Client: client, Context: ctx})
+	cc := &credentials.CredContext{Client: iam.Client, Context: ctx}
+	v, err := creds.GetWithContext(cc)
+	if (err != nil || v.AccessKeyID == "") && os.Getenv("AWS_WEB_IDENTITY_TOKEN_FILE") != "" {
+		// The chain hides why its last link failed: STS's answer (a role
+		// that may not be assumed, a token it does not trust) is what to
+		// fix.
+		if _, werr := iam.RetrieveWithCredContext(cc); werr != nil {
+			err = fmt.Errorf("web identity exchange at STS: %w", werr)
+		}
+	}
 	if err == nil && v.AccessKeyID == "" {
 		err = errors.New("no credentials in the environment, the shared credentials file or the instance metadata")
 	}

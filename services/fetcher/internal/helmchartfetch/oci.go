@@ -102,7 +102,23 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 			return nil, err
 		}
 	}
-	version := spec.Version
+	if err := r.pickTag(ctx, spec.Version); err != nil {
+		return nil, err
+	}
+	version := r.version
+	if len(spec.ValuesFiles) > 0 {
+		if r.version, err = withMetadata(version, strconv.FormatInt(req.Job.Object.Generation, 10)); err != nil {
+			return nil, buildFailure(failure.Stalling, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference", err)
+		}
+	}
+	return r, nil
+}
+
+// pickTag sets the chart version (and its tag) of r.repo: a version that
+// is no range is taken as it is; otherwise the registry's tags are
+// listed and the highest match picked.
+func (r *ociResolved) pickTag(ctx context.Context, want string) error {
+	version := want
 	if _, err := semver.StrictNewVersion(version); err != nil {
 		// The tags are listed with the fetch's context (Helm's registry
 		// client lists them with a background one), so the listing ends
@@ -110,27 +126,22 @@ func (s *Source) resolveOCI(ctx context.Context, req *events.FetchRequested) (so
 		// for (see package hostlimit).
 		tags, err := remote.List(r.repo, append([]remote.Option{remote.WithContext(ctx)}, r.remote...)...)
 		if err != nil {
-			return nil, buildFailure(failure.Transient, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
-				fmt.Errorf("failed to get chart version for remote reference: could not fetch tags for '%s': %w", "oci://"+ref, err))
+			return buildFailure(failure.Transient, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference",
+				fmt.Errorf("failed to get chart version for remote reference: could not fetch tags for '%s': %w", "oci://"+r.repo.Name(), err))
 		}
 		cvs := make(helmindex.ChartVersions, 0, len(tags))
 		for _, t := range tags {
-			cvs = append(cvs, &helmindex.ChartVersion{Metadata: &chart.Metadata{Name: spec.Chart, Version: strings.ReplaceAll(t, "_", "+")}})
+			cvs = append(cvs, &helmindex.ChartVersion{Metadata: &chart.Metadata{Name: r.spec.Chart, Version: strings.ReplaceAll(t, "_", "+")}})
 		}
-		cv, err := pickVersion(cvs, spec.Chart, spec.Version)
+		cv, err := pickVersion(cvs, r.spec.Chart, want)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		version = cv.Version
 	}
 	r.tag = strings.ReplaceAll(version, "+", "_")
 	r.version = version
-	if len(spec.ValuesFiles) > 0 {
-		if r.version, err = withMetadata(version, strconv.FormatInt(req.Job.Object.Generation, 10)); err != nil {
-			return nil, buildFailure(failure.Stalling, sourcev1.FetchFailedCondition, ReasonChartReference, "invalid chart reference", err)
-		}
-	}
-	return r, nil
+	return nil
 }
 
 // chartVerifier reads spec.verify's cosign public keys, as Flux's
@@ -171,31 +182,10 @@ func (r *ociResolved) Revision() string { return r.version }
 // chart layer into dir within -helm-chart-max-size, checks it, and keeps
 // it as it is or packages it with the merged values files.
 func (r *ociResolved) Download(ctx context.Context, dir string) (*source.Content, error) {
-	pullErr := func(h failure.Handling, err error) error {
-		return buildFailure(h, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error",
-			fmt.Errorf("failed to download chart for remote reference: %w", err))
-	}
-	opts := append([]remote.Option{remote.WithContext(ctx)}, r.remote...)
-	ref := r.repo.Tag(r.tag)
-	desc, err := remote.Get(ref, opts...)
-	if err != nil {
-		return nil, pullErr(registryHandling(err), err)
-	}
-	verification, err := r.verify(ctx, desc.Digest, opts)
-	if err != nil {
-		return nil, err
-	}
-	img, err := desc.Image()
-	if err != nil {
-		return nil, pullErr(failure.Final, err)
-	}
 	p := filepath.Join(dir, ChartFile)
-	if err := r.pullLayer(img, p); err != nil {
-		return nil, err
-	}
-	ch, err := load(p)
+	ch, verification, err := r.pull(ctx, p)
 	if err != nil {
-		return nil, buildFailure(failure.Final, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error", err)
+		return nil, err
 	}
 	var content *source.Content
 	if len(r.spec.ValuesFiles) == 0 {
@@ -206,6 +196,37 @@ func (r *ociResolved) Download(ctx context.Context, dir string) (*source.Content
 	}
 	content.Verification = verification
 	return content, nil
+}
+
+// pull pulls the chart's manifest, verifies its signature (with
+// spec.verify, before anything else is pulled, as Flux), streams the
+// chart layer to p and loads it.
+func (r *ociResolved) pull(ctx context.Context, p string) (*chart.Chart, *events.Verification, error) {
+	pullErr := func(h failure.Handling, err error) error {
+		return buildFailure(h, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error",
+			fmt.Errorf("failed to download chart for remote reference: %w", err))
+	}
+	opts := append([]remote.Option{remote.WithContext(ctx)}, r.remote...)
+	desc, err := remote.Get(r.repo.Tag(r.tag), opts...)
+	if err != nil {
+		return nil, nil, pullErr(registryHandling(err), err)
+	}
+	verification, err := r.verify(ctx, desc.Digest, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	img, err := desc.Image()
+	if err != nil {
+		return nil, nil, pullErr(failure.Final, err)
+	}
+	if err := r.pullLayer(img, p); err != nil {
+		return nil, nil, err
+	}
+	ch, err := load(p)
+	if err != nil {
+		return nil, nil, buildFailure(failure.Final, sourcev1.FetchFailedCondition, ReasonChartPull, "chart pull error", err)
+	}
+	return ch, verification, nil
 }
 
 // verify checks the cosign signature of the manifest digest, as Flux's

@@ -14,6 +14,8 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"sigs.k8s.io/yaml"
@@ -171,10 +173,18 @@ func (s *Source) readDir(ctx context.Context, artifact, dir string, keep func(re
 }
 
 // depBuilder builds a chart's missing dependencies, recursively, as
-// Flux's DependencyManager: a dependency already in charts/ is kept; a
-// file:// one (or one without repository) is loaded from the same source;
-// a repository one is pulled from the HelmRepository of the namespace with
-// that URL, with its credentials.
+// Flux's DependencyManager: the lock file's dependencies when there is
+// one, else Chart.yaml's; a dependency already in charts/ (by its alias,
+// or its name) is kept; a file:// one (or one without repository) is
+// loaded from the same source; an http(s) one is pulled from the
+// HelmRepository of the namespace with that URL, with its credentials
+// (anonymously from the URL when there is none); an oci:// one from the
+// registry, with the credentials of the namespace's OCI HelmRepository of
+// that URL when there is one, anonymously otherwise. A dependency with an
+// alias is added under its alias. A repository given as an alias ("@name",
+// "alias:name") is refused in Flux's words (aliased repository dependency
+// is not supported; invalid dependency repository URL): Flux has no list
+// of named repositories to look it up in.
 type depBuilder struct {
 	r        *tarballResolved
 	work     string
@@ -187,15 +197,43 @@ func (b *depBuilder) fail(h failure.Handling, err error) error {
 	return buildFailure(h, sourcev1.BuildFailedCondition, ReasonDependencyBuild, "dependency build error", err)
 }
 
-func (b *depBuilder) build(ctx context.Context, ch *chart.Chart, dir string) error {
+// byURL is what to do about a dependency whose repository is no URL.
+const byURL = " (refer to the repository by its http(s):// or oci:// URL, as a HelmRepository of the namespace has it)"
+
+// missing returns the dependencies ch requests (its lock file's, when it
+// has one) that it does not hold, by alias or name, in their order.
+func missing(ch *chart.Chart) []*chart.Dependency {
+	reqs := ch.Metadata.Dependencies
+	if ch.Lock != nil {
+		reqs = ch.Lock.Dependencies
+	}
+	if len(ch.Dependencies()) == len(reqs) {
+		return nil
+	}
 	present := map[string]bool{}
 	for _, d := range ch.Dependencies() {
 		present[d.Name()] = true
 	}
-	for _, dep := range ch.Metadata.Dependencies {
-		if present[dep.Name] {
-			continue
+	var out []*chart.Dependency
+	for _, dep := range reqs {
+		if !present[depName(dep)] {
+			out = append(out, dep)
 		}
+	}
+	return out
+}
+
+// depName is the name a dependency has in its parent: its alias, or its
+// chart's name.
+func depName(dep *chart.Dependency) string {
+	if dep.Alias != "" {
+		return dep.Alias
+	}
+	return dep.Name
+}
+
+func (b *depBuilder) build(ctx context.Context, ch *chart.Chart, dir string) error {
+	for _, dep := range missing(ch) {
 		var sub *chart.Chart
 		var err error
 		switch repoURL := dep.Repository; {
@@ -203,12 +241,22 @@ func (b *depBuilder) build(ctx context.Context, ch *chart.Chart, dir string) err
 			sub, err = b.local(ctx, dir, dep)
 		case strings.HasPrefix(repoURL, "http://") || strings.HasPrefix(repoURL, "https://"):
 			sub, err = b.remote(ctx, dep)
+		case strings.HasPrefix(repoURL, "oci://"):
+			sub, err = b.oci(ctx, dep)
+		case strings.HasPrefix(repoURL, "@"):
+			err = b.fail(failure.Final, fmt.Errorf("failed to add remote dependency '%s': aliased repository dependency is not supported: %s%s",
+				depName(dep), repoURL, byURL))
 		default:
-			err = b.fail(failure.Stalling, fmt.Errorf("dependency '%s': repository '%s' is not supported yet: use file:// or an http(s) URL",
-				dep.Name, repoURL))
+			// "alias:name" is Helm's other alias form; Flux takes it for
+			// a URL of an unknown scheme, and so does Headwater.
+			err = b.fail(failure.Final, fmt.Errorf("failed to add remote dependency '%s': invalid dependency repository URL: %s%s",
+				depName(dep), failure.RedactURL(repoURL), byURL))
 		}
 		if err != nil {
 			return err
+		}
+		if dep.Alias != "" {
+			sub.Metadata.Name = dep.Alias
 		}
 		ch.AddDependency(sub)
 	}
@@ -258,6 +306,9 @@ func (b *depBuilder) remote(ctx context.Context, dep *chart.Dependency) (*chart.
 	}
 	var found *events.ChartRepository
 	for i := range b.r.cs.Repositories {
+		if b.r.cs.Repositories[i].Spec.Type == sourcev1.HelmRepositoryTypeOCI {
+			continue
+		}
 		u, err := helmfetch.NormalizeURL(b.r.cs.Repositories[i].Spec.URL)
 		if err == nil && u.String() == want.String() {
 			found = &b.r.cs.Repositories[i]
@@ -320,6 +371,65 @@ func (b *depBuilder) pull(ctx context.Context, access *helmfetch.Access, cv *hel
 	sub, err := b.r.src.pull(ctx, access, cv, p)
 	if err != nil {
 		return nil, err
+	}
+	return sub, nil
+}
+
+// oci pulls an oci:// dependency, as Flux: with the access (credentials,
+// TLS, insecure) of the namespace's OCI HelmRepository whose URL is the
+// dependency's (trailing slashes aside), anonymously over TLS otherwise;
+// a version that is no range is the tag, a range picks the highest
+// matching tag.
+func (b *depBuilder) oci(ctx context.Context, dep *chart.Dependency) (*chart.Chart, error) {
+	want := strings.TrimRight(dep.Repository, "/")
+	spec := &sourcev1.HelmRepositorySpec{URL: want, Type: sourcev1.HelmRepositoryTypeOCI}
+	for i := range b.r.cs.Repositories {
+		r := &b.r.cs.Repositories[i]
+		if r.Spec.Type == sourcev1.HelmRepositoryTypeOCI && strings.TrimRight(r.Spec.URL, "/") == want {
+			spec = &r.Spec
+			break
+		}
+	}
+	depErr := func(err error) error {
+		var f *failure.Error
+		h := failure.Final
+		if errors.As(err, &f) && f.Handling != failure.Stalling {
+			// A version no tag has is the chart's to fix, in a new
+			// revision of its source, not the HelmChart's.
+			h = f.Handling
+		}
+		return b.fail(h, fmt.Errorf("failed to add remote dependency '%s': %w", depName(dep), err))
+	}
+	access, err := b.r.src.ociAccess(ctx, b.r.namespace, spec)
+	if err != nil {
+		return nil, err
+	}
+	r := &ociResolved{src: b.r.src, spec: &sourcev1.HelmChartSpec{Chart: dep.Name, Version: dep.Version}, remote: access.options(), access: access}
+	if p, err := remote.NewPuller(r.remote...); err == nil {
+		r.remote = append(r.remote, remote.Reuse(p))
+	}
+	var nameOpts []name.Option
+	if spec.Insecure {
+		nameOpts = append(nameOpts, name.Insecure)
+	}
+	ref := strings.TrimPrefix(want, "oci://") + "/" + dep.Name
+	if r.repo, err = name.NewRepository(ref, nameOpts...); err != nil {
+		return nil, b.fail(failure.Final, fmt.Errorf("failed to add remote dependency '%s': invalid OCI chart reference 'oci://%s': %w",
+			depName(dep), ref, err))
+	}
+	version := dep.Version
+	if version == "" {
+		version = "*"
+	}
+	if err := r.pickTag(ctx, version); err != nil {
+		return nil, depErr(fmt.Errorf("failed to get chart '%s' version '%s' from '%s': %w", dep.Name, dep.Version, failure.RedactURL(dep.Repository), err))
+	}
+	b.n++
+	p := filepath.Join(b.work, fmt.Sprintf("dependency-%d.tgz", b.n))
+	defer os.Remove(p)
+	sub, _, err := r.pull(ctx, p)
+	if err != nil {
+		return nil, depErr(fmt.Errorf("chart download of version '%s' failed: %w", r.version, err))
 	}
 	return sub, nil
 }

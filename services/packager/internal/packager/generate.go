@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -60,17 +61,22 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 			}
 		}
 	}
-	for _, a := range r.Artifacts {
-		if err := checkSegment(a.Name); err != nil {
-			return generateFailure(failure.Stalling, validationFailedReason, "artifact name: %v", err)
-		}
-	}
-	spec := &swv1beta1.ArtifactGeneratorSpec{OutputArtifacts: r.Artifacts}
+	spec := &swv1beta1.ArtifactGeneratorSpec{OutputArtifacts: r.Artifacts, PathPattern: r.PathPattern}
 	for _, s := range r.Sources {
 		spec.Sources = append(spec.Sources, swv1beta1.SourceReference{Alias: s.Alias, Kind: s.Kind, Name: s.Name, Namespace: s.Namespace})
 	}
 	if err := compose.Validate(spec); err != nil {
 		return generateFailure(failure.Stalling, validationFailedReason, "%v", err)
+	}
+	var pattern *compose.Pattern
+	if r.PathPattern != "" {
+		pattern, _ = compose.ParsePattern(r.PathPattern) // Validate parsed it
+	} else {
+		for _, a := range r.Artifacts {
+			if err := checkSegment(a.Name); err != nil {
+				return generateFailure(failure.Stalling, validationFailedReason, "artifact name: %v", err)
+			}
+		}
 	}
 
 	work, err := os.MkdirTemp("", "headwater-generate-")
@@ -78,7 +84,11 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 		return generateFailure(failure.Transient, meta.BuildFailedReason, "work directory: %v", err)
 	}
 	defer os.RemoveAll(work)
-	srcs, err := p.unpackSources(ctx, r, filepath.Join(work, "src"))
+	srcs, dirs, err := p.unpackSources(ctx, r, pattern, filepath.Join(work, "src"))
+	if err != nil {
+		return err
+	}
+	arts, err := expand(r, pattern, dirs)
 	if err != nil {
 		return err
 	}
@@ -87,22 +97,23 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 	for _, o := range r.Previous {
 		previous[o.Name] = o
 	}
-	outputs := make([]events.GeneratedOutput, 0, len(r.Artifacts))
-	for i, a := range r.Artifacts {
+	outputs := make([]events.GeneratedOutput, 0, len(arts))
+	for i, a := range arts {
 		dir := filepath.Join(work, "out", fmt.Sprint(i))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return generateFailure(failure.Transient, meta.BuildFailedReason, "work directory: %v", err)
 		}
-		out, err := p.buildOutput(ctx, r, a, dir, srcs, previous)
+		out, err := p.buildOutput(ctx, r, a.OutputArtifact, dir, srcs, previous)
 		if err != nil {
 			return err
 		}
+		out.Labels = a.Labels
 		outputs = append(outputs, out)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 	}
-	if err := p.removeOutputs(ctx, r, previous); err != nil {
+	if err := p.removeOutputs(ctx, r, outputs, previous); err != nil {
 		return err
 	}
 
@@ -132,47 +143,93 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 
 // unpackSources unpacks the parts of the source artifacts the copy
 // operations read into dir/<alias>, and returns the directories by alias.
-func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequested, dir string) (map[string]string, error) {
+// With a pattern, it also returns the directories of the pattern's
+// source's tree (all of them, unpacked or not).
+func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequested, pattern *compose.Pattern,
+	dir string) (map[string]string, compose.Dirs, error) {
 	// Only what the copy operations read is written to disk: a
 	// generator of one app of a monorepo unpacks that app.
-	needed := compose.Needed(r.Artifacts)
+	needed := compose.Needed(r.Artifacts, pattern)
 	srcs := map[string]string{}
+	dirs := compose.Dirs{}
 	for _, s := range r.Sources {
 		d := filepath.Join(dir, s.Alias)
 		srcs[s.Alias] = d
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, generateFailure(failure.Transient, meta.BuildFailedReason, "work directory: %v", err)
+			return nil, nil, generateFailure(failure.Transient, meta.BuildFailedReason, "work directory: %v", err)
 		}
 		paths, used := needed[s.Alias]
+		keep := paths.Keep
+		if pattern != nil && pattern.Alias == s.Alias {
+			// Every entry is looked at for the directories it is in.
+			keep, used = dirs.Record(keep), true
+		}
 		if !used {
 			continue
 		}
 		key, err := storage.CleanKey(s.Artifact.Path)
 		if err != nil || storage.IsInternal(key) {
-			return nil, generateFailure(failure.Final, sourceFetchFailedReason, "source %q: invalid artifact path %q", s.Alias, s.Artifact.Path)
+			return nil, nil, generateFailure(failure.Final, sourceFetchFailedReason, "source %q: invalid artifact path %q", s.Alias, s.Artifact.Path)
 		}
 		obj, err := p.store.Open(ctx, key)
 		if errors.Is(err, storage.ErrNotFound) {
 			// A newer artifact replaced it: the watcher makes a new job
 			// when the source's status says so.
-			return nil, generateFailure(failure.Final, sourceFetchFailedReason,
+			return nil, nil, generateFailure(failure.Final, sourceFetchFailedReason,
 				"source %q: artifact %s is no longer stored", s.Alias, key)
 		}
 		if err != nil {
-			return nil, generateFailure(failure.Transient, sourceFetchFailedReason, "source %q: open artifact: %v", s.Alias, err)
+			return nil, nil, generateFailure(failure.Transient, sourceFetchFailedReason, "source %q: open artifact: %v", s.Alias, err)
 		}
 		var readErr error
 		in := archive.OnReadError(obj, func(err error) { readErr = err })
-		err = compose.UnpackWith(ctx, in, d, p.opts.compose(), paths.Keep)
+		err = compose.UnpackWith(ctx, in, d, p.opts.compose(), keep)
 		_ = obj.Close()
 		switch {
 		case readErr != nil:
-			return nil, generateFailure(failure.Transient, sourceFetchFailedReason, "source %q: read artifact: %v", s.Alias, readErr)
+			return nil, nil, generateFailure(failure.Transient, sourceFetchFailedReason, "source %q: read artifact: %v", s.Alias, readErr)
 		case err != nil:
-			return nil, generateFailure(failure.Final, sourceFetchFailedReason, "source %q: unpack artifact: %v", s.Alias, err)
+			return nil, nil, generateFailure(failure.Final, sourceFetchFailedReason, "source %q: unpack artifact: %v", s.Alias, err)
 		}
 	}
-	return srcs, nil
+	return srcs, dirs, nil
+}
+
+// expand returns the outputs of a job: its artifacts, or, with a
+// pattern, the templates rendered for every directory it matches. A
+// pattern's failure on the source's content (no directory matches, a
+// directory name that makes no label or object name) is final for this
+// revision of the source: nothing is stored and the outputs published
+// before stay. An output named as an ExternalArtifact of another producer
+// is refused, as the watcher refuses a literal name.
+func expand(r *events.GenerateRequested, pattern *compose.Pattern, dirs compose.Dirs) ([]compose.Output, error) {
+	if pattern == nil {
+		outs := make([]compose.Output, len(r.Artifacts))
+		for i, a := range r.Artifacts {
+			outs[i] = compose.Output{OutputArtifact: a}
+		}
+		return outs, nil
+	}
+	outs, err := pattern.Expand(dirs.Sorted(), r.Artifacts)
+	var none *compose.NoMatchError
+	switch {
+	case errors.As(err, &none):
+		return nil, generateFailure(failure.Final, meta.BuildFailedReason, "%v", none)
+	case errors.Is(err, compose.ErrInvalid):
+		return nil, generateFailure(failure.Stalling, validationFailedReason, "%v", err)
+	case err != nil:
+		return nil, generateFailure(failure.Final, meta.BuildFailedReason, "%v", err)
+	}
+	for _, o := range outs {
+		if err := checkSegment(o.Name); err != nil {
+			return nil, generateFailure(failure.Final, meta.BuildFailedReason, "artifact name: %v", err)
+		}
+		if slices.Contains(r.Foreign, o.Name) {
+			return nil, generateFailure(failure.Stalling, validationFailedReason,
+				"pathPattern %q: artifact %q: ExternalArtifact %s/%s belongs to another producer", pattern, o.Name, r.Job.Object.Namespace, o.Name)
+		}
+	}
+	return outs, nil
 }
 
 // buildOutput builds one output into dir, and stores it unless its
@@ -274,10 +331,11 @@ func originRevision(a meta.Artifact) string {
 
 // removeOutputs removes the stored files of the previous outputs the job
 // no longer has: their latest pointer first, then every artifact.
-func (p *Packager) removeOutputs(ctx context.Context, r *events.GenerateRequested, previous map[string]events.GeneratedOutput) error {
+func (p *Packager) removeOutputs(ctx context.Context, r *events.GenerateRequested, outputs []events.GeneratedOutput,
+	previous map[string]events.GeneratedOutput) error {
 	keep := map[string]bool{}
-	for _, a := range r.Artifacts {
-		keep[a.Name] = true
+	for _, o := range outputs {
+		keep[o.Name] = true
 	}
 	for name := range previous {
 		if keep[name] || checkSegment(name) != nil {

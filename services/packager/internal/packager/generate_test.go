@@ -158,3 +158,86 @@ func TestGenerateFailures(t *testing.T) {
 		t.Errorf("a failed job stored %v", objs)
 	}
 }
+
+// TestGeneratePathPattern expands the templates once per matching
+// directory (names lowercased, paths as written, captures as labels); a
+// directory gone from the source loses its output's stored files; a
+// pattern that then matches nothing fails the job with BuildFailed,
+// naming the pattern and what to fix, and leaves every stored output in
+// place; a name another producer has is refused.
+func TestGeneratePathPattern(t *testing.T) {
+	h := newHarness(t, harnessOptions{opts: defaultOptions()})
+	files := map[string]string{"apps/Auth/envs/dev/a.yaml": "auth-dev", "apps/Auth/envs/prod/a.yaml": "auth-prod",
+		"apps/pay/envs/dev/p.yaml": "pay-dev", "apps/pay/README.md": "no env", "docs/x.md": "x"}
+	src := h.storeSource("gitrepository/apps/mono/1.tar.gz", files)
+	templates := []swv1beta1.OutputArtifact{{Name: "{app}-{env}", OriginRevision: "@repo",
+		Copy: []swv1beta1.CopyOperation{{From: "@repo/apps/{app}/envs/{env}/**", To: "@artifact/{env}/"}}}}
+	sources := func(a meta.Artifact) []events.GeneratorSource {
+		return []events.GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "apps", Name: "mono", Artifact: a}}
+	}
+
+	j1 := generatorJob("pattern-1")
+	h.send(events.TypeGenerateRequested, j1, &events.GenerateRequested{Job: j1, PathPattern: "@repo/apps/{app}/envs/{env}",
+		Artifacts: templates, Sources: sources(src)})
+	out1 := h.nextOutcome(events.TypePackaged, j1.ID)
+	want := []struct{ name, app, env, file string }{
+		{"auth-dev", "auth", "dev", "dev/a.yaml"}, {"auth-prod", "auth", "prod", "prod/a.yaml"}, {"pay-dev", "pay", "dev", "dev/p.yaml"}}
+	if len(out1.Outputs) != len(want) {
+		t.Fatalf("outputs = %+v", out1.Outputs)
+	}
+	for i, w := range want {
+		o := out1.Outputs[i]
+		if o.Name != w.name || !o.Changed || o.Labels["app"] != w.app || o.Labels["env"] != w.env || len(o.Labels) != 2 {
+			t.Errorf("output %d = %+v, want %s with app=%s env=%s", i, o, w.name, w.app, w.env)
+		}
+		var got []string
+		for _, e := range h.untar(o.Artifact.Path) {
+			if e.hdr.Typeflag == tar.TypeReg {
+				got = append(got, e.hdr.Name)
+			}
+		}
+		if len(got) != 1 || got[0] != w.file || !strings.HasPrefix(o.Artifact.Path, "externalartifact/apps/"+w.name+"/") {
+			t.Errorf("output %s at %s holds %+v, want %s", o.Name, o.Artifact.Path, got, w.file)
+		}
+	}
+
+	// The prod environment of Auth is removed from the source.
+	delete(files, "apps/Auth/envs/prod/a.yaml")
+	src2 := h.storeSource("gitrepository/apps/mono/2.tar.gz", files)
+	j2 := generatorJob("pattern-2")
+	h.send(events.TypeGenerateRequested, j2, &events.GenerateRequested{Job: j2, PathPattern: "@repo/apps/{app}/envs/{env}",
+		Artifacts: templates, Sources: sources(src2), Previous: out1.Outputs})
+	out2 := h.nextOutcome(events.TypePackaged, j2.ID)
+	if len(out2.Outputs) != 2 || out2.Outputs[0].Changed || out2.Outputs[1].Changed {
+		t.Fatalf("outputs = %+v, want auth-dev and pay-dev unchanged", out2.Outputs)
+	}
+	if objs, _ := h.store.List(context.Background(), "externalartifact/apps/auth-prod"); len(objs) != 0 {
+		t.Errorf("a directory gone from the source left its output stored: %v", objs)
+	}
+
+	// A pattern that matches nothing: nothing is stored or removed.
+	j4 := generatorJob("pattern-4")
+	h.send(events.TypeGenerateRequested, j4, &events.GenerateRequested{Job: j4, PathPattern: "@repo/services/{app}",
+		Artifacts: []swv1beta1.OutputArtifact{{Name: "{app}", Copy: []swv1beta1.CopyOperation{{From: "@repo/services/{app}/**", To: "@artifact/"}}}},
+		Sources:   sources(src2), Previous: out2.Outputs})
+	out4 := h.nextOutcome(events.TypePackageFailed, j4.ID)
+	if f := out4.Failure; f == nil || f.Reason != meta.BuildFailedReason || f.Stalled ||
+		!strings.Contains(f.Message, `pathPattern "@repo/services/{app}" matches no directory in source "repo"`) ||
+		!strings.Contains(f.Message, "correct spec.pathPattern") {
+		t.Errorf("no match: failure = %+v", f)
+	}
+	for _, o := range out2.Outputs {
+		if _, err := h.store.Stat(context.Background(), o.Artifact.Path); err != nil {
+			t.Errorf("a failed job removed %s: %v", o.Artifact.Path, err)
+		}
+	}
+
+	// An output named as another producer's ExternalArtifact.
+	j5 := generatorJob("pattern-5")
+	h.send(events.TypeGenerateRequested, j5, &events.GenerateRequested{Job: j5, PathPattern: "@repo/apps/{app}/envs/{env}",
+		Artifacts: templates, Sources: sources(src2), Previous: out2.Outputs, Foreign: []string{"pay-dev"}})
+	out5 := h.nextOutcome(events.TypePackageFailed, j5.ID)
+	if f := out5.Failure; f == nil || f.Reason != swv1beta1.ValidationFailedReason || !f.Stalled || !strings.Contains(f.Message, "another producer") {
+		t.Errorf("foreign name: failure = %+v", f)
+	}
+}

@@ -159,9 +159,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	foreign, err := r.foreign(ctx, gen)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	job := r.job(gen, srcs.digest, token, previous)
 	req2 := &events.GenerateRequested{Job: job, Revision: srcs.digest, Sources: srcs.list,
-		Artifacts: gen.Spec.OutputArtifacts, Previous: previous}
+		Artifacts: gen.Spec.OutputArtifacts, PathPattern: gen.Spec.PathPattern, Foreign: foreign, Previous: previous}
 	if err := r.Jobs.Publish(ctx, events.PackageSubject(events.ArtifactGeneratorKind), events.TypeGenerateRequested, job, req2); err != nil {
 		return ctrl.Result{}, fmt.Errorf("publish generate job: %w", err)
 	}

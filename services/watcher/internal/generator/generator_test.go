@@ -267,3 +267,69 @@ func TestProblems(t *testing.T) {
 		t.Errorf("a: Ready = %+v", c)
 	}
 }
+
+// TestPathPattern: a generator with spec.pathPattern sends its templates
+// and pattern in the job, with the names of the namespace's
+// ExternalArtifacts another producer owns; the outputs the outcome names
+// are published with their captures as labels and make the inventory;
+// with them all published the generator is up to date, and one deleted
+// makes a new job.
+func TestPathPattern(t *testing.T) {
+	r, sent := setup(t)
+	ctx := context.Background()
+	gitSource(t, r, "mono", "main@sha1:1")
+	taken := &sourcev1.ExternalArtifact{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "taken"},
+		Spec: sourcev1.ExternalArtifactSpec{SourceRef: &meta.NamespacedObjectKindReference{APIVersion: swv1beta1.GroupVersion.String(),
+			Kind: swv1beta1.ArtifactGeneratorKind, Name: "another", Namespace: "default"}}}
+	if err := r.Client.Create(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	g := generatorOf("apps", []swv1beta1.SourceReference{{Alias: "repo", Kind: "GitRepository", Name: "mono"}}, "{app}")
+	g.Spec.PathPattern = "@repo/apps/{app}"
+	g.Spec.OutputArtifacts[0].Copy[0].From = "@repo/apps/{app}/**"
+	if err := r.Client.Create(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	reconcileGen(t, r, "apps")
+	if sent.count() != 1 {
+		t.Fatalf("jobs = %d, want 1", sent.count())
+	}
+	job := sent.last()
+	if job.PathPattern != "@repo/apps/{app}" || len(job.Artifacts) != 1 || job.Artifacts[0].Name != "{app}" ||
+		len(job.Foreign) != 1 || job.Foreign[0] != "taken" {
+		t.Fatalf("job pattern %q, artifacts %+v, foreign %v", job.PathPattern, job.Artifacts, job.Foreign)
+	}
+
+	size := int64(3)
+	output := func(name string) events.GeneratedOutput {
+		return events.GeneratedOutput{Name: name, Changed: true, Labels: map[string]string{"app": name},
+			Artifact: meta.Artifact{Path: "externalartifact/default/" + name + "/h.tar.gz", URL: "http://a/externalartifact/default/" + name + "/h.tar.gz",
+				Revision: "latest@sha256:h", Digest: "sha256:d", Size: &size, LastUpdateTime: metav1.Now()}}
+	}
+	out := &events.Outcome{Job: job.Job, Revision: job.Revision, Outputs: []events.GeneratedOutput{output("a"), output("b")}}
+	if err := r.HandleOutcome(ctx, events.TypeArtifactStored, out); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		ea := &sourcev1.ExternalArtifact{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: name}, ea); err != nil {
+			t.Fatal(err)
+		}
+		if ea.Labels["app"] != name || ea.Labels[swv1beta1.ArtifactGeneratorLabel] == "" || ea.Status.Artifact == nil {
+			t.Errorf("ExternalArtifact %s: labels %v, artifact %+v", name, ea.Labels, ea.Status.Artifact)
+		}
+	}
+	g = reconcileGen(t, r, "apps")
+	if c := ready(g); c.Status != metav1.ConditionTrue || len(g.Status.Inventory) != 2 || sent.count() != 1 {
+		t.Fatalf("Ready %+v, inventory %+v, jobs %d: want up to date without a new job", c, g.Status.Inventory, sent.count())
+	}
+
+	// One of the outputs' ExternalArtifacts is deleted: a new job.
+	if err := r.Client.Delete(ctx, &sourcev1.ExternalArtifact{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	reconcileGen(t, r, "apps")
+	if sent.count() != 2 {
+		t.Fatalf("jobs = %d after an output's ExternalArtifact was deleted, want 2", sent.count())
+	}
+}

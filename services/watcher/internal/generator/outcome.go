@@ -92,7 +92,7 @@ func (r *Reconciler) applyStored(ctx context.Context, gen *swv1beta1.ArtifactGen
 	for _, out := range o.Outputs {
 		art := out.Artifact
 		_, change, err := r.Writer.Write(ctx, gen, externalartifact.Output{Name: out.Name, Artifact: &art,
-			Ready: externalartifact.Stored(&art), Labels: labels, Annotations: annotations})
+			Ready: externalartifact.Stored(&art), Labels: outputLabels(labels, out.Labels), Annotations: annotations})
 		if errors.Is(err, externalartifact.ErrForeign) {
 			r.Metrics.count("failed")
 			return r.applyFailure(ctx, gen, &events.Outcome{Job: o.Job, Failure: &events.Failure{
@@ -177,4 +177,20 @@ func (r *Reconciler) applyFailure(ctx context.Context, gen *swv1beta1.ArtifactGe
 		logr.FromContextOrDiscard(ctx).Info("generating artifacts failed", "reason", f.Reason, "message", f.Message, "stalled", f.Stalled)
 	}
 	return nil
+}
+
+// outputLabels are an output's labels: its pathPattern captures, then the
+// generator's common labels and its own label, which take precedence.
+func outputLabels(common, captures map[string]string) map[string]string {
+	if len(captures) == 0 {
+		return common
+	}
+	out := make(map[string]string, len(common)+len(captures))
+	for k, v := range captures {
+		out[k] = v
+	}
+	for k, v := range common {
+		out[k] = v
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/compose"
 	"github.com/headwater-gitops/headwater/pkg/events"
@@ -47,6 +48,11 @@ func (r *Reconciler) resolve(ctx context.Context, gen *swv1beta1.ArtifactGenerat
 		return nil, err
 	}
 	for _, a := range gen.Spec.OutputArtifacts {
+		if gen.Spec.PathPattern != "" {
+			// Names are templates: the packager checks the names they
+			// make against the job's Foreign.
+			break
+		}
 		ea := &sourcev1.ExternalArtifact{}
 		err := r.Client.Get(ctx, types.NamespacedName{Namespace: gen.Namespace, Name: a.Name}, ea)
 		if err == nil && !r.producedBy(ea, gen) {
@@ -117,13 +123,21 @@ func (r *Reconciler) producedBy(ea *sourcev1.ExternalArtifact, gen *swv1beta1.Ar
 }
 
 // published returns the outputs the generator's ExternalArtifacts hold now
-// (the job's previous outputs), and whether every output of the spec is
-// published by an ExternalArtifact of this generator.
+// (the job's previous outputs), and whether every output of the spec (with
+// a pathPattern, of the inventory) is published by an ExternalArtifact of
+// this generator.
 func (r *Reconciler) published(ctx context.Context, gen *swv1beta1.ArtifactGenerator) ([]events.GeneratedOutput, bool) {
 	complete := true
 	want := map[string]bool{}
 	for _, a := range gen.Spec.OutputArtifacts {
 		want[a.Name] = true
+	}
+	if gen.Spec.PathPattern != "" {
+		// The outputs are those the last outcome made from the templates.
+		clear(want)
+		for _, ref := range gen.Status.Inventory {
+			want[ref.Name] = true
+		}
 	}
 	var out []events.GeneratedOutput
 	names := map[string]bool{}
@@ -163,4 +177,25 @@ func mapsKeys(m map[string]bool) func(func(string) bool) {
 			}
 		}
 	}
+}
+
+// foreign returns, for a generator with a pathPattern, the names of the
+// ExternalArtifacts of its namespace that another producer owns: the
+// packager refuses an output the pattern names so.
+func (r *Reconciler) foreign(ctx context.Context, gen *swv1beta1.ArtifactGenerator) ([]string, error) {
+	if gen.Spec.PathPattern == "" {
+		return nil, nil
+	}
+	list := &sourcev1.ExternalArtifactList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(gen.Namespace)); err != nil {
+		return nil, fmt.Errorf("list ExternalArtifacts: %w", err)
+	}
+	var names []string
+	for i := range list.Items {
+		if !r.producedBy(&list.Items[i], gen) {
+			names = append(names, list.Items[i].Name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }

@@ -220,7 +220,10 @@ func chartForce(c *sourcev1.HelmChart) bool {
 }
 
 // chartRepositories lists the HelmRepositories of namespace that have an
-// index, for a chart's dependencies.
+// index, and the OCI ones (static, without an artifact), for a chart's
+// dependencies: an http(s) dependency is pulled with the index and
+// credentials of the repository of its URL, an oci:// one with the
+// credentials of the OCI repository of its URL.
 func chartRepositories(ctx context.Context, r client.Reader, namespace string) ([]events.ChartRepository, error) {
 	var list sourcev1.HelmRepositoryList
 	if err := r.List(ctx, &list, client.InNamespace(namespace)); err != nil {
@@ -229,7 +232,14 @@ func chartRepositories(ctx context.Context, r client.Reader, namespace string) (
 	var out []events.ChartRepository
 	for i := range list.Items {
 		h := &list.Items[i]
-		if h.Spec.Type == sourcev1.HelmRepositoryTypeOCI || h.Status.Artifact == nil || refuseCredentials("", h.Spec.URL) != nil {
+		if refuseCredentials("", h.Spec.URL) != nil {
+			continue
+		}
+		if h.Spec.Type == sourcev1.HelmRepositoryTypeOCI {
+			out = append(out, events.ChartRepository{Name: h.Name, Spec: *h.Spec.DeepCopy()})
+			continue
+		}
+		if h.Status.Artifact == nil {
 			continue
 		}
 		out = append(out, events.ChartRepository{Name: h.Name, Spec: *h.Spec.DeepCopy(), Artifact: *h.Status.Artifact.DeepCopy()})
