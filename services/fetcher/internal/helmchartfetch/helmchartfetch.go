@@ -41,6 +41,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
@@ -82,6 +83,9 @@ type Source struct {
 	// Indexes fetch the index of a dependency's repository that is no
 	// HelmRepository of the namespace; nil refuses such dependencies.
 	Indexes *helmfetch.Source
+	// Sigstore is the public Sigstore trusted root of keyless chart
+	// verification; cosign.Public() when nil.
+	Sigstore *cosign.PublicRoot
 
 	transports helmfetch.Transports
 }

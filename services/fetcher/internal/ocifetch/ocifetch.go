@@ -26,6 +26,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
@@ -67,6 +68,10 @@ type Source struct {
 	// MaxExtractSize bounds the bytes extracted from one layer;
 	// DefaultMaxExtractSize when not positive.
 	MaxExtractSize int64
+	// Sigstore is the public Sigstore trusted root of keyless
+	// verification without spec.verify.trustedRootSecretRef;
+	// cosign.Public() when nil.
+	Sigstore *cosign.PublicRoot
 
 	mu     sync.Mutex
 	shared http.RoundTripper // the transport of sources without TLS settings or proxy
