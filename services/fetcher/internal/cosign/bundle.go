@@ -31,16 +31,19 @@ const (
 
 // bundles reads the Sigstore bundles that refer to digest; a referrer
 // that is no bundle is skipped, one that does not parse is named in the
-// reasons. The error is the registry's, when the referrers cannot be
-// listed.
+// reasons. Referrers that cannot be listed are a reason too, not an
+// error: a registry that refuses the Referrers API in a way
+// go-containerregistry does not take for "none" (405, 401) still serves
+// the ".sig" images Flux reads. The error is the registry's, when a
+// bundle it lists cannot be read.
 func bundles(repo name.Repository, digest v1.Hash, opts []remote.Option) ([]*bundle.Bundle, []string, error) {
 	idx, err := remote.Referrers(repo.Digest(digest.String()), opts...)
 	if err != nil {
-		return nil, nil, &SignaturesError{Err: fmt.Errorf("failed to list referrers: %w", err)}
+		return nil, []string{"failed to list referrers: " + err.Error()}, nil
 	}
 	m, err := idx.IndexManifest()
 	if err != nil {
-		return nil, nil, &SignaturesError{Err: fmt.Errorf("failed to list referrers: %w", err)}
+		return nil, []string{"failed to list referrers: " + err.Error()}, nil
 	}
 	var found []*bundle.Bundle
 	var reasons []string
@@ -57,7 +60,7 @@ func bundles(repo name.Repository, digest v1.Hash, opts []remote.Option) ([]*bun
 			if errors.As(err, &sigErr) {
 				return nil, nil, err
 			}
-			reasons = append(reasons, fmt.Sprintf("bundle %s: %s", d.Digest, err))
+			reasons = append(reasons, "bundle "+d.Digest.String()+": "+err.Error())
 			continue
 		}
 		found = append(found, b)

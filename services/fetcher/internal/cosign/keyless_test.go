@@ -7,6 +7,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -120,6 +122,32 @@ func TestKeyless(t *testing.T) {
 			}
 		})
 	}
+	t.Run("referrers API refused", func(t *testing.T) {
+		// A registry that answers 405 to the Referrers API still serves
+		// the ".sig" image.
+		digest := reg.Push(t, "refused", "v1", registry.FluxArtifact(t, map[string]string{"app": "refused"}, "", ""))
+		ss.SignTag(t, reg, "refused", digest, identity, issuer)
+		target, err := url.Parse("http://" + reg.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.Contains(r.URL.Path, "/referrers/") {
+				http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+				return
+			}
+			proxy.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		r, err := name.NewRepository(strings.TrimPrefix(srv.URL, "http://")+"/refused", name.Insecure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := keyless(t, match).Verify(t.Context(), r, digest); err != nil {
+			t.Fatalf("Verify: %v", err)
+		}
+	})
 	t.Run("unsigned", func(t *testing.T) {
 		digest := reg.Push(t, "unsigned", "v1", registry.FluxArtifact(t, map[string]string{"app": "unsigned"}, "", ""))
 		err := keyless(t, match).Verify(t.Context(), repository(t, reg, "unsigned"), digest, reg.RemoteOptions()...)
