@@ -347,32 +347,3 @@ func sameFiles(a, b map[string]time.Time) bool {
 	}
 	return true
 }
-
-// TestOCIRepositoryKeylessCosignStalls checks that keyless cosign (a
-// cosign spec.verify without a secretRef) still stalls, in Flux's words
-// for the mode, with a Warning Event, and stores nothing: Headwater cannot
-// reach Sigstore's trust root (docs/design.md, "Notation verification").
-func TestOCIRepositoryKeylessCosignStalls(t *testing.T) {
-	requireEnv(t)
-	t.Parallel()
-	const name = "oci-keyless"
-	reg := ociregistry.New(t, ociregistry.Options{})
-	reg.Push(t, "app", "v1", ociregistry.FluxArtifact(t, map[string]string{"app.yaml": "v1\n"}, "", ""))
-	createOCIRepository(t, name, reg.URL("app"), func(o *sourcev1.OCIRepository) {
-		o.Spec.Reference = &sourcev1.OCIRepositoryRef{Tag: "v1"}
-		o.Spec.Verify = &sourcev1.OCIRepositoryVerification{Provider: "cosign",
-			MatchOIDCIdentity: []sourcev1.OIDCIdentityMatch{{Issuer: "^https://token.actions.githubusercontent.com$", Subject: ".*"}}}
-	})
-	const want = "failed to verify the signature using provider 'cosign keyless': keyless verification (no spec.verify.secretRef) is not supported yet"
-	obj := waitNotationFailure(t, "ocirepository "+name, func() fluxSource { return getOCI(t, name) }, sourcev1.VerificationError, sourcev1.VerificationError, want)
-	if c := conditionOf(t, obj, meta.StalledCondition); c.Status != metav1.ConditionTrue || c.Message != want {
-		t.Errorf("Stalled=%s %q, want True %q", c.Status, c.Message, want)
-	}
-	waitKindEvent(t, ociKind, name, corev1.EventTypeWarning, sourcev1.VerificationError, func(msg string) bool { return msg == want })
-	if a := obj.GetArtifact(); a != nil {
-		t.Errorf("an unverified artifact was stored: %+v", a)
-	}
-	if files := storedFilesOf(t, "ocirepository", name); len(files) != 0 {
-		t.Errorf("storage holds %v", files)
-	}
-}

@@ -1,13 +1,21 @@
-// Package cosign verifies cosign signatures of OCI artifacts with public
-// keys, offline (no transparency log), as Flux does for an
-// OCIRepository's or an OCI HelmChart's spec.verify with a secretRef:
-// a signature image tagged "sha256-<hex of the signed digest>.sig" in the
-// artifact's repository holds one simple-signing payload per layer, its
-// signature in an annotation; the artifact is verified when one payload
-// names its digest and is signed by one of the keys.
+// Package cosign verifies cosign signatures of OCI artifacts, as Flux does
+// for an OCIRepository's or an OCI HelmChart's spec.verify: with the
+// public keys of a secretRef (offline, no transparency log), or keyless,
+// with a Sigstore trusted root and the matchOIDCIdentity regular
+// expressions.
+//
+// Two formats are read. Cosign v2's: a signature image tagged
+// "sha256-<hex of the signed digest>.sig" in the artifact's repository
+// holds one simple-signing payload per layer, its signature (and, keyless,
+// the certificate and transparency log entry) in annotations; the artifact
+// is verified when one payload names its digest and its signature
+// verifies. Cosign v3's: Sigstore bundles attached to the digest as OCI
+// referrers (see bundle.go). Bundles are tried first, then the ".sig"
+// image.
 package cosign
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -28,6 +36,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/sigstore/sigstore-go/pkg/root"
+	"github.com/sigstore/sigstore-go/pkg/verify"
 )
 
 // Provider is spec.verify.provider for cosign.
@@ -51,10 +61,16 @@ var (
 	ErrNoMatch = errors.New("no matching signatures were found")
 )
 
-// Verifier checks cosign signatures with public keys.
+// Verifier checks cosign signatures with public keys, or keyless.
 type Verifier struct {
-	// keys are the public keys, by their Secret entry's name.
+	// keys are the public keys, by their Secret entry's name; nil for a
+	// keyless verifier.
 	keys map[string]crypto.PublicKey
+	// trusted is the Sigstore trusted root of a keyless verifier.
+	trusted root.TrustedMaterial
+	// identities are the certificate identities a keyless signature must
+	// match one of; any when empty.
+	identities verify.CertificateIdentities
 }
 
 // NewVerifier reads the public keys of a Secret's *.pub entries (PEM,
@@ -97,15 +113,31 @@ func parsePublicKey(b []byte) (crypto.PublicKey, error) {
 }
 
 // Verify checks that a signature of digest, an artifact of repo, verifies
-// with one of the keys; opts reach the registry (auth, transport). It
-// returns ErrNoMatch when none does, or the registry's error (wrapped,
-// for the caller to classify: a registry that answers 404 for the
-// signature image means nothing signed the digest) when the signatures
-// cannot be read.
+// (with one of the keys, or keyless); opts reach the registry (auth,
+// transport). Cosign v3 bundles are tried first, then the ".sig" image.
+// It returns a *NoMatchError (errors.Is ErrNoMatch) when no signature
+// verifies, or the registry's error as a *SignaturesError when the
+// signatures cannot be read (for the caller to classify: a registry that
+// answers 404 for the signature image means nothing signed the digest).
 func (v *Verifier) Verify(ctx context.Context, repo name.Repository, digest v1.Hash, opts ...remote.Option) error {
-	sigTag := repo.Tag(strings.Replace(digest.String(), ":", "-", 1) + ".sig")
-	img, err := remote.Image(sigTag, append(opts, remote.WithContext(ctx))...)
+	opts = append(slices.Clip(opts), remote.WithContext(ctx))
+	found, reasons, err := bundles(repo, digest, opts)
 	if err != nil {
+		return err
+	}
+	for _, b := range found {
+		err := v.verifyBundle(b, digest)
+		if err == nil {
+			return nil
+		}
+		reasons = append(reasons, err.Error())
+	}
+	sigTag := repo.Tag(strings.Replace(digest.String(), ":", "-", 1) + ".sig")
+	img, err := remote.Image(sigTag, opts...)
+	if err != nil {
+		if len(found) > 0 {
+			return &NoMatchError{Reasons: reasons}
+		}
 		return &SignaturesError{Err: err}
 	}
 	m, err := img.Manifest()
@@ -124,12 +156,70 @@ func (v *Verifier) Verify(ctx context.Context, repo name.Repository, digest v1.H
 		if err != nil {
 			return &SignaturesError{Err: fmt.Errorf("failed to get signature payload: %w", err)}
 		}
-		if v.verifies(payload, sig) && signs(payload, digest) {
-			return nil
+		if !v.keyless() {
+			if v.verifies(payload, sig) && signs(payload, digest) {
+				return nil
+			}
+			continue
+		}
+		if err := v.verifyKeyless(l.Annotations, payload, sig, digest); err != nil {
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		return nil
+	}
+	return &NoMatchError{Reasons: reasons}
+}
+
+// verifyKeyless checks a keyless ".sig" layer: its certificate, log
+// entry and signature of payload, and that payload names digest.
+func (v *Verifier) verifyKeyless(annotations map[string]string, payload []byte, sig string, digest v1.Hash) error {
+	raw, err := base64.StdEncoding.DecodeString(sig)
+	if err != nil {
+		return fmt.Errorf("invalid signature: %w", err)
+	}
+	e, err := newSigEntity(annotations, payload, raw)
+	if err != nil {
+		return err
+	}
+	if err := v.verifyEntity(e, verify.WithArtifact(bytes.NewReader(payload))); err != nil {
+		return err
+	}
+	if !signs(payload, digest) {
+		return fmt.Errorf("signature payload does not name digest %s", digest)
+	}
+	return nil
+}
+
+// NoMatchError is the failure of an artifact none of whose signatures
+// verifies; it is ErrNoMatch.
+type NoMatchError struct {
+	// Reasons say why each signature that was looked at failed, where
+	// there is more to say than that it was not signed by the keys.
+	Reasons []string
+}
+
+// Error says that no signature verifies, and why.
+func (e *NoMatchError) Error() string {
+	return ErrNoMatch.Error() + e.Detail()
+}
+
+// Detail is ": " and the reasons, each once, or "" without them.
+func (e *NoMatchError) Detail() string {
+	var seen []string
+	for _, r := range e.Reasons {
+		if !slices.Contains(seen, r) {
+			seen = append(seen, r)
 		}
 	}
-	return ErrNoMatch
+	if len(seen) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(seen, "; ")
 }
+
+// Is reports whether target is ErrNoMatch.
+func (e *NoMatchError) Is(target error) bool { return target == ErrNoMatch }
 
 // SignaturesError is a failure to read an artifact's signatures from the
 // registry.

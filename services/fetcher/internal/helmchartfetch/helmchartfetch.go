@@ -41,6 +41,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmfetch"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/helmindex"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
@@ -87,6 +88,9 @@ type Source struct {
 	// spec.provider aws, azure and gcp with the fetcher's own identity;
 	// nil logs in with the process's environment and caches nothing.
 	Cloud *registrylogin.Login
+	// Sigstore is the public Sigstore trusted root of keyless chart
+	// verification; cosign.Public() when nil.
+	Sigstore *cosign.PublicRoot
 
 	transports helmfetch.Transports
 }

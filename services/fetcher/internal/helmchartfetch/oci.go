@@ -144,9 +144,11 @@ func (r *ociResolved) pickTag(ctx context.Context, want string) error {
 	return nil
 }
 
-// chartVerifier reads spec.verify's cosign public keys, as Flux's
-// makeVerifiers; a failure sets SourceVerified=False only. Keyless cosign
-// and providers other than cosign stall with a clear message (notation is
+// chartVerifier reads spec.verify's cosign public keys, or its keyless
+// identities (verified with the public Sigstore trusted root: a
+// HelmChart's spec.verify has no trustedRootSecretRef in Flux's API), as
+// Flux's makeVerifiers; a failure sets SourceVerified=False only.
+// Providers other than cosign stall with a clear message (notation is
 // notationVerifier's).
 func (s *Source) chartVerifier(ctx context.Context, namespace string, v *sourcev1.HelmChartVerification) (*cosign.Verifier, error) {
 	fail := func(h failure.Handling, provider string, err error) error {
@@ -157,8 +159,20 @@ func (s *Source) chartVerifier(ctx context.Context, namespace string, v *sourcev
 	case v.Provider != cosign.Provider:
 		return nil, fail(failure.Stalling, v.Provider, fmt.Errorf("verification with provider '%s' is not supported yet", v.Provider))
 	case v.SecretRef == nil:
-		return nil, fail(failure.Stalling, v.Provider+" keyless",
-			errors.New("keyless verification (no spec.verify.secretRef) is not supported yet"))
+		mode := v.Provider + " keyless"
+		trusted, err := s.publicRoot().TrustedMaterial()
+		if err != nil {
+			return nil, fail(failure.Transient, mode, err)
+		}
+		identities := make([]cosign.Identity, 0, len(v.MatchOIDCIdentity))
+		for _, m := range v.MatchOIDCIdentity {
+			identities = append(identities, cosign.Identity{Issuer: m.Issuer, Subject: m.Subject})
+		}
+		verifier, err := cosign.NewKeylessVerifier(trusted, identities)
+		if err != nil {
+			return nil, fail(failure.Stalling, mode, err)
+		}
+		return verifier, nil
 	}
 	if s.Secrets == nil {
 		return nil, fail(failure.Transient, v.Provider, fmt.Errorf("failed to get secret '%s/%s': %w", namespace, v.SecretRef.Name, secrets.ErrNoCluster))
@@ -172,6 +186,15 @@ func (s *Source) chartVerifier(ctx context.Context, namespace string, v *sourcev
 		return nil, fail(failure.Stalling, v.Provider, fmt.Errorf("%w in secret '%s/%s'", err, namespace, v.SecretRef.Name))
 	}
 	return verifier, nil
+}
+
+// publicRoot is the public Sigstore trusted root keyless signatures of
+// charts are verified with.
+func (s *Source) publicRoot() *cosign.PublicRoot {
+	if s.Sigstore != nil {
+		return s.Sigstore
+	}
+	return cosign.Public()
 }
 
 // Revision is the chart version.
@@ -248,10 +271,13 @@ func (r *ociResolved) verify(ctx context.Context, digest v1.Hash, opts []remote.
 	}
 	err := r.verifier.Verify(ctx, r.repo, digest, opts...)
 	var sigErr *cosign.SignaturesError
+	var noMatch *cosign.NoMatchError
 	switch {
 	case err == nil:
 		return &events.Verification{Mode: cosign.Provider, Verified: true, Reason: meta.SucceededReason,
 			Message: fmt.Sprintf("verified signature of version %s", r.version)}, nil
+	case errors.As(err, &noMatch):
+		return nil, fail(failure.Final, fmt.Errorf("no matching signatures were found for '%s'%s", ref.Name(), noMatch.Detail()))
 	case errors.Is(err, cosign.ErrNoMatch), errors.As(err, &sigErr) && registryHandling(err) == failure.Final:
 		// A registry that has no signature image: nothing signed the chart.
 		return nil, fail(failure.Final, fmt.Errorf("no matching signatures were found for '%s'", ref.Name()))

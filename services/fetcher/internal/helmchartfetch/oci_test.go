@@ -19,6 +19,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets/secretstest"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
@@ -113,8 +114,9 @@ func TestFetchChartOCI(t *testing.T) {
 // public keys of spec.verify.secretRef, as Flux: a chart signed by one of
 // the keys is pulled with SourceVerified=True; an unsigned chart, or one
 // signed by another key, fails with BuildFailed (ChartVerificationError)
-// and SourceVerified=False (VerificationError); keyless cosign stalls, and
-// so does notation with a Secret that holds no trust policy.
+// and SourceVerified=False (VerificationError); keyless cosign reads the
+// public Sigstore root (unreachable here: a transient failure); notation
+// with a Secret that holds no trust policy stalls.
 func TestFetchChartOCIVerify(t *testing.T) {
 	srv := registryserver.New(t, registryserver.Options{})
 	push, err := registry.NewClient(registry.ClientOptPlainHTTP(), registry.ClientOptWriter(io.Discard),
@@ -141,7 +143,9 @@ func TestFetchChartOCIVerify(t *testing.T) {
 		"cosign":  {"cosign.pub": string(registryserver.PublicKeyPEM(t, key)), "README": "not a key"},
 		"no-keys": {"README": "x"},
 	})
-	s := &Source{Secrets: kube}
+	unreachable := cosign.NewPublicRoot()
+	unreachable.Mirror = "http://127.0.0.1:1"
+	s := &Source{Secrets: kube, Sigstore: unreachable}
 	cs := &events.ChartSource{Kind: sourcev1.HelmRepositoryKind, Name: "oci", HelmRepository: &sourcev1.HelmRepositorySpec{
 		URL: srv.URL("charts"), Type: sourcev1.HelmRepositoryTypeOCI, Insecure: true}}
 	verify := func(provider, secret string) *sourcev1.HelmChartVerification {
@@ -181,9 +185,9 @@ func TestFetchChartOCIVerify(t *testing.T) {
 			message: "failed to verify the signature using provider 'cosign': no public keys ('*.pub') found in secret 'default/no-keys'"},
 		{name: "missing secret", version: "1.0.0", verify: verify("cosign", "absent"), atResolve: true,
 			reason: sourcev1.VerificationError, handling: failure.Transient, message: "failed to get secret 'default/absent'"},
-		{name: "keyless", version: "1.0.0", verify: verify("cosign", ""), atResolve: true,
-			reason: sourcev1.VerificationError, handling: failure.Stalling,
-			message: "failed to verify the signature using provider 'cosign keyless': keyless verification (no spec.verify.secretRef) is not supported yet"},
+		{name: "keyless, public Sigstore unreachable", version: "1.0.0", verify: verify("cosign", ""), atResolve: true,
+			reason: sourcev1.VerificationError, handling: failure.Transient,
+			message: "failed to verify the signature using provider 'cosign keyless': unable to initialize trusted root from the public Sigstore TUF repository: "},
 		{name: "notation without a trust policy", version: "1.0.0", verify: verify("notation", "cosign"), atResolve: true,
 			reason: sourcev1.VerificationError, handling: failure.Stalling,
 			message: "failed to verify the signature using provider 'notation': 'trustpolicy.json' not found in secret 'default/cosign'"},

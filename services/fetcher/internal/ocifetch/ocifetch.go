@@ -26,6 +26,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/cosign"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/ignore"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
@@ -72,6 +73,10 @@ type Source struct {
 	// gcp with the fetcher's own identity; nil logs in with the process's
 	// environment and caches nothing.
 	Cloud *registrylogin.Login
+	// Sigstore is the public Sigstore trusted root of keyless
+	// verification without spec.verify.trustedRootSecretRef;
+	// cosign.Public() when nil.
+	Sigstore *cosign.PublicRoot
 
 	mu     sync.Mutex
 	shared http.RoundTripper // the transport of sources without TLS settings or proxy

@@ -405,8 +405,6 @@ func TestBadInput(t *testing.T) {
 			reason: sourcev1.OCIPullFailedReason, handling: failure.Transient, message: "connection refused"},
 		{name: "unknown provider", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Provider: "oracle"},
 			reason: source.UnsupportedProviderReason, handling: failure.Stalling, message: "OCI provider 'oracle' is not supported: use 'generic', 'aws', 'azure' or 'gcp'"},
-		{name: "keyless verification", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("app"), Verify: &sourcev1.OCIRepositoryVerification{Provider: "cosign"}},
-			reason: sourcev1.VerificationError, handling: failure.Stalling, message: "keyless verification (no spec.verify.secretRef) is not supported yet"},
 		{name: "notation without a secret", spec: sourcev1.OCIRepositorySpec{URL: reg.URL("no-layers"), Reference: tag,
 			Verify: &sourcev1.OCIRepositoryVerification{Provider: "notation"}},
 			reason: sourcev1.VerificationError, handling: failure.Stalling,

@@ -8,6 +8,7 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/sigstore/sigstore-go/pkg/root"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
@@ -16,10 +17,14 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 )
 
-// verifyConfig is spec.verify, with the public keys, or the notation
-// trust policy and certificates, read.
+// verifyConfig is spec.verify, with the public keys, the keyless trusted
+// root and identities, or the notation trust policy and certificates,
+// read.
 type verifyConfig struct {
 	provider string
+	// mode is the provider as Flux's messages name it: "cosign keyless"
+	// without a secretRef.
+	mode     string
 	verifier *cosign.Verifier
 	notation *notation.Verifier
 	// noSecret is a notation spec.verify without a secretRef, which
@@ -27,9 +32,8 @@ type verifyConfig struct {
 	noSecret bool
 }
 
-// verification reads spec.verify's Secret: cosign public keys, or
-// notation's trust policy and certificates. Keyless cosign stalls with a
-// clear message.
+// verification reads spec.verify's Secrets: cosign public keys, or the
+// keyless trusted root, or notation's trust policy and certificates.
 func (s *Source) verification(ctx context.Context, namespace string, v *sourcev1.OCIRepositoryVerification) (*verifyConfig, error) {
 	stall := func(format string, args ...any) error {
 		return source.VerificationFailed(v.Provider, failure.Stalling, sourcev1.VerificationError,
@@ -41,10 +45,7 @@ func (s *Source) verification(ctx context.Context, namespace string, v *sourcev1
 	case v.Provider != cosign.Provider:
 		return nil, stall("verification with provider '%s' is not supported yet", v.Provider)
 	case v.SecretRef == nil:
-		// Flux names the mode "cosign keyless" in its messages. Why it is
-		// not supported: docs/design.md, "Notation verification".
-		return nil, source.VerificationFailed(v.Provider, failure.Stalling, sourcev1.VerificationError,
-			errors.New("failed to verify the signature using provider 'cosign keyless': keyless verification (no spec.verify.secretRef) is not supported yet"))
+		return s.keylessVerification(ctx, namespace, v)
 	}
 	data, err := s.secret(ctx, namespace, v.SecretRef.Name)
 	if err != nil {
@@ -55,12 +56,63 @@ func (s *Source) verification(ctx context.Context, namespace string, v *sourcev1
 	if err != nil {
 		return nil, stall("%w in secret '%s/%s'", err, namespace, v.SecretRef.Name)
 	}
-	return &verifyConfig{provider: v.Provider, verifier: verifier}, nil
+	return &verifyConfig{provider: v.Provider, mode: v.Provider, verifier: verifier}, nil
 }
 
-// verify checks that a cosign signature of the resolved digest verifies
+// keylessVerification reads a keyless cosign spec.verify, as Flux: the
+// trusted root of trustedRootSecretRef's Secret (a Secret that cannot be
+// read is transient; one without a root that parses stalls the source),
+// or the public Sigstore root (a failure to read it is transient), and
+// the matchOIDCIdentity regular expressions (one that does not compile
+// stalls).
+func (s *Source) keylessVerification(ctx context.Context, namespace string, v *sourcev1.OCIRepositoryVerification) (*verifyConfig, error) {
+	mode := cosign.Provider + " keyless"
+	fail := func(h failure.Handling, err error) error {
+		return source.VerificationFailed(v.Provider, h, sourcev1.VerificationError,
+			fmt.Errorf("failed to verify the signature using provider '%s': %w", mode, err))
+	}
+	var trusted root.TrustedMaterial
+	if ref := v.TrustedRootSecretRef; ref != nil {
+		data, err := s.secret(ctx, namespace, ref.Name)
+		if err != nil {
+			return nil, fail(failure.Transient, fmt.Errorf("failed to read trusted root from secret '%s/%s': %w", namespace, ref.Name, err))
+		}
+		tr, err := cosign.TrustedRoot(data, namespace+"/"+ref.Name)
+		if err != nil {
+			return nil, fail(failure.Stalling, fmt.Errorf("failed to read trusted root from secret '%s/%s': %w", namespace, ref.Name, err))
+		}
+		trusted = tr
+	} else {
+		var err error
+		if trusted, err = s.publicRoot().TrustedMaterial(); err != nil {
+			return nil, fail(failure.Transient, err)
+		}
+	}
+	identities := make([]cosign.Identity, 0, len(v.MatchOIDCIdentity))
+	for _, m := range v.MatchOIDCIdentity {
+		identities = append(identities, cosign.Identity{Issuer: m.Issuer, Subject: m.Subject})
+	}
+	verifier, err := cosign.NewKeylessVerifier(trusted, identities)
+	if err != nil {
+		return nil, fail(failure.Stalling, err)
+	}
+	return &verifyConfig{provider: v.Provider, mode: mode, verifier: verifier}, nil
+}
+
+// publicRoot is the public Sigstore trusted root the source verifies
+// keyless signatures with when spec.verify names no trusted root.
+func (s *Source) publicRoot() *cosign.PublicRoot {
+	if s.Sigstore != nil {
+		return s.Sigstore
+	}
+	return cosign.Public()
+}
+
+// verify checks that a cosign signature of the resolved digest verifies:
 // with one of the keys, as Flux does for public keys (offline: no
-// transparency log). It returns the SourceVerified result, or the failure.
+// transparency log), or keyless, against the trusted root, offline from
+// the transparency log entry the signature carries. It returns the
+// SourceVerified result, or the failure.
 func (r *resolved) verify(ctx context.Context) (*events.Verification, error) {
 	cfg := r.verifyCfg
 	if cfg.provider == notation.Provider {
@@ -68,15 +120,18 @@ func (r *resolved) verify(ctx context.Context) (*events.Verification, error) {
 	}
 	fail := func(h failure.Handling, err error) error {
 		return source.VerificationFailed(cfg.provider, h, sourcev1.VerificationError,
-			fmt.Errorf("failed to verify the signature using provider '%s': %w", cfg.provider, err))
+			fmt.Errorf("failed to verify the signature using provider '%s': %w", cfg.mode, err))
 	}
 	ref := r.reference()
 	err := cfg.verifier.Verify(ctx, r.repo, r.digest, r.options(ctx)...)
 	var sigErr *cosign.SignaturesError
+	var noMatch *cosign.NoMatchError
 	switch {
 	case err == nil:
 		return &events.Verification{Mode: cfg.provider, Verified: true, Reason: meta.SucceededReason,
 			Message: fmt.Sprintf("verified signature of revision %s", r.Revision())}, nil
+	case errors.As(err, &noMatch):
+		return nil, fail(failure.Final, fmt.Errorf("no matching signatures were found for '%s'%s", ref, noMatch.Detail()))
 	case errors.Is(err, cosign.ErrNoMatch):
 		return nil, fail(failure.Final, fmt.Errorf("no matching signatures were found for '%s'", ref))
 	case errors.As(err, &sigErr):
