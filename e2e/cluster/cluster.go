@@ -650,12 +650,13 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 		return err
 	}
 	return c.waitOn(ctx, n, "kubelet", 3*time.Minute, func(ctx context.Context) error {
-		return c.nodeReady(ctx, n.Name)
+		return c.NodeReady(ctx, n.Name)
 	})
 }
 
-// nodeReady is nil when node name is Ready and untainted.
-func (c *Cluster) nodeReady(ctx context.Context, name string) error {
+// NodeReady is nil when node name is Ready and untainted, and otherwise
+// says why not.
+func (c *Cluster) NodeReady(ctx context.Context, name string) error {
 	n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return err
