@@ -391,6 +391,14 @@ test-cluster: export HEADWATER_FLUX_CRDS := $(FLUX_KUSTOMIZE_CONTROLLER_DIR)/crd
 test-cluster: kube-tools kube-node cluster-deps image-archive $(if $(filter full,$(CLUSTER_TESTS)),flux-image-archive) ## Run Headwater's images on a real single-node cluster (containerd, kubelet, kube-proxy, DNS) through deploy/ as shipped: every overlay, scaling, faults, bad input (root).
 	cd e2e && HEADWATER_CLUSTER=$(CLUSTER_TESTS) go test $(GO_TEST_FLAGS) -v -timeout 80m ./clustertest/
 
+# MULTINODE_NODES: how many nodes `make test-multinode` runs (each a network
+# namespace with its own kubelet, kube-proxy and containerd).
+MULTINODE_NODES ?= 3
+
+.PHONY: test-multinode
+test-multinode: kube-tools kube-node cluster-deps image-archive ## Run Headwater on a real cluster of three nodes on this machine (a bridge joins them): the pod network across nodes, the HA overlay, a node lost and one drained under load (root; not part of make test).
+	cd e2e && HEADWATER_CLUSTER_NODES=$(MULTINODE_NODES) go test $(GO_TEST_FLAGS) -v -timeout 90m ./multinodetest/
+
 .PHONY: fuzz
 fuzz: ## Fuzz the archive writer and merger, event decoding, ignore rules, revisions and Helm indexes (FUZZTIME executions each; default 500000x).
 	@for t in $(FUZZ_TARGETS); do \

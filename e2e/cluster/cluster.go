@@ -1,14 +1,18 @@
-// Package cluster runs a real single-node Kubernetes cluster on this
-// machine for the tests: etcd, kube-apiserver (ServiceAccount admission
-// on, Node and RBAC authorization), kube-controller-manager,
-// kube-scheduler, kubelet, kube-proxy and cluster DNS, on containerd and
-// runc, with the pod network on a CNI bridge.
+// Package cluster runs a real Kubernetes cluster on this machine for the
+// tests: etcd, kube-apiserver (ServiceAccount admission on, Node and RBAC
+// authorization), kube-controller-manager, kube-scheduler, and one or more
+// nodes of kubelet, kube-proxy and containerd with runc, with the pod network
+// on a CNI bridge per node, and cluster DNS.
 //
-// Everything of the node lives in a network namespace of its own, joined to
-// the machine by one veth pair and routed nowhere else: pods reach the API
-// server, each other, and the host end of the link (where a test serves its
-// git repositories), and nothing off this machine. Images are imported, never
-// pulled.
+// One node (the default) lives with the control plane in a network
+// namespace of its own, joined to the machine by one veth pair and routed
+// nowhere else: pods reach the API server, each other, and the host end of
+// the link (where a test serves its git repositories), and nothing off this
+// machine. Several nodes (Options.Nodes) each get a namespace of their own,
+// with their own kubelet, kube-proxy and containerd (own root, state and
+// socket), and the control plane one more; a bridge on the machine joins them
+// all, as a switch joins machines, and each node routes the other nodes' pod
+// ranges to them. Images are imported, never pulled.
 //
 // It needs root, ip(8), iptables, containerd, ctr and runc, and Debian's
 // containernetworking-plugins: Available says what is missing. The binaries
@@ -29,6 +33,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,6 +65,10 @@ type Options struct {
 	Dir string
 	// Log receives the components' output and the harness's progress.
 	Log io.Writer
+	// Nodes is how many nodes the cluster has (default 1). With more
+	// than one, the control plane has a namespace of its own and the
+	// nodes are named headwater-node-1, headwater-node-2, ...
+	Nodes int
 }
 
 // FromEnv returns the Options the Makefile sets up: KUBEBUILDER_ASSETS,
@@ -115,13 +124,18 @@ func (o Options) Available() error {
 	return nil
 }
 
-// Cluster is a running single-node cluster.
+// Cluster is a running cluster.
 type Cluster struct {
 	opts Options
-	ns   *netns
+	cp   *netns // the control plane's namespace (the node's, with one node)
 	pki  *pki
 	dir  string // state on disk
 	run  string // sockets and runtime state (short paths)
+	// bridge is the machine's bridge that joins the namespaces of a
+	// cluster of several nodes ("" with one node).
+	bridge string
+	// Nodes are the cluster's nodes, in order.
+	Nodes []*Node
 
 	// Kubeconfig is the path of an administrator's kubeconfig
 	// (system:masters).
@@ -129,13 +143,14 @@ type Cluster struct {
 	// Config and Client are the administrator's.
 	Config *rest.Config
 	Client kubernetes.Interface
-	// HostIP is the machine's end of the node's link: a server a test
+	// HostIP is the machine's end of the nodes' links: a server a test
 	// listens on there is reachable from every pod.
 	HostIP string
-	// NodeIP is the node's address.
+	// NodeIP is the first node's address.
 	NodeIP string
+	// APIServerIP is where the API server listens (port 6443).
+	APIServerIP string
 
-	socket string
 	prov   *provisioner
 	procs  []*proc
 	cancel context.CancelFunc
@@ -150,13 +165,34 @@ type Cluster struct {
 // -allowed-destinations (HEADWATER_ALLOWED_DESTINATIONS, the chart's
 // egress.allowedDestinations).
 func (c *Cluster) TestServerRanges() []string {
-	link := &net.IPNet{IP: net.ParseIP(c.ns.hostIP).To4(), Mask: net.CIDRMask(c.ns.prefixLn, 32)}
+	ns := c.cp // several nodes: the bridge's range, which the control plane's link is on
+	if ns == nil {
+		ns = c.Nodes[0].ns
+	}
+	link := &net.IPNet{IP: net.ParseIP(ns.hostIP).To4(), Mask: net.CIDRMask(ns.prefixLn, 32)}
 	link.IP = link.IP.Mask(link.Mask)
 	return []string{link.String(), serviceCIDR}
 }
 
+// Node is one node of the cluster: its kubelet, kube-proxy and containerd,
+// in a network namespace of its own.
+type Node struct {
+	// Name is the node's name in the API.
+	Name string
+	// IP is the node's address.
+	IP string
+	// PodCIDR is the range its pods' addresses come from.
+	PodCIDR string
+
+	ns     *netns
+	dir    string // state on disk
+	run    string // sockets and runtime state
+	socket string // containerd's
+}
+
 type proc struct {
 	name string
+	node *Node // nil for the control plane's
 	p    *process.Process
 }
 
@@ -166,22 +202,13 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := o.Available(); err != nil {
 		return nil, err
 	}
-	if o.Dir == "" {
-		o.Dir = "/var/lib/headwater-cluster"
+	if o.Nodes < 1 {
+		o.Nodes = 1
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	c = &Cluster{
-		opts:   o,
-		ns:     &netns{name: "headwater-node", hostIf: "hwnode0", hostIP: "10.213.0.1", nodeIP: "10.213.0.2", prefixLn: 30},
-		dir:    o.Dir,
-		run:    "/run/headwater-node",
-		HostIP: "10.213.0.1",
-		NodeIP: "10.213.0.2",
-		done:   make(chan struct{}),
-	}
-	c.socket = filepath.Join(c.run, "containerd.sock")
+	c = layout(o)
 	c.prov = &provisioner{dir: filepath.Join(c.dir, "volumes"), limits: map[string]string{}, logf: c.logf}
 	// A run that was killed leaves its processes' mounts and its
 	// namespace: clear them first.
@@ -192,12 +219,16 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			c = nil
 		}
 	}()
-	for _, d := range []string{c.dir, c.run} {
+	dirs := []string{c.dir, c.run}
+	for _, n := range c.Nodes {
+		dirs = append(dirs, n.dir, n.run)
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return c, fmt.Errorf("cluster dir: %w", err)
 		}
 	}
-	if err := c.ns.create(); err != nil {
+	if err := c.network(); err != nil {
 		return c, err
 	}
 	if err := c.certificates(); err != nil {
@@ -210,8 +241,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
 		{"kube-controller-manager and kube-scheduler", c.startControllers},
-		{"containerd", c.startContainerd},
-		{"kubelet and kube-proxy", c.startNode},
+		{"containerd", c.eachNode(c.startContainerd)},
+		{"kubelet and kube-proxy", c.eachNode(c.startNode)},
 		{"cluster DNS", c.startDNS},
 	}
 	for _, s := range steps {
@@ -222,6 +253,109 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		c.logf("cluster: %s up in %s", s.name, time.Since(start).Round(10*time.Millisecond))
 	}
 	return c, nil
+}
+
+// layout names the cluster's namespaces, addresses and directories.
+func layout(o Options) *Cluster {
+	if o.Nodes == 1 {
+		dir := o.Dir
+		if dir == "" {
+			dir = "/var/lib/headwater-cluster"
+		}
+		ns := &netns{name: nodeName, hostIf: "hwnode0", hostIP: "10.213.0.1", nodeIP: "10.213.0.2", prefixLn: 30}
+		run := "/run/headwater-node"
+		n := &Node{Name: nodeName, IP: ns.nodeIP, PodCIDR: podCIDR, ns: ns, dir: dir, run: run, socket: filepath.Join(run, "containerd.sock")}
+		return &Cluster{opts: o, cp: ns, dir: dir, run: run, Nodes: []*Node{n},
+			HostIP: ns.hostIP, NodeIP: ns.nodeIP, APIServerIP: ns.nodeIP, done: make(chan struct{})}
+	}
+	dir := o.Dir
+	if dir == "" {
+		dir = "/var/lib/headwater-cluster-multi"
+	}
+	const hostIP, cpIP = "10.213.1.1", "10.213.1.2"
+	c := &Cluster{opts: o, dir: dir, run: "/run/headwater-multi", bridge: "hwnodes0",
+		HostIP: hostIP, APIServerIP: cpIP, done: make(chan struct{})}
+	c.cp = &netns{name: "headwater-cp", hostIf: "hwcp0", hostIP: hostIP, nodeIP: cpIP, prefixLn: 24, bridge: c.bridge}
+	for i := 1; i <= o.Nodes; i++ {
+		name := fmt.Sprintf("%s-%d", nodeName, i)
+		ip := fmt.Sprintf("10.213.1.%d", 10+i)
+		run := filepath.Join(c.run, fmt.Sprint(i))
+		c.Nodes = append(c.Nodes, &Node{
+			Name: name, IP: ip, PodCIDR: fmt.Sprintf("10.88.%d.0/24", i),
+			ns:  &netns{name: name, hostIf: fmt.Sprintf("hwnode%d", i), hostIP: hostIP, nodeIP: ip, prefixLn: 24, bridge: c.bridge},
+			dir: filepath.Join(dir, name), run: run, socket: filepath.Join(run, "containerd.sock"),
+		})
+	}
+	// Every namespace routes each node's pod range to that node.
+	for _, n := range c.Nodes {
+		c.cp.routes = append(c.cp.routes, [2]string{n.PodCIDR, n.IP})
+		for _, m := range c.Nodes {
+			if m != n {
+				n.ns.routes = append(n.ns.routes, [2]string{m.PodCIDR, m.IP})
+			}
+		}
+	}
+	c.NodeIP = c.Nodes[0].IP
+	return c
+}
+
+// network makes the namespaces: the node's (which the control plane shares)
+// with one node; otherwise the bridge, the control plane's and each node's.
+func (c *Cluster) network() error {
+	if c.bridge != "" {
+		for _, args := range [][]string{
+			{"link", "add", c.bridge, "type", "bridge"},
+			{"addr", "add", c.HostIP + "/24", "dev", c.bridge},
+			{"link", "set", c.bridge, "up"},
+		} {
+			if err := ip(args...); err != nil {
+				return err
+			}
+		}
+		if err := c.cp.create(); err != nil {
+			return err
+		}
+	}
+	for _, n := range c.Nodes {
+		if err := n.ns.create(); err != nil {
+			return err
+		}
+		if c.bridge != "" {
+			// Pods keep their addresses towards other pods (the CNI
+			// bridge masquerades nothing here) and go out as the node
+			// to anything else.
+			out, err := n.ns.command("iptables", "-t", "nat", "-A", "POSTROUTING", "-s", n.PodCIDR, "!", "-d", podCIDR, "-j", "MASQUERADE").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("masquerade %s: %w: %s", n.Name, err, out)
+			}
+		}
+	}
+	return nil
+}
+
+// eachNode runs fn for every node, in order.
+func (c *Cluster) eachNode(fn func(context.Context, *Node) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		for _, n := range c.Nodes {
+			if err := fn(ctx, n); err != nil {
+				if len(c.Nodes) > 1 {
+					return fmt.Errorf("%s: %w", n.Name, err)
+				}
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// Node returns the node named name, or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
 }
 
 func (c *Cluster) logf(format string, args ...any) {
@@ -238,7 +372,7 @@ func (c *Cluster) certificates() error {
 		return err
 	}
 	c.pki = p
-	server := "https://" + net.JoinHostPort(c.NodeIP, "6443")
+	server := "https://" + net.JoinHostPort(c.APIServerIP, "6443")
 	issue := []struct {
 		name, cn string
 		groups   []string
@@ -246,21 +380,30 @@ func (c *Cluster) certificates() error {
 		dns      []string
 	}{
 		{name: "apiserver", cn: "kube-apiserver",
-			ips: []net.IP{net.ParseIP(c.NodeIP), net.ParseIP(apiServiceIP), net.ParseIP("127.0.0.1")},
+			ips: []net.IP{net.ParseIP(c.APIServerIP), net.ParseIP(apiServiceIP), net.ParseIP("127.0.0.1")},
 			dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + clusterDomain, "localhost"}},
 		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", groups: []string{"system:masters"}},
 		{name: "admin", cn: "headwater-test-admin", groups: []string{"system:masters"}},
 		{name: "controller-manager", cn: "system:kube-controller-manager"},
 		{name: "scheduler", cn: "system:kube-scheduler"},
 		{name: "kube-proxy", cn: "system:kube-proxy"},
-		{name: "kubelet", cn: "system:node:" + nodeName, groups: []string{"system:nodes"}},
+	}
+	kubeconfigs := []string{"admin", "controller-manager", "scheduler", "kube-proxy"}
+	for _, n := range c.Nodes {
+		issue = append(issue, struct {
+			name, cn string
+			groups   []string
+			ips      []net.IP
+			dns      []string
+		}{name: n.kubeletCreds(), cn: "system:node:" + n.Name, groups: []string{"system:nodes"}})
+		kubeconfigs = append(kubeconfigs, n.kubeletCreds())
 	}
 	for _, i := range issue {
 		if err := p.issue(i.name, i.cn, i.groups, i.ips, i.dns); err != nil {
 			return err
 		}
 	}
-	for _, name := range []string{"admin", "controller-manager", "scheduler", "kube-proxy", "kubelet"} {
+	for _, name := range kubeconfigs {
 		if _, err := p.kubeconfig(name, server); err != nil {
 			return err
 		}
@@ -280,25 +423,53 @@ func (c *Cluster) certificates() error {
 	return nil
 }
 
-// start runs a component of the node in its namespace.
+// kubeletCreds names the node's kubelet's certificate and kubeconfig.
+func (n *Node) kubeletCreds() string {
+	if n.Name == nodeName {
+		return "kubelet"
+	}
+	return "kubelet-" + n.Name
+}
+
+// start runs a component of the control plane in its namespace.
 func (c *Cluster) start(name, bin string, args ...string) error {
-	cmd := c.ns.command(bin, args...)
-	p, err := process.Start(name, cmd, prefixWriter(c.opts.Log, name))
+	return c.startOn(nil, name, bin, args...)
+}
+
+// startOn runs a component of node n (the control plane's when nil) in
+// its namespace.
+func (c *Cluster) startOn(n *Node, name, bin string, args ...string) error {
+	ns, prefix := c.cp, name
+	if n != nil {
+		ns = n.ns
+		if len(c.Nodes) > 1 {
+			prefix = name + "@" + n.Name
+		}
+	}
+	cmd := ns.command(bin, args...)
+	p, err := process.Start(prefix, cmd, prefixWriter(c.opts.Log, prefix))
 	if err != nil {
 		return err
 	}
-	c.procs = append(c.procs, &proc{name: name, p: p})
+	c.procs = append(c.procs, &proc{name: name, node: n, p: p})
 	return nil
 }
 
-// wait polls check until it returns nil, the component exits or timeout.
+// wait polls check until it returns nil, the control plane's component
+// exits or timeout.
 func (c *Cluster) wait(ctx context.Context, name string, timeout time.Duration, check func(context.Context) error) error {
+	return c.waitOn(ctx, nil, name, timeout, check)
+}
+
+// waitOn polls check until it returns nil, the component of node n exits
+// or timeout.
+func (c *Cluster) waitOn(ctx context.Context, n *Node, name string, timeout time.Duration, check func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var exited <-chan struct{}
 	var p *process.Process
 	for _, pr := range c.procs {
-		if pr.name == name {
+		if pr.name == name && pr.node == n {
 			p, exited = pr.p, pr.p.Exited()
 		}
 	}
@@ -328,7 +499,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	); err != nil {
 		return err
 	}
-	client := c.nodeHTTP(nil)
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: c.cp.DialContext}}
 	return c.wait(ctx, "etcd", time.Minute, func(ctx context.Context) error {
 		return httpOK(ctx, client, "http://127.0.0.1:2379/health")
 	})
@@ -338,7 +509,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	p := c.pki.path
 	if err := c.start("kube-apiserver", filepath.Join(c.opts.KubeDir, "kube-apiserver"),
 		"--etcd-servers", "http://127.0.0.1:2379",
-		"--bind-address", "0.0.0.0", "--secure-port", "6443", "--advertise-address", c.NodeIP,
+		"--bind-address", "0.0.0.0", "--secure-port", "6443", "--advertise-address", c.APIServerIP,
 		"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"),
 		"--client-ca-file", p("ca.crt"),
 		"--kubelet-preferred-address-types", "InternalIP",
@@ -350,6 +521,14 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--enable-admission-plugins", "NodeRestriction",
 		"--allow-privileged=true",
 		"--profiling=false",
+		// With several nodes the control plane is no node: it has no
+		// kube-proxy, so it reaches a Service's pods directly; and pods
+		// of a node that is lost move after 30 seconds, not 5 minutes,
+		// so the tests need not wait (docs/operating.md says what
+		// users' clusters do).
+		fmt.Sprintf("--enable-aggregator-routing=%t", len(c.Nodes) > 1),
+		"--default-not-ready-toleration-seconds", map[bool]string{true: "30", false: "300"}[len(c.Nodes) > 1],
+		"--default-unreachable-toleration-seconds", map[bool]string{true: "30", false: "300"}[len(c.Nodes) > 1],
 	); err != nil {
 		return err
 	}
@@ -358,7 +537,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		return fmt.Errorf("admin http client: %w", err)
 	}
 	return c.wait(ctx, "kube-apiserver", 2*time.Minute, func(ctx context.Context) error {
-		return httpOK(ctx, hc, "https://"+net.JoinHostPort(c.NodeIP, "6443")+"/readyz")
+		return httpOK(ctx, hc, "https://"+net.JoinHostPort(c.APIServerIP, "6443")+"/readyz")
 	})
 }
 
@@ -395,106 +574,124 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	})
 }
 
-func (c *Cluster) startContainerd(ctx context.Context) error {
-	cniDir := filepath.Join(c.dir, "cni", "net.d")
-	if _, err := writeFile(cniDir, "10-headwater.conflist", cniConfig(filepath.Join(c.dir, "cni", "ipam"))); err != nil {
+func (c *Cluster) startContainerd(ctx context.Context, n *Node) error {
+	cniDir := filepath.Join(n.dir, "cni", "net.d")
+	// One node masquerades its pods' traffic in the CNI bridge; several
+	// do it in one rule of their own (network), so pods keep their
+	// addresses towards pods of other nodes.
+	if _, err := writeFile(cniDir, "10-headwater.conflist", cniConfig(filepath.Join(n.dir, "cni", "ipam"), n.PodCIDR, len(c.Nodes) == 1)); err != nil {
 		return err
 	}
-	cfg, err := writeFile(c.dir, "containerd.toml", containerdConfig(filepath.Join(c.dir, "containerd"), filepath.Join(c.run, "containerd"), c.socket, cniDir))
+	cfg, err := writeFile(n.dir, "containerd.toml", containerdConfig(filepath.Join(n.dir, "containerd"), filepath.Join(n.run, "containerd"), n.socket, cniDir))
 	if err != nil {
 		return err
 	}
-	if err := c.start("containerd", "containerd", "--config", cfg, "--log-level", "warn"); err != nil {
+	if err := c.startOn(n, "containerd", "containerd", "--config", cfg, "--log-level", "warn"); err != nil {
 		return err
 	}
-	if err := c.wait(ctx, "containerd", time.Minute, func(ctx context.Context) error {
-		return c.ctr(ctx, io.Discard, "version")
+	if err := c.waitOn(ctx, n, "containerd", time.Minute, func(ctx context.Context) error {
+		return n.ctr(ctx, io.Discard, "version")
 	}); err != nil {
 		return err
 	}
 	for _, img := range c.opts.Images {
 		start := time.Now()
-		if err := c.ImportImage(ctx, img); err != nil {
+		if err := n.importImage(ctx, img); err != nil {
 			return err
 		}
-		c.logf("cluster: imported %s in %s", img, time.Since(start).Round(10*time.Millisecond))
+		c.logf("cluster: imported %s into %s in %s", img, n.Name, time.Since(start).Round(10*time.Millisecond))
 	}
 	return nil
 }
 
 // ImportImage imports an image archive (an OCI layout or docker tarball)
-// into the node's containerd, for the linux/amd64 platform.
+// into every node's containerd, for the linux/amd64 platform.
 func (c *Cluster) ImportImage(ctx context.Context, archive string) error {
-	var out bytes.Buffer
-	if err := c.ctr(ctx, &out, "-n", "k8s.io", "images", "import", "--platform", "linux/amd64", archive); err != nil {
-		return fmt.Errorf("import %s: %w: %s", archive, err, tail(out.String(), 2000))
+	for _, n := range c.Nodes {
+		if err := n.importImage(ctx, archive); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// Images lists the images the node has.
+func (n *Node) importImage(ctx context.Context, archive string) error {
+	var out bytes.Buffer
+	if err := n.ctr(ctx, &out, "-n", "k8s.io", "images", "import", "--platform", "linux/amd64", archive); err != nil {
+		return fmt.Errorf("import %s into %s: %w: %s", archive, n.Name, err, tail(out.String(), 2000))
+	}
+	return nil
+}
+
+// Images lists the images the first node has.
 func (c *Cluster) Images(ctx context.Context) ([]string, error) {
 	var out bytes.Buffer
-	if err := c.ctr(ctx, &out, "-n", "k8s.io", "images", "ls", "-q"); err != nil {
+	if err := c.Nodes[0].ctr(ctx, &out, "-n", "k8s.io", "images", "ls", "-q"); err != nil {
 		return nil, fmt.Errorf("list images: %w", err)
 	}
 	return strings.Fields(out.String()), nil
 }
 
-func (c *Cluster) ctr(ctx context.Context, out io.Writer, args ...string) error {
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.socket}, args...)...)
+func (n *Node) ctr(ctx context.Context, out io.Writer, args ...string) error {
+	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", n.socket}, args...)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	return cmd.Run()
 }
 
-func (c *Cluster) startNode(ctx context.Context) error {
+func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 	p := c.pki.path
-	resolv, err := writeFile(c.dir, "resolv.conf", "# pods resolve only cluster names\n")
+	resolv, err := writeFile(n.dir, "resolv.conf", "# pods resolve only cluster names\n")
 	if err != nil {
 		return err
 	}
-	kcfg, err := writeFile(c.dir, "kubelet.yaml", kubeletConfig(p("ca.crt"), c.socket, resolv, filepath.Join(c.dir, "pod-logs")))
+	kcfg, err := writeFile(n.dir, "kubelet.yaml", kubeletConfig(p("ca.crt"), n.socket, resolv, filepath.Join(n.dir, "pod-logs")))
 	if err != nil {
 		return err
 	}
-	if err := c.start("kubelet", filepath.Join(c.opts.NodeDir, "kubelet"),
+	if err := c.startOn(n, "kubelet", filepath.Join(c.opts.NodeDir, "kubelet"),
 		"--config", kcfg,
-		"--kubeconfig", p("kubelet.kubeconfig"),
-		"--root-dir", filepath.Join(c.dir, "kubelet"),
-		"--cert-dir", filepath.Join(c.dir, "kubelet-pki"),
-		"--node-ip", c.NodeIP,
-		"--hostname-override", nodeName,
+		"--kubeconfig", p(n.kubeletCreds()+".kubeconfig"),
+		"--root-dir", filepath.Join(n.dir, "kubelet"),
+		"--cert-dir", filepath.Join(n.dir, "kubelet-pki"),
+		"--node-ip", n.IP,
+		"--hostname-override", n.Name,
 		"--v", "1",
 	); err != nil {
 		return err
 	}
-	pcfg, err := writeFile(c.dir, "kube-proxy.yaml", kubeProxyConfig(p("kube-proxy.kubeconfig")))
+	pcfg, err := writeFile(n.dir, "kube-proxy.yaml", kubeProxyConfig(p("kube-proxy.kubeconfig"), n.Name))
 	if err != nil {
 		return err
 	}
-	if err := c.start("kube-proxy", filepath.Join(c.opts.NodeDir, "kube-proxy"), "--config", pcfg); err != nil {
+	if err := c.startOn(n, "kube-proxy", filepath.Join(c.opts.NodeDir, "kube-proxy"), "--config", pcfg); err != nil {
 		return err
 	}
-	return c.wait(ctx, "kubelet", 3*time.Minute, func(ctx context.Context) error {
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady {
-				if cond.Status != corev1.ConditionTrue {
-					return fmt.Errorf("node %s not Ready: %s", nodeName, cond.Message)
-				}
-				for _, t := range n.Spec.Taints {
-					if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
-						return fmt.Errorf("node %s still tainted %s", nodeName, t.Key)
-					}
-				}
-				return nil
-			}
-		}
-		return fmt.Errorf("node %s has no Ready condition yet", nodeName)
+	return c.waitOn(ctx, n, "kubelet", 3*time.Minute, func(ctx context.Context) error {
+		return c.NodeReady(ctx, n.Name)
 	})
+}
+
+// NodeReady is nil when node name is Ready and untainted, and otherwise
+// says why not.
+func (c *Cluster) NodeReady(ctx context.Context, name string) error {
+	n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			if cond.Status != corev1.ConditionTrue {
+				return fmt.Errorf("node %s not Ready: %s", name, cond.Message)
+			}
+			for _, t := range n.Spec.Taints {
+				if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+					return fmt.Errorf("node %s still tainted %s", name, t.Key)
+				}
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("node %s has no Ready condition yet", name)
 }
 
 func (c *Cluster) startDNS(ctx context.Context) error {
@@ -506,6 +703,14 @@ func (c *Cluster) startDNS(ctx context.Context) error {
 	}()
 	if out, err := c.Kubectl(ctx, "apply", "-f", "-").WithStdin(bytes.NewReader(corednsManifest)).Run(); err != nil {
 		return fmt.Errorf("apply coredns: %w: %s", err, out)
+	}
+	if len(c.Nodes) > 1 {
+		// Cluster DNS survives the loss of a node: two replicas, on
+		// different nodes.
+		patch := `{"spec":{"replicas":2,"template":{"spec":{"topologySpreadConstraints":[{"maxSkew":1,"topologyKey":"kubernetes.io/hostname","whenUnsatisfiable":"DoNotSchedule","labelSelector":{"matchLabels":{"k8s-app":"kube-dns"}}}]}}}}`
+		if out, err := c.Kubectl(ctx, "-n", "kube-system", "patch", "deployment/coredns", "-p", patch).Run(); err != nil {
+			return fmt.Errorf("spread coredns: %w: %s", err, out)
+		}
 	}
 	return c.WaitRollout(ctx, "kube-system", "deployment/coredns", 3*time.Minute)
 }
@@ -519,11 +724,20 @@ func (c *Cluster) WaitRollout(ctx context.Context, ns, what string, timeout time
 	return nil
 }
 
-// DialContext dials addr from inside the node's network namespace, as a
-// pod would: pod and Service addresses are reachable through it.
+// DialContext dials addr from inside the first node's network namespace,
+// as a pod would: pod and Service addresses are reachable through it.
 func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	return c.ns.DialContext(ctx, network, addr)
+	return c.Nodes[0].ns.DialContext(ctx, network, addr)
 }
+
+// DialContext dials addr from inside the node's network namespace.
+func (n *Node) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return n.ns.DialContext(ctx, network, addr)
+}
+
+// HTTPClient is a client whose connections start inside the node's
+// network namespace, through its kube-proxy's Service rules.
+func (n *Node) HTTPClient() *http.Client { return nodeHTTP(n.ns, nil) }
 
 // LimitVolume makes the volume of every claim named claim provisioned from
 // now on a tmpfs of size (as mount(8) takes it: "24m"), so a test can
@@ -532,16 +746,16 @@ func (c *Cluster) LimitVolume(claim, size string) {
 	c.prov.setLimit(claim, size)
 }
 
-// HTTPClient is a client whose connections start inside the node's
+// HTTPClient is a client whose connections start inside the first node's
 // network namespace, so it reaches pod and Service addresses (and cluster
 // names resolved with LookupService) as a pod would.
-func (c *Cluster) HTTPClient() *http.Client { return c.nodeHTTP(nil) }
+func (c *Cluster) HTTPClient() *http.Client { return nodeHTTP(c.Nodes[0].ns, nil) }
 
-func (c *Cluster) nodeHTTP(tlsConfig *tls.Config) *http.Client {
+func nodeHTTP(ns *netns, tlsConfig *tls.Config) *http.Client {
 	return &http.Client{
 		Timeout: 30 * time.Second,
 		Transport: &http.Transport{
-			DialContext:     c.ns.DialContext,
+			DialContext:     ns.DialContext,
 			TLSClientConfig: tlsConfig,
 			MaxIdleConns:    10,
 		},
@@ -577,8 +791,8 @@ func (c *Cluster) Stop() {
 		<-c.done
 		c.cancel = nil
 	}
-	// The kubelet first, so it restarts nothing; then every container,
-	// then the rest of the node and the control plane.
+	// The kubelets first, so they restart nothing; then every container,
+	// then the rest of the nodes and the control plane.
 	order := []string{"kubelet", "kube-proxy", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"}
 	for _, name := range order {
 		for _, pr := range c.procs {
@@ -586,7 +800,7 @@ func (c *Cluster) Stop() {
 				continue
 			}
 			if name == "containerd" {
-				c.removeContainers()
+				pr.node.removeContainers()
 			}
 			_ = pr.p.Stop()
 		}
@@ -595,36 +809,115 @@ func (c *Cluster) Stop() {
 	c.cleanup()
 }
 
+// StopNode stops node name hard, as a machine that loses its power: its
+// link is cut first, so it says goodbye to nobody, then its kubelet,
+// kube-proxy, containerd, container shims and every container are killed
+// (SIGKILL). The API server learns nothing from it: the node goes NotReady
+// when its lease runs out, as a lost machine does. StartNode brings it back
+// with the state it had on disk.
+func (c *Cluster) StopNode(ctx context.Context, name string) error {
+	n := c.Node(name)
+	if n == nil {
+		return fmt.Errorf("stop node %s: no such node", name)
+	}
+	// The containers' processes, read before anything dies.
+	var out bytes.Buffer
+	if err := n.ctr(ctx, &out, "-n", "k8s.io", "tasks", "ls"); err != nil {
+		return fmt.Errorf("stop node %s: list containers: %w: %s", name, err, out.String())
+	}
+	var pids []int
+	for _, line := range strings.Split(out.String(), "\n")[1:] {
+		var pid int
+		if f := strings.Fields(line); len(f) > 1 {
+			if _, err := fmt.Sscan(f[1], &pid); err == nil && pid > 0 {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	if err := n.ns.setLink(false); err != nil {
+		return fmt.Errorf("stop node %s: %w", name, err)
+	}
+	kept := c.procs[:0]
+	for _, pr := range c.procs {
+		if pr.node == n {
+			pr.p.Kill()
+			continue
+		}
+		kept = append(kept, pr)
+	}
+	c.procs = kept
+	killShims(n.socket)
+	for _, pid := range pids {
+		// Each container's first process: the kernel kills the rest of
+		// its PID namespace with it.
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	c.logf("cluster: node %s stopped hard (%d containers killed, link cut)", name, len(pids))
+	return nil
+}
+
+// StartNode brings back a node StopNode stopped: its link up, then its
+// containerd (with the images and state it had), kubelet and kube-proxy;
+// it returns once the node is Ready.
+func (c *Cluster) StartNode(ctx context.Context, name string) error {
+	n := c.Node(name)
+	if n == nil {
+		return fmt.Errorf("start node %s: no such node", name)
+	}
+	if err := n.ns.setLink(true); err != nil {
+		return fmt.Errorf("start node %s: %w", name, err)
+	}
+	images := c.opts.Images
+	c.opts.Images = nil // still in its content store
+	err := c.startContainerd(ctx, n)
+	c.opts.Images = images
+	if err != nil {
+		return fmt.Errorf("start node %s: %w", name, err)
+	}
+	if err := c.startNode(ctx, n); err != nil {
+		return fmt.Errorf("start node %s: %w", name, err)
+	}
+	return nil
+}
+
 // removeContainers kills and deletes every container of the node.
-func (c *Cluster) removeContainers() {
+func (n *Node) removeContainers() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	if err := c.ctr(ctx, &out, "-n", "k8s.io", "tasks", "ls", "-q"); err == nil {
+	if err := n.ctr(ctx, &out, "-n", "k8s.io", "tasks", "ls", "-q"); err == nil {
 		for _, id := range strings.Fields(out.String()) {
-			_ = c.ctr(ctx, io.Discard, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
+			_ = n.ctr(ctx, io.Discard, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
 		}
 		for _, id := range strings.Fields(out.String()) {
-			_ = c.ctr(ctx, io.Discard, "-n", "k8s.io", "tasks", "rm", "-f", id)
+			_ = n.ctr(ctx, io.Discard, "-n", "k8s.io", "tasks", "rm", "-f", id)
 		}
 	}
 	out.Reset()
-	if err := c.ctr(ctx, &out, "-n", "k8s.io", "containers", "ls", "-q"); err == nil {
+	if err := n.ctr(ctx, &out, "-n", "k8s.io", "containers", "ls", "-q"); err == nil {
 		for _, id := range strings.Fields(out.String()) {
-			_ = c.ctr(ctx, io.Discard, "-n", "k8s.io", "containers", "rm", id)
+			_ = n.ctr(ctx, io.Discard, "-n", "k8s.io", "containers", "rm", id)
 		}
 	}
 }
 
-// cleanup kills what is left of a node (container shims of its
-// containerd), unmounts everything under its directories and removes them
-// and its namespace.
+// cleanup kills what is left of the nodes (container shims of their
+// containerd), unmounts everything under the cluster's directories and
+// removes them, the namespaces and the bridge.
 func (c *Cluster) cleanup() {
-	killShims(c.socket)
+	for _, n := range c.Nodes {
+		killShims(n.socket)
+	}
 	unmountUnder(c.dir)
 	unmountUnder(c.run)
 	removePodNetns()
-	c.ns.destroy()
+	for _, n := range c.Nodes {
+		n.ns.destroy()
+	}
+	c.cp.destroy()
+	if c.bridge != "" {
+		_ = exec.Command("ip", "link", "del", c.bridge).Run()
+	}
 	_ = os.RemoveAll(c.run)
 	_ = os.RemoveAll(c.dir)
 }

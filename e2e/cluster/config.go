@@ -6,8 +6,9 @@ import (
 	"path/filepath"
 )
 
-// The node's fixed addresses. The pod and Service ranges are private to
-// the node's namespace; the link's /30 is the only way in or out.
+// The cluster's fixed addresses. The pod and Service ranges are private to
+// the nodes' namespaces; their links are the only way in or out. With
+// several nodes, node i's pods take 10.88.i.0/24 of podCIDR.
 const (
 	nodeName      = "headwater-node"
 	podCIDR       = "10.88.0.0/16"
@@ -63,9 +64,9 @@ state = %q
 `, root, state, socket, filepath.Join(root, "opt"), PauseImage, cniConfDir)
 }
 
-// cniConfig is the pod network: one bridge, addresses from podCIDR, pods'
-// traffic to anything else masqueraded behind the node.
-func cniConfig(ipamDir string) string {
+// cniConfig is a node's pod network: one bridge, addresses from subnet,
+// pods' traffic to anything else masqueraded behind the node when ipMasq.
+func cniConfig(ipamDir, subnet string, ipMasq bool) string {
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "headwater-test",
@@ -74,7 +75,7 @@ func cniConfig(ipamDir string) string {
       "type": "bridge",
       "bridge": "hwbr0",
       "isGateway": true,
-      "ipMasq": true,
+      "ipMasq": %t,
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
@@ -86,7 +87,7 @@ func cniConfig(ipamDir string) string {
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, podCIDR, ipamDir)
+`, ipMasq, subnet, ipamDir)
 }
 
 // kubeletConfig is the kubelet's configuration on this machine: cgroupfs
@@ -131,7 +132,7 @@ maxPods: 110
 // connection masqueraded, which keeps pod-to-Service-to-pod traffic on one
 // bridge correct without relying on br_netfilter, and without touching the
 // machine-wide conntrack settings.
-func kubeProxyConfig(kubeconfig string) string {
+func kubeProxyConfig(kubeconfig, node string) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: %q}
@@ -148,5 +149,5 @@ conntrack:
   tcpCloseWaitTimeout: 0s
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
-`, kubeconfig, nodeName, podCIDR)
+`, kubeconfig, node, podCIDR)
 }

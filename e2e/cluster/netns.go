@@ -12,18 +12,25 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// netns is the node's network namespace: a veth pair joins it to the
-// machine's own namespace on a /30 of their own, and nothing else. It has no
-// default route, so neither the node nor its pods can send a packet off this
-// machine: an image pull, a DNS query or a source URL that is not served here
-// fails at once ("network is unreachable", or refused on the namespace's own
-// loopback).
+// netns is a node's (or the control plane's) network namespace: a veth
+// pair joins it to the machine's own namespace, on a /30 of their own (one
+// node) or through a bridge every namespace of the cluster is on (several
+// nodes), and nothing else. It has no default route, so neither the node nor
+// its pods can send a packet off this machine: an image pull, a DNS query or
+// a source URL that is not served here fails at once ("network is
+// unreachable", or refused on the namespace's own loopback).
 type netns struct {
 	name     string
 	hostIf   string // the veth end in the machine's namespace
 	hostIP   string // its address: where the tests' git server listens
 	nodeIP   string // the node's address, inside the namespace
 	prefixLn int
+	// bridge, when set, is the machine's bridge the host end is put on
+	// (which holds hostIP) instead of holding hostIP itself.
+	bridge string
+	// routes are more routes of the namespace: {destination, gateway},
+	// the other nodes' pod ranges.
+	routes [][2]string
 }
 
 // ip runs ip(8) with args.
@@ -42,7 +49,13 @@ func (n *netns) create() error {
 	steps := [][]string{
 		{"netns", "add", n.name},
 		{"link", "add", n.hostIf, "type", "veth", "peer", "name", "eth0", "netns", n.name},
-		{"addr", "add", fmt.Sprintf("%s/%d", n.hostIP, n.prefixLn), "dev", n.hostIf},
+	}
+	if n.bridge != "" {
+		steps = append(steps, []string{"link", "set", n.hostIf, "master", n.bridge})
+	} else {
+		steps = append(steps, []string{"addr", "add", fmt.Sprintf("%s/%d", n.hostIP, n.prefixLn), "dev", n.hostIf})
+	}
+	steps = append(steps, [][]string{
 		{"link", "set", n.hostIf, "up"},
 		{"-n", n.name, "addr", "add", fmt.Sprintf("%s/%d", n.nodeIP, n.prefixLn), "dev", "eth0"},
 		{"-n", n.name, "link", "set", "eth0", "up"},
@@ -52,6 +65,9 @@ func (n *netns) create() error {
 		// what no rule rewrites loops back and is dropped inside the
 		// namespace, never sent out of it.
 		{"-n", n.name, "route", "add", serviceCIDR, "dev", "lo", "src", n.nodeIP},
+	}...)
+	for _, r := range n.routes {
+		steps = append(steps, []string{"-n", n.name, "route", "add", r[0], "via", r[1]})
 	}
 	for _, s := range steps {
 		if err := ip(s...); err != nil {
@@ -79,6 +95,17 @@ func (n *netns) sysctl(key, value string) error {
 		return fmt.Errorf("sysctl %s in %s: %w: %s", key, n.name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// setLink brings the host end of the namespace's link up or down: down
+// cuts the namespace off the machine and every other namespace, as a
+// pulled cable would.
+func (n *netns) setLink(up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	return ip("link", "set", n.hostIf, state)
 }
 
 // destroy removes the namespace (and with it both veth ends); errors are

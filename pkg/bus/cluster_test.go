@@ -2,7 +2,10 @@ package bus_test
 
 import (
 	"context"
+	"io"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,5 +130,101 @@ func TestStreamReplicasNeedACluster(t *testing.T) {
 	}
 	if _, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL(), StreamReplicas: 6}, events.WatcherIdentity, testr.New(t)); err == nil {
 		t.Fatal("6 replicas accepted")
+	}
+}
+
+// TestLostServerNoticed: a server that stops answering without closing
+// the connection (its node lost: no reset, no FIN) is taken for dead
+// within bus.StaleAfter, and the client reconnects to another server of the
+// cluster by itself. With the NATS client's defaults it took minutes.
+func TestLostServerNoticed(t *testing.T) {
+	servers, err := natsserver.StartCluster(3, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range servers {
+		t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	}
+	// The client knows the cluster through one address, as through a
+	// Service, and learns the others from the servers.
+	hole := newBlackhole(t, strings.TrimPrefix(servers[0].ClientURL(), "nats://"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := bus.Connect(ctx, bus.Options{URL: "nats://" + hole.addr(), StreamReplicas: 3}, events.WatcherIdentity, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	eventually(t, "the other servers discovered", func() bool { return len(conn.NC.DiscoveredServers()) >= 2 })
+	if got := conn.NC.ConnectedUrl(); !strings.Contains(got, hole.addr()) {
+		t.Fatalf("connected to %s, want %s", got, hole.addr())
+	}
+	hole.swallow()
+	lost := time.Now()
+	eventuallyWithin(t, bus.StaleAfter+30*time.Second, "a connection to another server", func() bool {
+		return conn.NC.IsConnected() && !strings.Contains(conn.NC.ConnectedUrl(), hole.addr())
+	})
+	t.Logf("reconnected to %s %s after the server went silent", conn.NC.ConnectedUrlRedacted(), time.Since(lost).Round(100*time.Millisecond))
+}
+
+// blackhole forwards TCP connections to a server until swallow, then
+// drops every byte either way and keeps the connections open: what a
+// client sees of a machine that lost its power.
+type blackhole struct {
+	ln     net.Listener
+	target string
+	dead   atomic.Bool
+}
+
+func newBlackhole(t *testing.T, target string) *blackhole {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blackhole{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			if b.dead.Load() {
+				go b.pipe(c, io.Discard)
+				continue
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { up.Close() })
+			go b.pipe(c, up)
+			go b.pipe(up, c)
+		}
+	}()
+	return b
+}
+
+func (b *blackhole) addr() string { return b.ln.Addr().String() }
+
+func (b *blackhole) swallow() { b.dead.Store(true) }
+
+// pipe copies from to to until swallow, then reads and drops.
+func (b *blackhole) pipe(from net.Conn, to io.Writer) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if err != nil {
+			return
+		}
+		if b.dead.Load() {
+			continue
+		}
+		if _, err := to.Write(buf[:n]); err != nil {
+			return
+		}
 	}
 }

@@ -113,6 +113,16 @@ func ReportTo(s *Status) ConnectOption {
 // connection: a NATS server that comes up late is found within it.
 const maxConnectWait = 5 * time.Second
 
+// PingInterval is how often a connection pings its server, and
+// MaxPingsOutstanding how many pings may go unanswered before the
+// connection is taken for dead and the client reconnects (to another server
+// of a cluster): a lost server is noticed within StaleAfter.
+const (
+	PingInterval        = 10 * time.Second
+	MaxPingsOutstanding = 3
+	StaleAfter          = PingInterval * (MaxPingsOutstanding + 1)
+)
+
 // Connect dials NATS and keeps reconnecting for as long as the connection is
 // in use; identity names the service in the server's monitoring and is the
 // bus identity it acts as (events.Identities): its replies come on its own
@@ -143,6 +153,12 @@ func Connect(ctx context.Context, o Options, identity string, log logr.Logger, o
 		nats.CustomInboxPrefix(events.InboxPrefix(identity)),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
+		// A server whose node is lost answers nothing, not even a
+		// reset: only unanswered pings tell. The client's defaults (a
+		// ping every 2 minutes, 2 unanswered) kept a service on a dead
+		// connection for minutes; these notice within StaleAfter.
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOutstanding),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Info("nats disconnected", "error", err.Error())

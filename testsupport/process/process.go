@@ -92,6 +92,15 @@ func (p *Process) Stop() error {
 	return p.stopErr
 }
 
+// Kill kills the process at once (SIGKILL), as a machine that loses its
+// power would, and waits for it to exit; Stop afterwards does nothing.
+func (p *Process) Kill() {
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	})
+}
+
 // FreeAddr returns a 127.0.0.1 address with a port that was free a moment
 // ago.
 func FreeAddr() (string, error) { return FreeAddrOn("127.0.0.1") }

@@ -1,0 +1,867 @@
+package multinodetest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/cluster"
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+)
+
+const (
+	// loadNamespace holds the sources of the load.
+	loadNamespace = "load"
+	// loadSources is how many GitRepositories the load has.
+	loadSources = 100
+	// leaseDuration is the watcher's -leader-election-lease-duration
+	// and retryPeriod its -leader-election-retry-period (their defaults).
+	leaseDuration = 35 * time.Second
+	retryPeriod   = 5 * time.Second
+	// proxyGrace is how long after the artifact-servers are whole again
+	// (docs/operating.md, "A node is lost": the lost node's replica
+	// replaced and Ready on a live node) the doc says a download may
+	// still fail: kube-proxy's resync on every node.
+	proxyGrace = 30 * time.Second
+)
+
+// TestNodeLoss installs overlays/ha on the three nodes, puts it
+// under load (loadSources sources with commits arriving, a download every
+// 100 ms through the Service), stops the node of the watcher's leader hard,
+// brings it back, then drains another with kubectl drain; and asserts that
+// nothing was lost: every source Ready at its newest commit, every artifact
+// whole, downloads failing only in the window the doc states, a new leader
+// within the lease, no revision stored twice, the JetStream streams back to
+// three current copies.
+func TestNodeLoss(t *testing.T) {
+	c := requireCluster(t)
+	if len(c.Nodes) < 3 {
+		t.Skip("needs three nodes")
+	}
+	ctx := context.Background()
+	cl := client(t)
+	installHA(t)
+	checkSpread(t)
+
+	l := newLoad(t, cl)
+	l.start()
+	defer l.stop()
+
+	// The node to lose holds the watcher's leader; the one to drain is
+	// another; the downloads start on the third, which neither touches.
+	leader, leaderNode := watcherLeader(t)
+	var lost, drained, downloader *cluster.Node
+	for _, n := range c.Nodes {
+		switch {
+		case n.Name == leaderNode:
+			lost = n
+		case drained == nil:
+			drained = n
+		default:
+			downloader = n
+		}
+	}
+	t.Logf("the watcher's leader %s is on %s: stopping it; %s is drained next; downloads from %s", leader, lost.Name, drained.Name, downloader.Name)
+	l.downloadFrom(downloader)
+	streamsR3 := streamsR3From(downloader)
+	l.waitDownloads(t, 20)
+
+	// A node lost.
+	stopped := time.Now()
+	l.mark("node lost")
+	if err := c.StopNode(ctx, lost.Name); err != nil {
+		t.Fatal(err)
+	}
+	whole := watchWhole(lost.Name)
+	var newLeader string
+	eventually(t, 3*leaseDuration, "a new watcher leader", func(ctx context.Context) error {
+		holder, node, err := leaseHolder(ctx)
+		if err != nil {
+			return err
+		}
+		if holder == leader || node == lost.Name {
+			return fmt.Errorf("the lease is still %s's (on %s)", holder, node)
+		}
+		newLeader = holder
+		return nil
+	})
+	took := time.Since(stopped)
+	t.Logf("new watcher leader %s %s after the node stopped (lease %s, retry %s)", newLeader, took.Round(100*time.Millisecond), leaseDuration, retryPeriod)
+	if took > leaseDuration+2*retryPeriod+10*time.Second {
+		t.Errorf("new leader after %s: more than the lease (%s) and two retries", took.Round(time.Second), leaseDuration)
+	}
+	l.commitRound(t)
+	fresh := l.waitFresh(t, 10*time.Minute)
+	t.Logf("every source fresh at its newest commit %s after the node stopped", fresh.Sub(stopped).Round(100*time.Millisecond))
+	wholeAgain := whole(t)
+	t.Logf("the artifact-servers whole again (the lost one replaced and Ready) %s after the node stopped", wholeAgain.Sub(stopped).Round(100*time.Millisecond))
+
+	// The node comes back with the state it had: NATS's server rejoins
+	// and catches up, the streams have three current copies again.
+	// Downloads may fail from its link's return until 30 s after it is
+	// Ready (docs/operating.md).
+	returning := time.Now()
+	l.mark("node back, settling")
+	if err := c.StartNode(ctx, lost.Name); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	eventually(t, 10*time.Minute, "every pod Ready with the node back", podsReady)
+	eventually(t, 5*time.Minute, "every stream in three current copies", streamsR3)
+	t.Logf("streams back to three current copies %s after the node returned", time.Since(back).Round(100*time.Millisecond))
+	waitFor(t, back.Add(proxyGrace))
+	l.mark("node back")
+
+	// Another node drained, as for maintenance: the budgets let it
+	// finish.
+	l.mark("drain")
+	drainStart := time.Now()
+	out, err := c.Kubectl(ctx, "drain", drained.Name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=8m").Run()
+	if err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s", drained.Name, err, out)
+	}
+	t.Logf("kubectl drain %s finished in %s", drained.Name, time.Since(drainStart).Round(100*time.Millisecond))
+	checkNATSApart(t, drained.Name)
+	l.commitRound(t)
+	fresh = l.waitFresh(t, 10*time.Minute)
+	t.Logf("every source fresh at its newest commit %s after the drain began (NATS on two servers)", fresh.Sub(drainStart).Round(100*time.Millisecond))
+	l.mark("uncordoned")
+	kubectl(t, "uncordon", drained.Name)
+	eventually(t, 10*time.Minute, "every pod Ready after the uncordon", podsReady)
+	eventually(t, 5*time.Minute, "every stream in three current copies after the drain", streamsR3)
+
+	// The NATS quorum lost: two nodes of three stopped at once. Work
+	// waits, every source keeps its artifact, downloads go on from the
+	// survivor; with the nodes back, work resumes by itself.
+	quorumLost := time.Now()
+	l.mark("quorum lost")
+	for _, n := range []*cluster.Node{lost, drained} {
+		if err := c.StopNode(ctx, n.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wholeQuorum := watchWhole(lost.Name, drained.Name)
+	l.commitRound(t)
+	eventually(t, 3*time.Minute, "both nodes NotReady", func(ctx context.Context) error {
+		for _, n := range []*cluster.Node{lost, drained} {
+			if err := c.NodeReady(ctx, n.Name); err == nil {
+				return fmt.Errorf("%s still Ready", n.Name)
+			}
+		}
+		return nil
+	})
+	// Once the artifact-servers are whole on the survivor, it serves
+	// every source's artifact, none lost.
+	quorumWhole := wholeQuorum(t)
+	t.Logf("without the quorum, the artifact-servers whole again %s after the nodes stopped", quorumWhole.Sub(quorumLost).Round(100*time.Millisecond))
+	waitFor(t, quorumWhole.Add(proxyGrace))
+	l.checkArtifacts(t)
+	t.Logf("without the quorum: %s", l.sample(t))
+	quorumReturning := time.Now()
+	l.mark("quorum back, settling")
+	for _, n := range []*cluster.Node{lost, drained} {
+		if err := c.StartNode(ctx, n.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quorumBack := time.Now()
+	fresh = l.waitFresh(t, 10*time.Minute)
+	t.Logf("every source fresh at its newest commit %s after the quorum returned", fresh.Sub(quorumBack).Round(100*time.Millisecond))
+	eventually(t, 10*time.Minute, "every pod Ready after the quorum returned", podsReady)
+	eventually(t, 5*time.Minute, "every stream in three current copies after the quorum returned", streamsR3)
+	waitFor(t, quorumBack.Add(proxyGrace))
+	l.mark("quorum back")
+	l.waitDownloads(t, l.downloads()+50)
+	l.stop()
+
+	// Nothing lost, nothing corrupt, nothing stored twice.
+	l.checkArtifacts(t)
+	l.report(t, []window{
+		{"node lost", stopped, wholeAgain.Add(proxyGrace)},
+		{"node back, settling", returning, back.Add(proxyGrace)},
+		{"quorum lost", quorumLost, quorumWhole.Add(proxyGrace)},
+		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace)},
+	})
+	checkNoDoubleWrites(t)
+}
+
+// waitFor returns at when, the test's clock moving on by itself (no
+// condition to poll: the window the doc gives must have passed).
+func waitFor(t *testing.T, when time.Time) {
+	t.Helper()
+	eventually(t, time.Until(when)+time.Minute, "the clock", func(context.Context) error {
+		if d := time.Until(when); d > 0 {
+			return fmt.Errorf("%s to go", d.Round(time.Second))
+		}
+		return nil
+	})
+}
+
+// sample says what one source's status says: its artifact and its
+// conditions.
+func (l *load) sample(t *testing.T) string {
+	t.Helper()
+	var gr sourcev1.GitRepository
+	if err := l.cl.Get(context.Background(), ctrlclient.ObjectKey{Namespace: loadNamespace, Name: l.names[0]}, &gr); err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	if gr.Status.Artifact != nil {
+		fmt.Fprintf(&b, "%s artifact %s; ", gr.Name, gr.Status.Artifact.Revision)
+	}
+	for _, c := range gr.Status.Conditions {
+		fmt.Fprintf(&b, "%s=%s %s %q; ", c.Type, c.Status, c.Reason, c.Message)
+	}
+	return b.String()
+}
+
+// checkSpread checks the scheduler did what components/ha asks: a NATS
+// server on every node, and no node with more than one fetcher, packager
+// or artifact-server.
+func checkSpread(t *testing.T) {
+	t.Helper()
+	apps, err := podsByApp(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, app := range []string{"nats", "fetcher", "packager", "artifact-server"} {
+		perNode := map[string]int{}
+		for _, p := range apps[app] {
+			perNode[p.Spec.NodeName]++
+		}
+		t.Logf("%s per node: %v", app, perNode)
+		if len(perNode) != len(env.c.Nodes) {
+			t.Errorf("%s runs on %d nodes, want every one of %d: %v", app, len(perNode), len(env.c.Nodes), perNode)
+		}
+	}
+}
+
+// checkNATSApart checks that no two NATS servers share a node while
+// drained is cordoned: the drained node's server waits rather than double
+// up.
+func checkNATSApart(t *testing.T, drained string) {
+	t.Helper()
+	apps, err := podsByApp(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	perNode := map[string][]string{}
+	for _, p := range apps["nats"] {
+		where := p.Spec.NodeName
+		if where == "" {
+			where = "(" + string(p.Status.Phase) + ", no node)"
+		}
+		perNode[where] = append(perNode[where], p.Name)
+	}
+	t.Logf("NATS servers with %s drained: %v", drained, perNode)
+	for node, names := range perNode {
+		if node == drained || (len(names) > 1 && !strings.HasPrefix(node, "(")) {
+			t.Errorf("NATS servers %v on %s while %s is drained", names, node, drained)
+		}
+	}
+}
+
+// watcherLeader is the pod holding the watcher's Lease and its node.
+func watcherLeader(t *testing.T) (string, string) {
+	t.Helper()
+	var holder, node string
+	eventually(t, 2*time.Minute, "a watcher leader", func(ctx context.Context) error {
+		var err error
+		holder, node, err = leaseHolder(ctx)
+		return err
+	})
+	return holder, node
+}
+
+func leaseHolder(ctx context.Context) (string, string, error) {
+	l, err := env.c.Client.CoordinationV1().Leases(hwNamespace).Get(ctx, "headwater-watcher", metav1.GetOptions{})
+	if err != nil {
+		return "", "", err
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return "", "", fmt.Errorf("lease has no holder")
+	}
+	id := *l.Spec.HolderIdentity
+	pods, err := env.c.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=watcher"})
+	if err != nil {
+		return "", "", err
+	}
+	for _, p := range pods.Items {
+		if strings.HasPrefix(id, p.Name) {
+			return p.Name, p.Spec.NodeName, nil
+		}
+	}
+	return "", "", fmt.Errorf("lease holder %q is no watcher pod", id)
+}
+
+// streamsR3From returns a check, made from node n, that is nil when every
+// JetStream stream is kept on three servers, its leader and two current
+// replicas, as the stream's leader reports.
+func streamsR3From(n *cluster.Node) func(ctx context.Context) error {
+	hc := n.HTTPClient()
+	return func(ctx context.Context) error { return streamsR3(ctx, hc) }
+}
+
+func streamsR3(ctx context.Context, hc *http.Client) error {
+	pods, err := env.c.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nats"})
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	var problems []string
+	for _, p := range pods.Items {
+		if p.Status.PodIP == "" {
+			return fmt.Errorf("%s has no address", p.Name)
+		}
+		var jsz struct {
+			Accounts []struct {
+				Streams []struct {
+					Name   string `json:"name"`
+					Config struct {
+						Replicas int `json:"num_replicas"`
+					} `json:"config"`
+					Cluster struct {
+						Leader   string `json:"leader"`
+						Replicas []struct {
+							Name    string `json:"name"`
+							Current bool   `json:"current"`
+							Offline bool   `json:"offline"`
+						} `json:"replicas"`
+					} `json:"cluster"`
+				} `json:"stream_detail"`
+			} `json:"account_details"`
+		}
+		body, err := get(ctx, hc, fmt.Sprintf("http://%s:8222/jsz?accounts=true&streams=true&config=true", p.Status.PodIP))
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal([]byte(body), &jsz); err != nil {
+			return fmt.Errorf("jsz of %s: %w", p.Name, err)
+		}
+		for _, a := range jsz.Accounts {
+			for _, s := range a.Streams {
+				if s.Cluster.Leader != p.Name {
+					continue
+				}
+				seen[s.Name] = true
+				current := 0
+				for _, r := range s.Cluster.Replicas {
+					if r.Current && !r.Offline {
+						current++
+					}
+				}
+				if s.Config.Replicas != 3 || current != 2 {
+					problems = append(problems, fmt.Sprintf("%s: %d replicas configured, leader %s and %d current", s.Name, s.Config.Replicas, s.Cluster.Leader, current))
+				}
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return fmt.Errorf("no stream has a leader yet")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// checkNoDoubleWrites checks that no source's revision was stored twice:
+// one NewArtifact Event per source and commit, counted once.
+func checkNoDoubleWrites(t *testing.T) {
+	t.Helper()
+	evs, err := env.c.Client.CoreV1().Events(loadNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int32{}
+	for _, e := range evs.Items {
+		if e.Reason != "NewArtifact" {
+			continue
+		}
+		seen[e.InvolvedObject.Name+": "+e.Message] += max(e.Count, 1)
+	}
+	if len(seen) == 0 {
+		t.Fatal("no NewArtifact Event at all")
+	}
+	for k, n := range seen {
+		if n > 1 {
+			t.Errorf("stored %d times: %s", n, k)
+		}
+	}
+	t.Logf("%d NewArtifact Events, each revision stored once", len(seen))
+}
+
+// load is the sources, their repositories' commits and the downloads.
+type load struct {
+	cl    ctrlclient.Client
+	repos []*gitserver.Repo
+	names []string
+	done  chan struct{}
+	wg    sync.WaitGroup
+
+	mu      sync.Mutex
+	heads   map[string]string // the newest commit of each repository
+	commits int
+	// gitMu keeps the committer and commitRound from running git in one
+	// repository at once.
+	gitMu   sync.Mutex
+	phase   string
+	results []download
+	// artifacts are the sources' current artifacts, as the lister last
+	// read them: what the downloader fetches.
+	artifacts map[string]meta.Artifact
+	base      string // http://<the Service's cluster IP>
+	client    *http.Client
+	stopOnce  sync.Once
+}
+
+type download struct {
+	at      time.Time
+	phase   string
+	source  string
+	err     string
+	corrupt bool
+}
+
+func newLoad(t *testing.T, cl ctrlclient.Client) *load {
+	t.Helper()
+	ctx := context.Background()
+	ensureNamespace(t, loadNamespace)
+	l := &load{cl: cl, done: make(chan struct{}), heads: map[string]string{}, artifacts: map[string]meta.Artifact{}, phase: "steady"}
+	start := time.Now()
+	work := t.TempDir()
+	for i := range loadSources {
+		name := fmt.Sprintf("src-%03d", i)
+		r, err := gitserver.NewRepo(env.gitRoot, name, filepath.Join(work, name), "main")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Write(map[string]string{"app.yaml": name + " 0\n"}); err != nil {
+			t.Fatal(err)
+		}
+		head, err := r.Commit("initial")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.repos = append(l.repos, r)
+		l.names = append(l.names, name)
+		l.heads[name] = head
+		gr := &sourcev1.GitRepository{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: loadNamespace},
+			Spec: sourcev1.GitRepositorySpec{
+				URL:       env.git.RepoURL(name),
+				Interval:  metav1.Duration{Duration: time.Minute},
+				Reference: &sourcev1.GitRepositoryRef{Branch: "main"},
+			},
+		}
+		if err := cl.Create(ctx, gr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.waitFresh(t, 10*time.Minute)
+	t.Logf("%d sources created and Ready in %s", loadSources, time.Since(start).Round(100*time.Millisecond))
+	svc, err := env.c.ServiceURL(ctx, hwNamespace, "source-controller", "http")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.base = svc
+	return l
+}
+
+// start starts the commits: one repository a second in turn, so each
+// gets a new commit every loadSources seconds, as a busy fleet does.
+func (l *load) start() {
+	l.wg.Add(2)
+	go func() {
+		defer l.wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-l.done:
+				return
+			case <-time.After(time.Second):
+			}
+			l.commit(i % len(l.repos))
+		}
+	}()
+	go func() {
+		defer l.wg.Done()
+		for {
+			l.list()
+			select {
+			case <-l.done:
+				return
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}()
+}
+
+func (l *load) commit(i int) {
+	l.gitMu.Lock()
+	defer l.gitMu.Unlock()
+	r, name := l.repos[i], l.names[i]
+	l.mu.Lock()
+	l.commits++
+	n := l.commits
+	l.mu.Unlock()
+	if err := r.Write(map[string]string{"app.yaml": fmt.Sprintf("%s %d\n", name, n)}); err != nil {
+		return
+	}
+	// Each commit's message is its own: the NewArtifact Events name it.
+	head, err := r.Commit(fmt.Sprintf("change %d", n))
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	l.heads[name] = head
+	l.mu.Unlock()
+}
+
+// commitRound commits to every repository once, so every source has a
+// newest commit made after what came before.
+func (l *load) commitRound(t *testing.T) {
+	t.Helper()
+	for i := range l.repos {
+		l.commit(i)
+	}
+}
+
+// list reads every source's artifact.
+func (l *load) list() {
+	var list sourcev1.GitRepositoryList
+	if err := l.cl.List(context.Background(), &list, ctrlclient.InNamespace(loadNamespace)); err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, gr := range list.Items {
+		if gr.Status.Artifact != nil {
+			l.artifacts[gr.Name] = *gr.Status.Artifact
+		}
+	}
+}
+
+// downloadFrom starts the downloads from node n's namespace: every 100 ms
+// one source's artifact in turn, through the Service, each on a new
+// connection (so the Service picks a pod each time, as many consumers
+// would), its digest checked. A download that hangs (its pod's node is
+// gone) delays none of the others.
+func (l *load) downloadFrom(n *cluster.Node) {
+	l.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: n.DialContext, DisableKeepAlives: true}}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-l.done:
+				return
+			case <-tick.C:
+			}
+			l.wg.Add(1)
+			go func(name string) {
+				defer l.wg.Done()
+				l.downloadOne(name)
+			}(l.names[i%len(l.names)])
+		}
+	}()
+}
+
+func (l *load) downloadOne(name string) {
+	l.mu.Lock()
+	a, ok := l.artifacts[name]
+	phase := l.phase
+	l.mu.Unlock()
+	if !ok {
+		return
+	}
+	d := download{at: time.Now(), phase: phase, source: name}
+	digest, status, err := l.fetch(a.URL)
+	switch {
+	case err != nil:
+		d.err = err.Error()
+	case status == http.StatusNotFound && l.superseded(name, a):
+		// A newer artifact replaced it and the old one was collected
+		// between the listing and the download: not a failure.
+		return
+	case status != http.StatusOK:
+		d.err = fmt.Sprintf("status %d", status)
+	case digest != a.Digest:
+		d.err, d.corrupt = fmt.Sprintf("digest %s, want %s", digest, a.Digest), true
+	}
+	l.mu.Lock()
+	l.results = append(l.results, d)
+	l.mu.Unlock()
+}
+
+// fetch downloads an artifact URL through the Service's cluster IP.
+func (l *load) fetch(raw string) (string, int, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", 0, err
+	}
+	resp, err := l.client.Get(l.base + u.RequestURI())
+	if err != nil {
+		return "", 0, err
+	}
+	defer resp.Body.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, resp.Body); err != nil {
+		return "", 0, err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), resp.StatusCode, nil
+}
+
+func (l *load) superseded(name string, a meta.Artifact) bool {
+	var gr sourcev1.GitRepository
+	if err := l.cl.Get(context.Background(), ctrlclient.ObjectKey{Namespace: loadNamespace, Name: name}, &gr); err != nil {
+		return false
+	}
+	return gr.Status.Artifact != nil && gr.Status.Artifact.Revision != a.Revision
+}
+
+// mark starts a new phase of the run, which the downloads are counted in.
+func (l *load) mark(phase string) {
+	l.mu.Lock()
+	l.phase = phase
+	l.mu.Unlock()
+}
+
+// downloads is how many downloads have been made.
+func (l *load) downloads() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.results)
+}
+
+// waitDownloads waits until n downloads have been made.
+func (l *load) waitDownloads(t *testing.T, n int) {
+	t.Helper()
+	eventually(t, 2*time.Minute, fmt.Sprintf("%d downloads", n), func(context.Context) error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if len(l.results) < n {
+			return fmt.Errorf("%d downloads so far", len(l.results))
+		}
+		return nil
+	})
+}
+
+// waitFresh stops nothing: it waits until every source is Ready at the
+// newest commit of its repository as of the call, and returns when.
+func (l *load) waitFresh(t *testing.T, timeout time.Duration) time.Time {
+	t.Helper()
+	l.mu.Lock()
+	want := make(map[string]string, len(l.heads))
+	for k, v := range l.heads {
+		want[k] = v
+	}
+	l.mu.Unlock()
+	eventually(t, timeout, "every source Ready at its newest commit", func(ctx context.Context) error {
+		var list sourcev1.GitRepositoryList
+		if err := l.cl.List(ctx, &list, ctrlclient.InNamespace(loadNamespace)); err != nil {
+			return err
+		}
+		var behind []string
+		for _, gr := range list.Items {
+			if !atOrAfter(gr, want[gr.Name], l.repoOf(gr.Name)) {
+				behind = append(behind, gr.Name)
+			}
+		}
+		if len(list.Items) != len(want) {
+			return fmt.Errorf("%d sources, want %d", len(list.Items), len(want))
+		}
+		if len(behind) > 0 {
+			sort.Strings(behind)
+			return fmt.Errorf("%d sources not yet Ready at their newest commit: %s", len(behind), strings.Join(behind[:min(len(behind), 5)], ", "))
+		}
+		return nil
+	})
+	return time.Now()
+}
+
+func (l *load) repoOf(name string) *gitserver.Repo {
+	for i, n := range l.names {
+		if n == name {
+			return l.repos[i]
+		}
+	}
+	return nil
+}
+
+// atOrAfter reports whether gr is Ready with an artifact of commit or of
+// a commit made after it (commits keep arriving while the test waits).
+func atOrAfter(gr sourcev1.GitRepository, commit string, r *gitserver.Repo) bool {
+	ready := apimeta.FindStatusCondition(gr.Status.Conditions, "Ready")
+	if ready == nil || ready.Status != metav1.ConditionTrue || gr.Status.Artifact == nil {
+		return false
+	}
+	_, rev, ok := strings.Cut(gr.Status.Artifact.Revision, "sha1:")
+	if !ok {
+		return false
+	}
+	if rev == commit {
+		return true
+	}
+	if r == nil {
+		return false
+	}
+	// rev descends from commit: a newer commit.
+	return r.Git("merge-base", "--is-ancestor", commit, rev) == nil
+}
+
+func (l *load) stop() {
+	l.stopOnce.Do(func() {
+		close(l.done)
+		l.wg.Wait()
+	})
+}
+
+// checkArtifacts downloads every source's current artifact once more and
+// checks its digest: nothing lost, nothing corrupt.
+func (l *load) checkArtifacts(t *testing.T) {
+	t.Helper()
+	var list sourcev1.GitRepositoryList
+	if err := l.cl.List(context.Background(), &list, ctrlclient.InNamespace(loadNamespace)); err != nil {
+		t.Fatal(err)
+	}
+	for _, gr := range list.Items {
+		if gr.Status.Artifact == nil {
+			t.Errorf("%s has no artifact", gr.Name)
+			continue
+		}
+		digest, status, err := l.fetch(gr.Status.Artifact.URL)
+		if err != nil || status != http.StatusOK || digest != gr.Status.Artifact.Digest {
+			t.Errorf("%s: artifact %s: status %d, digest %s (want %s), %v", gr.Name, gr.Status.Artifact.URL, status, digest, gr.Status.Artifact.Digest, err)
+		}
+	}
+}
+
+// window is when downloads of a phase may fail: from a loss until the
+// artifact-servers are whole again and kube-proxy has caught up.
+type window struct {
+	phase      string
+	start, end time.Time
+}
+
+// watchWhole starts watching the artifact-servers after the nodes named
+// lost stopped; the function it returns waits until they are whole again
+// (as many Ready replicas as the Deployment wants, none on a lost node)
+// and returns when that was first seen.
+func watchWhole(lost ...string) func(t *testing.T) time.Time {
+	done := make(chan time.Time, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		for ctx.Err() == nil {
+			if artifactServersWhole(ctx, lost) == nil {
+				done <- time.Now()
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		close(done)
+	}()
+	return func(t *testing.T) time.Time {
+		t.Helper()
+		at, ok := <-done
+		if !ok {
+			t.Fatal("the artifact-servers not whole again within 15 minutes")
+		}
+		return at
+	}
+}
+
+func artifactServersWhole(ctx context.Context, lost []string) error {
+	d, err := env.c.Client.AppsV1().Deployments(hwNamespace).Get(ctx, "artifact-server", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	pods, err := env.c.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=artifact-server"})
+	if err != nil {
+		return err
+	}
+	ready := 0
+	for _, p := range pods.Items {
+		if podReady(&p) && p.DeletionTimestamp == nil && !slices.Contains(lost, p.Spec.NodeName) {
+			ready++
+		}
+	}
+	if d.Spec.Replicas == nil || int32(ready) < *d.Spec.Replicas {
+		return fmt.Errorf("%d artifact-servers Ready on live nodes", ready)
+	}
+	return nil
+}
+
+// report prints the downloads by phase and fails on any corrupt download
+// and on any failed one outside the windows docs/operating.md states.
+func (l *load) report(t *testing.T, windows []window) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	type count struct{ ok, failed int }
+	byPhase := map[string]*count{}
+	var phases []string
+	for _, d := range l.results {
+		c, ok := byPhase[d.phase]
+		if !ok {
+			c = &count{}
+			byPhase[d.phase] = c
+			phases = append(phases, d.phase)
+		}
+		if d.err == "" {
+			c.ok++
+			continue
+		}
+		c.failed++
+		inWindow := slices.ContainsFunc(windows, func(w window) bool {
+			return d.phase == w.phase && !d.at.After(w.end)
+		})
+		switch {
+		case d.corrupt:
+			t.Errorf("corrupt download of %s at %s (%s): %s", d.source, d.at.Format(time.TimeOnly), d.phase, d.err)
+		case !inWindow:
+			t.Errorf("download of %s failed at %s (%s), outside the window the doc states: %s", d.source, d.at.Format(time.TimeOnly), d.phase, d.err)
+		}
+	}
+	for _, p := range phases {
+		t.Logf("downloads while %s: %d whole, %d failed", p, byPhase[p].ok, byPhase[p].failed)
+	}
+	for _, w := range windows {
+		var last time.Duration
+		for _, d := range l.results {
+			if d.err != "" && d.phase == w.phase {
+				last = max(last, d.at.Sub(w.start))
+			}
+		}
+		t.Logf("%s: downloads may fail for %s; the last failed %s after it began",
+			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond))
+	}
+	if v := os.Getenv("HEADWATER_NODELOSS_DUMP"); v != "" {
+		var b strings.Builder
+		for _, d := range l.results {
+			fmt.Fprintf(&b, "%s\t%s\t%s\t%s\n", d.at.Sub(windows[0].start).Round(time.Millisecond), d.phase, d.source, d.err)
+		}
+		_ = os.WriteFile(v, []byte(b.String()), 0o644)
+	}
+}
