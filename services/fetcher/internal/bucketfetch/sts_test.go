@@ -166,6 +166,19 @@ func TestSTSAWS(t *testing.T) {
 		v, err := c.GetWithContext(&credentials.CredContext{Client: http.DefaultClient})
 		return v.AccessKeyID, v.SecretAccessKey, v.SessionToken, v.Expiration, err
 	}}
+	// MinIO answers before its IAM is ready ("Server not initialized"):
+	// wait until its STS mints, so that the exchanges below test ours.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _, _, _, err := sts.Mint()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("MinIO's STS: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	must(t, sts.Start("127.0.0.1:0", host))
 	t.Cleanup(func() { _ = sts.Stop() })
 	tokenFile := filepath.Join(t.TempDir(), "token")
