@@ -379,8 +379,10 @@ func TestBadInput(t *testing.T) {
 				})
 				return nil
 			},
-			cond: sourcev1.FetchFailedCondition, reason: "UnsupportedProvider", stalled: true,
-			inMsg: "git provider 'aws' is not supported yet",
+			// The fetcher of the tests has no AWS web identity (IRSA):
+			// final for this attempt, tried again at the next interval.
+			cond: sourcev1.FetchFailedCondition, reason: "AuthenticationFailed", stalled: false,
+			inMsg: "no AWS web identity",
 		},
 		{
 			name: "git-provider-github-no-secret", kind: kind,
@@ -408,8 +410,9 @@ func TestBadInput(t *testing.T) {
 				createOCIRepository(t, name, reg.URL("semver"), func(o *sourcev1.OCIRepository) { o.Spec.Provider = sourcev1.AmazonOCIProvider })
 				return nil
 			},
-			cond: sourcev1.FetchFailedCondition, reason: "UnsupportedProvider", stalled: true,
-			inMsg: "OCI provider 'aws' is not supported yet",
+			// The test registry is not an ECR host: Flux's message, stalled.
+			cond: sourcev1.FetchFailedCondition, reason: "AuthenticationFailed", stalled: true,
+			inMsg: "invalid AWS registry",
 		},
 
 		// Specs the API server refuses (the CRDs' validation).
