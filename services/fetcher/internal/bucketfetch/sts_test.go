@@ -84,6 +84,7 @@ func TestSTSLDAP(t *testing.T) {
 		"MINIO_IDENTITY_LDAP_USER_DN_SEARCH_FILTER=(uid=%s)",
 		"MINIO_POLICY_PLUGIN_URL="+pluginSrv.URL,
 	)
+	waitIAM(t, srv)
 	srv.MakeBucket(t, "ldapbucket")
 	put(t, srv, "ldapbucket", "app/config.yaml", "replicas: 2\n")
 
@@ -230,4 +231,25 @@ func TestSTSAWS(t *testing.T) {
 		_, _, _, err := sourcetest.Fetch(t, src, req)
 		sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Transient, "AWS authentication failed: ")
 	})
+}
+
+// waitIAM waits until MinIO's IAM has started: MinIO serves objects
+// before it does, and its STS answers "IAM sub-system is being
+// initialized" until then, so that the exchanges of a test test ours.
+func waitIAM(t *testing.T, srv *miniotest.Server) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := credentials.NewSTSAssumeRole(srv.URL(), credentials.STSAssumeRoleOptions{AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+		if err == nil {
+			_, err = c.GetWithContext(&credentials.CredContext{Client: http.DefaultClient})
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("MinIO's IAM did not start: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
