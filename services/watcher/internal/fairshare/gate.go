@@ -3,6 +3,7 @@ package fairshare
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,8 +29,13 @@ import (
 // state (one JetStream API request, $JS.API.CONSUMER.INFO) while jobs are
 // held: every gatePoll while the fetchers are busy, at once again after a
 // reading that let jobs through (the fetchers were taking them as fast as
-// they came), so a gate never slows fetchers that have room. Between two
-// readings the queue counts what it published on top of the last one.
+// they came), so a gate never slows fetchers that have room. The backlog
+// is the larger of two counts: the consumer's NumPending (every
+// publisher's jobs, but the server updates it a moment after a message is
+// stored, so under load a reading misses the jobs just published), plus
+// the jobs published since; and the queue's own jobs beyond the consumer's
+// last delivered stream sequence (exact: the queue keeps the sequence of
+// every job it published until the consumer has delivered past it).
 
 // FetchBacklogFlag is the flag of Options.FetchBacklog.
 const FetchBacklogFlag = "fair-share-fetch-backlog"
@@ -53,33 +59,58 @@ const gatePoll = 50 * time.Millisecond
 // lack $JS.API.CONSUMER.INFO) must never hold jobs back for good.
 const gateRetry = 5 * time.Second
 
-// Backlog reads how many jobs of a fetch consumer no fetcher has taken.
+// Backlog reads a fetch consumer's state.
 type Backlog interface {
-	// Pending is the number of jobs on the fetch stream for consumer not
-	// yet delivered to any fetcher.
-	Pending(ctx context.Context, consumer string) (int, error)
+	// Read reads consumer's backlog on the fetch stream.
+	Read(ctx context.Context, consumer string) (Reading, error)
 }
 
-// ConsumerBacklog is Backlog over JetStream: the NumPending of the fetch
-// consumer's state (the watcher may read it: $JS.API.CONSUMER.INFO on
-// events.FetchStream).
+// Reading is a fetch consumer's state, as the gate uses it.
+type Reading struct {
+	// Pending is the number of jobs on the fetch stream for the consumer
+	// not yet delivered to any fetcher (its NumPending).
+	Pending int
+	// Delivered is the stream sequence of the last job it delivered: it
+	// has delivered every one of its jobs at or below it.
+	Delivered uint64
+}
+
+// ConsumerBacklog is Backlog over JetStream: the fetch consumer's state
+// (the watcher may read it: $JS.API.CONSUMER.INFO on events.FetchStream).
 type ConsumerBacklog struct {
 	JS jetstream.JetStream
 }
 
-// Pending reads consumer's NumPending on events.FetchStream.
-func (b ConsumerBacklog) Pending(ctx context.Context, consumer string) (int, error) {
+// Read reads consumer's state on events.FetchStream.
+func (b ConsumerBacklog) Read(ctx context.Context, consumer string) (Reading, error) {
 	c, err := b.JS.Consumer(ctx, events.FetchStream, consumer)
 	if err != nil {
-		return 0, fmt.Errorf("read the backlog of %s on %s: %w", consumer, events.FetchStream, err)
+		return Reading{}, fmt.Errorf("read the backlog of %s on %s: %w", consumer, events.FetchStream, err)
 	}
-	return int(c.CachedInfo().NumPending), nil
+	info := c.CachedInfo()
+	return Reading{Pending: int(info.NumPending), Delivered: info.Delivered.Stream}, nil
 }
+
+// SeqPublisher is a Publisher that tells the stream sequence of each job
+// (a *bus.Publisher): with it, the gate counts the queue's own jobs
+// exactly.
+type SeqPublisher interface {
+	PublishSeq(ctx context.Context, subject, eventType string, job events.Job, data any) (uint64, error)
+}
+
+// maxTracked bounds the sequences a gate keeps: beyond it the oldest are
+// dropped (the consumer's NumPending still counts them).
+const maxTracked = 4096
 
 // gate is one fetch consumer's backlog as the queue knows it.
 type gate struct {
-	// backlog is the last reading plus the jobs published since.
-	backlog int
+	// pending is the last reading's Pending plus the jobs published
+	// since.
+	pending int
+	// seqs are the stream sequences of the jobs the queue published for
+	// the consumer that it has not been seen to deliver, in the order
+	// published.
+	seqs []uint64
 	// read is when it was last read (or its read failed).
 	read time.Time
 	// again asks for a reading as soon as the gate closes: the last one
@@ -87,6 +118,23 @@ type gate struct {
 	again bool
 	// broken holds a failed read's gate open until read + gateRetry.
 	broken bool
+}
+
+// backlog is the gate's count of the consumer's undelivered jobs.
+func (g *gate) backlog() int { return max(g.pending, len(g.seqs)) }
+
+// track notes the stream sequence of a job published.
+func (g *gate) track(seq uint64) {
+	if len(g.seqs) >= maxTracked {
+		g.seqs = slices.Delete(g.seqs, 0, len(g.seqs)-maxTracked+1)
+	}
+	g.seqs = append(g.seqs, seq)
+}
+
+// update takes a reading r.
+func (g *gate) update(r Reading) {
+	g.pending = r.Pending
+	g.seqs = slices.DeleteFunc(g.seqs, func(seq uint64) bool { return seq <= r.Delivered })
 }
 
 // gated reports whether the backlog gate is on.
@@ -113,15 +161,34 @@ func (q *Queue) passes(t *tenant, p *pending) bool {
 	if g.broken && q.now().Before(g.read.Add(gateRetry)) {
 		return true
 	}
-	return g.backlog < q.Options.FetchBacklog
+	return g.backlog() < q.Options.FetchBacklog
 }
 
-// published counts a job published for consumer on top of its gate's last
-// reading.
+// published counts a job taken for the bus for consumer on top of its
+// gate's last reading (before it is sent: the count is never behind).
 func (q *Queue) published(consumer string) {
 	if q.gated() {
-		q.gateOf(consumer).backlog++
+		q.gateOf(consumer).pending++
 	}
+}
+
+// send publishes p's job on the bus and, when Next tells its stream
+// sequence, notes it in its consumer's gate.
+func (q *Queue) send(ctx context.Context, p *pending) error {
+	sp, ok := q.Next.(SeqPublisher)
+	if !ok || !q.gated() {
+		return q.Next.Publish(ctx, p.subject, p.eventType, p.job, p.data)
+	}
+	seq, err := sp.PublishSeq(ctx, p.subject, p.eventType, p.job, p.data)
+	if err != nil {
+		return err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.gates != nil {
+		q.gateOf(p.consumer).track(seq)
+	}
+	return nil
 }
 
 // hold counts p as held back by the gate, once.
@@ -154,21 +221,25 @@ func (q *Queue) readGates(ctx context.Context, held []string) (opened bool, next
 		}
 		q.mu.Unlock()
 
-		n, err := q.Backlog.Pending(ctx, consumer)
+		r, err := q.Backlog.Read(ctx, consumer)
+		if ctx.Err() != nil {
+			// Stopping: not the backlog's failure.
+			return false, 0
+		}
 
 		q.mu.Lock()
 		g = q.gateOf(consumer)
 		g.read, g.again, g.broken = q.now(), false, err != nil
 		if err != nil {
 			// Open until gateRetry: the next reading is due then.
-			g.backlog = 0
+			g.pending, g.seqs = 0, nil
 			q.Log.Error(err, "reading the fetch backlog failed; publishing without the gate for a while", "consumer", consumer, "retry", gateRetry)
 			q.Metrics.backlogReadFailed()
 		} else {
-			g.backlog = n
-			q.Metrics.backlog(consumer, n)
+			g.update(r)
+			q.Metrics.backlog(consumer, g.backlog())
 		}
-		if g.broken || g.backlog < q.Options.FetchBacklog {
+		if g.broken || g.backlog() < q.Options.FetchBacklog {
 			g.again = !g.broken
 			opened = true
 		} else if next == 0 || gatePoll < next {

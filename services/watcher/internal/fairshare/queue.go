@@ -237,7 +237,7 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 		q.published(p.consumer)
 		q.mu.Unlock()
 		q.Metrics.admitted(0)
-		if err := q.Next.Publish(ctx, subject, eventType, job, data); err != nil {
+		if err := q.send(ctx, p); err != nil {
 			q.release(job.ID, "")
 			return err
 		}
@@ -368,7 +368,7 @@ func (q *Queue) dispatch(ctx context.Context) (next time.Duration, ok bool) {
 			}
 			continue
 		}
-		if err := q.Next.Publish(ctx, p.subject, p.eventType, p.job, p.data); err != nil {
+		if err := q.send(ctx, p); err != nil {
 			// The bus is unreachable: the job goes back to the head of
 			// its namespace's queue, and its slot is freed.
 			q.mu.Lock()
