@@ -29,7 +29,11 @@ import (
 // state (one JetStream API request, $JS.API.CONSUMER.INFO) while jobs are
 // held: every gatePoll while the fetchers are busy, at once again after a
 // reading that let jobs through (the fetchers were taking them as fast as
-// they came), so a gate never slows fetchers that have room. The backlog
+// they came), and each fetcher's pull request waiting for jobs (the
+// consumer's NumWaiting) counts against the backlog, since it takes at
+// least one job at once: so a gate never slows fetchers that have room,
+// and holds jobs back only while every fetcher's fetch-ahead is full. The
+// backlog
 // is the larger of two counts: the consumer's NumPending (every
 // publisher's jobs, but the server updates it a moment after a message is
 // stored, so under load a reading misses the jobs just published), plus
@@ -73,6 +77,9 @@ type Reading struct {
 	// Delivered is the stream sequence of the last job it delivered: it
 	// has delivered every one of its jobs at or below it.
 	Delivered uint64
+	// Waiting is the number of fetchers' pull requests waiting for jobs
+	// (its NumWaiting): above zero, the fetchers have room.
+	Waiting int
 }
 
 // ConsumerBacklog is Backlog over JetStream: the fetch consumer's state
@@ -88,7 +95,7 @@ func (b ConsumerBacklog) Read(ctx context.Context, consumer string) (Reading, er
 		return Reading{}, fmt.Errorf("read the backlog of %s on %s: %w", consumer, events.FetchStream, err)
 	}
 	info := c.CachedInfo()
-	return Reading{Pending: int(info.NumPending), Delivered: info.Delivered.Stream}, nil
+	return Reading{Pending: int(info.NumPending), Delivered: info.Delivered.Stream, Waiting: info.NumWaiting}, nil
 }
 
 // SeqPublisher is a Publisher that tells the stream sequence of each job
@@ -111,6 +118,9 @@ type gate struct {
 	// the consumer that it has not been seen to deliver, in the order
 	// published.
 	seqs []uint64
+	// waiting is the last reading's Waiting, until a job is published
+	// (which may fill the pull request that waited).
+	waiting int
 	// read is when it was last read (or its read failed).
 	read time.Time
 	// again asks for a reading as soon as the gate closes: the last one
@@ -123,6 +133,10 @@ type gate struct {
 // backlog is the gate's count of the consumer's undelivered jobs.
 func (g *gate) backlog() int { return max(g.pending, len(g.seqs)) }
 
+// open reports whether the gate lets a job through: the backlog, less a
+// job for each pull request that waits, is below limit.
+func (g *gate) open(limit int) bool { return g.backlog()-g.waiting < limit }
+
 // track notes the stream sequence of a job published.
 func (g *gate) track(seq uint64) {
 	if len(g.seqs) >= maxTracked {
@@ -133,7 +147,7 @@ func (g *gate) track(seq uint64) {
 
 // update takes a reading r.
 func (g *gate) update(r Reading) {
-	g.pending = r.Pending
+	g.pending, g.waiting = r.Pending, r.Waiting
 	g.seqs = slices.DeleteFunc(g.seqs, func(seq uint64) bool { return seq <= r.Delivered })
 }
 
@@ -161,14 +175,16 @@ func (q *Queue) passes(t *tenant, p *pending) bool {
 	if g.broken && q.now().Before(g.read.Add(gateRetry)) {
 		return true
 	}
-	return g.backlog() < q.Options.FetchBacklog
+	return g.open(q.Options.FetchBacklog)
 }
 
 // published counts a job taken for the bus for consumer on top of its
 // gate's last reading (before it is sent: the count is never behind).
 func (q *Queue) published(consumer string) {
 	if q.gated() {
-		q.gateOf(consumer).pending++
+		g := q.gateOf(consumer)
+		g.pending++
+		g.waiting = 0
 	}
 }
 
@@ -232,14 +248,14 @@ func (q *Queue) readGates(ctx context.Context, held []string) (opened bool, next
 		g.read, g.again, g.broken = q.now(), false, err != nil
 		if err != nil {
 			// Open until gateRetry: the next reading is due then.
-			g.pending, g.seqs = 0, nil
+			g.pending, g.seqs, g.waiting = 0, nil, 0
 			q.Log.Error(err, "reading the fetch backlog failed; publishing without the gate for a while", "consumer", consumer, "retry", gateRetry)
 			q.Metrics.backlogReadFailed()
 		} else {
 			g.update(r)
 			q.Metrics.backlog(consumer, g.backlog())
 		}
-		if g.broken || g.backlog() < q.Options.FetchBacklog {
+		if g.broken || g.open(q.Options.FetchBacklog) {
 			g.again = !g.broken
 			opened = true
 		} else if next == 0 || gatePoll < next {

@@ -176,8 +176,9 @@ func TestGateKeepsTheFetchStreamShort(t *testing.T) {
 		}
 	}
 	// On the stream: at most the limit, plus the first job of each
-	// namespace that had none in flight.
-	if bound := limit + 2; maxPending > bound {
+	// namespace that had none in flight, plus one for the pull request
+	// of the test's fetcher, which the gate sees waiting.
+	if bound := limit + 2 + 1; maxPending > bound {
 		t.Errorf("the fetch stream held up to %d undelivered jobs, want at most %d", maxPending, bound)
 	}
 	seen := map[string]bool{}
@@ -188,7 +189,7 @@ func TestGateKeepsTheFetchStreamShort(t *testing.T) {
 		seen[id] = true
 	}
 	last := slices.IndexFunc(order, func(id string) bool { return id == fmt.Sprint("small-", small-1) })
-	if bound := 2*small + limit + 1; last >= bound {
+	if bound := 2*small + limit + 2; last >= bound {
 		t.Errorf("the small namespace's last job was the %dth taken, want among the first %d: %v", last+1, bound, order[:bound])
 	}
 	eventually(t, "every slot freed", func() bool { return testutil.ToFloat64(q.Metrics.inFlight) == 0 })
@@ -315,5 +316,49 @@ func TestQueueFewestInFlightFirst(t *testing.T) {
 	}
 	if want := []string{"small", "small", "big", "small", "big", "big"}; !slices.Equal(order, want) {
 		t.Errorf("taken in the order %v, want %v", order, want)
+	}
+}
+
+// fixedBacklog reads the same state every time, counting the readings.
+type fixedBacklog struct {
+	r     Reading
+	mu    sync.Mutex
+	reads int
+}
+
+func (f *fixedBacklog) Read(context.Context, string) (Reading, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	return f.r, nil
+}
+
+// TestGateOpenWhileFetchersWait: each fetcher's pull request waiting for
+// jobs counts against the backlog (the fetchers have room: a job
+// published is delivered at once), so jobs go through, one per reading,
+// while the backlog is below the limit plus the requests waiting; with no
+// pull request waiting, the same backlog holds them.
+func TestGateOpenWhileFetchersWait(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		waiting int
+		want    int
+	}{{"fetchers wait", 5, 4}, {"one waits", 1, 1}, {"none waits", 0, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bus := &recorder{}
+			backlog := &fixedBacklog{r: Reading{Pending: 5, Waiting: tc.waiting}}
+			q := &Queue{Next: bus, Backlog: backlog, Options: Options{MaxInFlight: 16, Timeout: time.Hour, FetchBacklog: 1},
+				Metrics: NewMetrics(prometheus.NewRegistry())}
+			start(t, q)
+			publishAll(t, q, "ns", 4)
+			eventually(t, "the jobs the gate lets through, and a reading after", func() bool {
+				backlog.mu.Lock()
+				defer backlog.mu.Unlock()
+				return len(bus.ids()) >= tc.want && backlog.reads >= 2
+			})
+			if got := len(bus.ids()); got != tc.want {
+				t.Errorf("%d jobs published, want %d", got, tc.want)
+			}
+		})
 	}
 }

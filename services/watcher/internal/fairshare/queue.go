@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
@@ -90,6 +91,9 @@ type pending struct {
 	// gated is set once the gate has held the job back (it is counted
 	// once).
 	gated bool
+	// trace is the span context of the reconcile that made the job: the
+	// job's publish span is its child, whenever it is published.
+	trace trace.SpanContext
 }
 
 // slot is a job on the bus.
@@ -225,12 +229,12 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 	t := q.tenant(key.namespace)
 	if p := t.byKey[key]; p != nil {
 		// A newer job for the object replaces the one waiting.
-		p.subject, p.eventType, p.job, p.data = subject, eventType, job, data
+		p.subject, p.eventType, p.job, p.data, p.trace = subject, eventType, job, data, trace.SpanContextFromContext(ctx)
 		q.mu.Unlock()
 		return nil
 	}
 	p := &pending{key: key, subject: subject, eventType: eventType, job: job, data: data, since: q.now(),
-		consumer: events.FetchConsumer(key.kind)}
+		consumer: events.FetchConsumer(key.kind), trace: trace.SpanContextFromContext(ctx)}
 	free := t.inFlight < q.Options.MaxInFlight && t.waiting() == 0
 	if free && q.passes(t, p) {
 		q.take(t, key, job.ID)
@@ -368,7 +372,7 @@ func (q *Queue) dispatch(ctx context.Context) (next time.Duration, ok bool) {
 			}
 			continue
 		}
-		if err := q.send(ctx, p); err != nil {
+		if err := q.send(trace.ContextWithSpanContext(ctx, p.trace), p); err != nil {
 			// The bus is unreachable: the job goes back to the head of
 			// its namespace's queue, and its slot is freed.
 			q.mu.Lock()
