@@ -3,9 +3,11 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
+	"github.com/fluxcd/pkg/runtime/jitter"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,7 +42,10 @@ const BusUnavailableReason = "BusUnavailable"
 // outcome, once the bus takes it again, clears FetchFailed and
 // Reconciling (status.Apply) and records the recovery's Event.
 //
-// It returns the publish error, so controller-runtime retries.
+// The reconcile is retried after RequeueDependency (30 s by default,
+// jittered), not on controller-runtime's backoff for errors, which
+// doubles up to 16 minutes: a source is fresh again at most that long
+// after the bus is back, however long it was gone.
 func (r *Reconciler) unpublished(ctx context.Context, obj sourcekind.Object, err error) (ctrl.Result, error) {
 	f := busUnavailable(r.Kind.Name, obj, err)
 	wrote, news := false, false
@@ -60,18 +65,29 @@ func (r *Reconciler) unpublished(ctx context.Context, obj sourcekind.Object, err
 		}
 		return true
 	})
+	logger := log.FromContext(ctx)
 	switch {
 	case perr != nil:
 		// The next attempt writes it: the Event waits for the write.
-		log.FromContext(ctx).Error(perr, "recording that the bus does not take the fetch job failed")
+		logger.Error(perr, "recording that the bus does not take the fetch job failed")
 	case wrote:
-		log.FromContext(ctx).Info("fetch job not published: the source keeps its artifact", "reason", f.Reason, "message", f.Error())
+		logger.Error(err, "fetch job not published: the source keeps its artifact and says why", "reason", f.Reason)
 		if news && r.Recorder != nil {
 			r.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, f.Reason, "Reconcile", "%s", f.Error())
 		}
+	default:
+		logger.V(1).Info("fetch job not published", "error", err.Error())
 	}
-	return ctrl.Result{}, fmt.Errorf("publish fetch job: %w", err)
+	after := r.RequeueDependency
+	if after <= 0 {
+		after = defaultBusRetry
+	}
+	return ctrl.Result{RequeueAfter: jitter.JitteredIntervalDuration(after)}, nil
 }
+
+// defaultBusRetry is how soon a fetch job the bus refused is tried again
+// when the reconciler has no RequeueDependency.
+const defaultBusRetry = 30 * time.Second
 
 // said reports whether obj already says its fetch job waits for the bus.
 func said(obj sourcekind.Object) bool {
