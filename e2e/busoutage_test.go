@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
@@ -99,7 +100,9 @@ func TestBusOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped = false
+	back := time.Now()
 	after := e.waitArtifact(t, name, revision(commit2))
+	t.Logf("Ready at the new commit %s after NATS started again (retries every 5 s)", time.Since(back).Round(100*time.Millisecond))
 	for _, typ := range []string{sourcev1.FetchFailedCondition, meta.ReconcilingCondition} {
 		if c := apimeta.FindStatusCondition(after.Status.Conditions, typ); c != nil {
 			t.Errorf("%s = %+v once the bus is back, want none", typ, c)

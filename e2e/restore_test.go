@@ -78,11 +78,13 @@ func TestRestoreIntoFreshCluster(t *testing.T) {
 	fetched := map[string]int64{cached: git.FetchesOf(cached), evicted: git.FetchesOf(evicted)}
 	listed := git.ListingsOf(cached)
 	b := startRestoreEnv(t, "RestoreB", srv)
+	applied := time.Now()
 	for _, name := range []string{cached, evicted} {
 		b.createSource(t, name, git.RepoURL(name))
 	}
 	for _, name := range []string{cached, evicted} {
 		obj := b.waitArtifact(t, name, revision(commits[name]))
+		t.Logf("%s Ready in the fresh cluster %s after it was applied", name, time.Since(applied).Round(100*time.Millisecond))
 		art := obj.Status.Artifact
 		if got := art.Path + " " + art.Digest; got != before[name] {
 			t.Errorf("%s restored with artifact %q, Env A stored %q", name, got, before[name])
