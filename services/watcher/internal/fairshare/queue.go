@@ -163,6 +163,10 @@ type Queue struct {
 	// waiting counts the jobs waiting in every namespace.
 	waiting int
 	wake    chan struct{}
+	// refused is the bus's answer to the last job published, while it
+	// refuses them (NATS down, JetStream without quorum); nil once one
+	// went through.
+	refused error
 }
 
 var _ manager.Runnable = (*Queue)(nil)
@@ -172,6 +176,12 @@ var _ manager.Runnable = (*Queue)(nil)
 // published when its turn comes. A job that replaces the waiting job of
 // the same object takes its place in the queue. Publish passes on Next's
 // error for a job it publishes.
+//
+// While the bus refuses jobs (the last publish failed), no job is held:
+// there is no turn to wait for. Each is tried at once, replacing its
+// object's waiting job, so that its source learns the bus's answer (the
+// reconciler then says BusUnavailable), and the first that goes through
+// ends the refusal; jobs are held again from then on.
 func (q *Queue) Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error {
 	if !q.enabled() {
 		return q.Next.Publish(ctx, subject, eventType, job, data)
@@ -185,6 +195,18 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 		return q.Next.Publish(ctx, subject, eventType, job, data)
 	}
 	t := q.tenant(key.namespace)
+	if q.refused != nil {
+		if t.remove(key) {
+			q.waiting--
+			if t.waiting() == 0 {
+				q.leaveRing(key.namespace)
+			}
+		}
+		q.take(t, key, job.ID)
+		q.updateGauges()
+		q.mu.Unlock()
+		return q.publish(ctx, subject, eventType, job, data)
+	}
 	if p := t.byKey[key]; p != nil {
 		// A newer job for the object replaces the one waiting.
 		p.subject, p.eventType, p.job, p.data = subject, eventType, job, data
@@ -194,12 +216,7 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 	if t.inFlight < q.Options.MaxInFlight && t.waiting() == 0 {
 		q.take(t, key, job.ID)
 		q.mu.Unlock()
-		q.Metrics.admitted(0)
-		if err := q.Next.Publish(ctx, subject, eventType, job, data); err != nil {
-			q.release(job.ID, "")
-			return err
-		}
-		return nil
+		return q.publish(ctx, subject, eventType, job, data)
 	}
 	t.push(&pending{key: key, subject: subject, eventType: eventType, job: job, data: data, since: q.now()}, false)
 	q.waiting++
@@ -209,6 +226,27 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 	q.updateGauges()
 	q.mu.Unlock()
 	return nil
+}
+
+// publish publishes a job that holds a slot: a refusal frees the slot
+// and is remembered (refused); a success ends the refusal.
+func (q *Queue) publish(ctx context.Context, subject, eventType string, job events.Job, data any) error {
+	err := q.Next.Publish(ctx, subject, eventType, job, data)
+	q.setRefused(err)
+	if err != nil {
+		q.release(job.ID, "")
+		return err
+	}
+	q.Metrics.admitted(0)
+	return nil
+}
+
+// setRefused records the bus's answer to the last publish: err, or nil
+// when it took the job.
+func (q *Queue) setRefused(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.refused = err
 }
 
 // Done frees the slot of the job whose outcome arrived; a job the queue
@@ -298,7 +336,9 @@ func (q *Queue) dispatch(ctx context.Context) bool {
 		if p == nil {
 			return true
 		}
-		if err := q.Next.Publish(ctx, p.subject, p.eventType, p.job, p.data); err != nil {
+		err := q.Next.Publish(ctx, p.subject, p.eventType, p.job, p.data)
+		q.setRefused(err)
+		if err != nil {
 			// The bus is unreachable: the job goes back to the head of
 			// its namespace's queue, and its slot is freed.
 			q.mu.Lock()
@@ -384,7 +424,7 @@ func (q *Queue) reset() {
 	for id := range q.slots {
 		q.free(id, ReleaseLeaderLost)
 	}
-	q.tenants, q.ring, q.next, q.waiting = map[string]*tenant{}, nil, 0, 0
+	q.tenants, q.ring, q.next, q.waiting, q.refused = map[string]*tenant{}, nil, 0, 0, nil
 	q.updateGauges()
 	q.Metrics.top(nil)
 }
