@@ -22,12 +22,13 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 )
 
-// The deadline Env's job deadlines: short, so that the test outwaits them.
-// The fetcher's cap is what a tenant's spec.timeout meets; the packager's
-// -job-timeout is every packaging job's.
+// The deadline Env's job deadlines: short, so that the test outwaits them,
+// and long enough for the victim's jobs on a loaded machine (every job
+// has them). The fetcher's cap is what a tenant's spec.timeout meets; the
+// packager's -job-timeout is every packaging job's.
 const (
-	deadlineFetchCap = 10 * time.Second
-	deadlinePackage  = 5 * time.Second
+	deadlineFetchCap = 20 * time.Second
+	deadlinePackage  = 10 * time.Second
 )
 
 // startDeadlineEnv starts an Env of the test's own with one slot in the
@@ -37,7 +38,7 @@ func startDeadlineEnv(t *testing.T) *privateEnv {
 	t.Helper()
 	return startPrivateEnv(t, "deadline", func(cfg *harness.Config) {
 		cfg.ExtraArgs[harness.Fetcher] = append(cfg.ExtraArgs[harness.Fetcher], "-concurrency", "1",
-			"-job-timeout", "5s", "-max-job-timeout", deadlineFetchCap.String())
+			"-job-timeout", "10s", "-max-job-timeout", deadlineFetchCap.String())
 		cfg.ExtraArgs[harness.Packager] = append(cfg.ExtraArgs[harness.Packager], "-concurrency", "1",
 			"-job-timeout", deadlinePackage.String())
 	})
