@@ -204,6 +204,10 @@ type Queue struct {
 	wake    chan struct{}
 	// gates are the fetch consumers' backlog gates, by consumer name.
 	gates map[string]*gate
+	// refused is the bus's answer to the last job published, while it
+	// refuses them (NATS down, JetStream without quorum); nil once one
+	// went through.
+	refused error
 }
 
 var _ manager.Runnable = (*Queue)(nil)
@@ -214,6 +218,12 @@ var _ manager.Runnable = (*Queue)(nil)
 // published when its turn comes. A job that replaces the waiting job of
 // the same object takes its place in the queue. Publish passes on Next's
 // error for a job it publishes.
+//
+// While the bus refuses jobs (the last publish failed), no job is held:
+// there is no turn to wait for. Each is tried at once, replacing its
+// object's waiting job, so that its source learns the bus's answer (the
+// reconciler then says BusUnavailable), and the first that goes through
+// ends the refusal; jobs are held again from then on.
 func (q *Queue) Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error {
 	if !q.enabled() {
 		return q.Next.Publish(ctx, subject, eventType, job, data)
@@ -227,25 +237,33 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 		return q.Next.Publish(ctx, subject, eventType, job, data)
 	}
 	t := q.tenant(key.namespace)
-	if p := t.byKey[key]; p != nil {
+	p := &pending{key: key, subject: subject, eventType: eventType, job: job, data: data, since: q.now(),
+		consumer: events.FetchConsumer(key.kind), trace: trace.SpanContextFromContext(ctx)}
+	if q.refused != nil {
+		if t.remove(key) {
+			q.waiting--
+			if t.waiting() == 0 {
+				q.leaveRing(key.namespace)
+			}
+		}
+		q.take(t, key, job.ID)
+		q.published(p.consumer)
+		q.updateGauges()
+		q.mu.Unlock()
+		return q.publish(ctx, p)
+	}
+	if w := t.byKey[key]; w != nil {
 		// A newer job for the object replaces the one waiting.
-		p.subject, p.eventType, p.job, p.data, p.trace = subject, eventType, job, data, trace.SpanContextFromContext(ctx)
+		w.subject, w.eventType, w.job, w.data, w.trace = subject, eventType, job, data, p.trace
 		q.mu.Unlock()
 		return nil
 	}
-	p := &pending{key: key, subject: subject, eventType: eventType, job: job, data: data, since: q.now(),
-		consumer: events.FetchConsumer(key.kind), trace: trace.SpanContextFromContext(ctx)}
 	free := t.inFlight < q.Options.MaxInFlight && t.waiting() == 0
 	if free && q.passes(t, p) {
 		q.take(t, key, job.ID)
 		q.published(p.consumer)
 		q.mu.Unlock()
-		q.Metrics.admitted(0)
-		if err := q.send(ctx, p); err != nil {
-			q.release(job.ID, "")
-			return err
-		}
-		return nil
+		return q.publish(ctx, p)
 	}
 	if q.gated() && t.inFlight+t.waiting() < q.Options.MaxInFlight {
 		// The slots would let it go: the gate holds it, and the
@@ -261,6 +279,27 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 	q.updateGauges()
 	q.mu.Unlock()
 	return nil
+}
+
+// publish publishes p, whose job holds a slot: a refusal frees the slot
+// and is remembered (refused); a success ends the refusal.
+func (q *Queue) publish(ctx context.Context, p *pending) error {
+	err := q.send(ctx, p)
+	q.setRefused(err)
+	if err != nil {
+		q.release(p.job.ID, "")
+		return err
+	}
+	q.Metrics.admitted(0)
+	return nil
+}
+
+// setRefused records the bus's answer to the last publish: err, or nil
+// when it took the job.
+func (q *Queue) setRefused(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.refused = err
 }
 
 // Done frees the slot of the job whose outcome arrived; a job the queue
@@ -372,7 +411,9 @@ func (q *Queue) dispatch(ctx context.Context) (next time.Duration, ok bool) {
 			}
 			continue
 		}
-		if err := q.send(trace.ContextWithSpanContext(ctx, p.trace), p); err != nil {
+		err := q.send(trace.ContextWithSpanContext(ctx, p.trace), p)
+		q.setRefused(err)
+		if err != nil {
 			// The bus is unreachable: the job goes back to the head of
 			// its namespace's queue, and its slot is freed.
 			q.mu.Lock()
@@ -481,7 +522,7 @@ func (q *Queue) reset() {
 	for id := range q.slots {
 		q.free(id, ReleaseLeaderLost)
 	}
-	q.tenants, q.ring, q.next, q.waiting, q.gates = map[string]*tenant{}, nil, 0, 0, map[string]*gate{}
+	q.tenants, q.ring, q.next, q.waiting, q.gates, q.refused = map[string]*tenant{}, nil, 0, 0, map[string]*gate{}, nil
 	q.updateGauges()
 	q.Metrics.top(nil)
 }

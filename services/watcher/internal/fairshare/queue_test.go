@@ -344,6 +344,41 @@ func TestQueuePublishFailure(t *testing.T) {
 	}
 }
 
+// TestQueueRefusedNotHeld: once the bus refused a job, no job is held
+// (its source must learn the refusal and say so): each is tried at once,
+// replacing its object's waiting job, until one goes through; then jobs
+// wait for their turn again.
+func TestQueueRefusedNotHeld(t *testing.T) {
+	bus := &recorder{}
+	q, _ := newQueue(bus, 1, time.Hour)
+	start(t, q)
+	publish(t, q, job("ns", "a", "a-1")) // its outcome does not come: the slot stays taken
+	publish(t, q, job("ns", "b", "b-1")) // held
+	refused := errors.New("nats: no responders available for request")
+	bus.setFail(refused)
+	// Another namespace's job meets the refusal.
+	if err := q.Publish(t.Context(), "s", "t", job("other", "x", "x-1"), nil); !errors.Is(err, refused) {
+		t.Fatalf("Publish x-1 = %v, want %v", err, refused)
+	}
+	// b's next job is not held behind a-1: it is tried, and refused.
+	if err := q.Publish(t.Context(), "s", "t", job("ns", "b", "b-2"), nil); !errors.Is(err, refused) {
+		t.Fatalf("Publish b-2 while the bus refuses = %v, want %v", err, refused)
+	}
+	bus.setFail(nil)
+	// The first job through ends the refusal, over the limit.
+	publish(t, q, job("ns", "c", "c-1"))
+	publish(t, q, job("ns", "d", "d-1")) // held again
+	if got, want := bus.ids(), []string{"a-1", "c-1"}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v (d-1 waiting, b-1 replaced)", got, want)
+	}
+	q.Done("a-1")
+	q.Done("c-1")
+	eventually(t, "d-1 published in its turn", func() bool { return len(bus.ids()) == 3 })
+	if got, want := bus.ids(), []string{"a-1", "c-1", "d-1"}; !slices.Equal(got, want) {
+		t.Errorf("published %v, want %v: b-1 was replaced by b-2, which the bus refused", got, want)
+	}
+}
+
 // TestQueueDisabled: with no limit (or a nil queue) every job is published
 // at once, and Done and Forget do nothing.
 func TestQueueDisabled(t *testing.T) {
