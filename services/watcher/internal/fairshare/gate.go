@@ -44,12 +44,15 @@ import (
 // FetchBacklogFlag is the flag of Options.FetchBacklog.
 const FetchBacklogFlag = "fair-share-fetch-backlog"
 
-// DefaultFetchBacklog is the default of -fair-share-fetch-backlog: one job
-// left undelivered is enough to keep the fetchers busy (each replica
-// pulls -concurrency jobs ahead of its workers, and the gate is read
-// again within gatePoll of a fetcher taking jobs), and it is the least a
-// newly due namespace's first job finds ahead of it.
-const DefaultFetchBacklog = 1
+// DefaultFetchBacklog is the default of -fair-share-fetch-backlog: off.
+// Measured in scenario f (docs/design.md, "The backlog gate"), the gate
+// took the small tenant's wait off the fetch stream but not its time to
+// Ready, while it hides a flood from the fetch consumer's num_pending,
+// which the KEDA example scales the fetchers on. 1 is the value to try:
+// one job left undelivered keeps the fetchers busy (each replica pulls
+// -concurrency jobs ahead of its workers, and the gate is read again
+// within gatePoll of a fetcher taking jobs).
+const DefaultFetchBacklog = 0
 
 // gatePoll is how often a closed gate reads its consumer's backlog again:
 // short against a fetch (a fetcher has -concurrency jobs pulled ahead),
