@@ -195,7 +195,7 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 			opts.Creds = credentials.NewStaticV4(access, secret, "")
 		}
 	case spec.Provider == sourcev1.BucketProviderAmazon && account != nil:
-		if opts.Creds, err = s.accountCredentials(ctx, namespace, spec, account, transport, proxy); err != nil {
+		if opts.Creds, err = s.accountCredentials(ctx, namespace, spec, account, proxy); err != nil {
 			return nil, "", err
 		}
 	case spec.Provider == sourcev1.BucketProviderAmazon:
@@ -227,7 +227,7 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 // account at spec.sts.endpoint (else the fetcher's AWS_ENDPOINT_URL_STS,
 // else the region's STS), as Flux does for a Bucket's serviceAccountName.
 func (s *Source) accountCredentials(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account,
-	transport http.RoundTripper, proxy *url.URL) (*credentials.Credentials, error) {
+	proxy *url.URL) (*credentials.Credentials, error) {
 	const format = "AWS authentication failed: %w"
 	if spec.Region == "" {
 		return nil, source.StalledError(sourcev1.AuthenticationFailedReason, format,
@@ -237,7 +237,17 @@ func (s *Source) accountCredentials(ctx context.Context, namespace string, spec 
 	if err != nil {
 		return nil, source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
 	}
-	stsTransport := transport
+	// The fetcher's own STS endpoint (the operator's environment) is no
+	// tenant's address: not behind the egress policy, through the
+	// Bucket's proxy.
+	var stsTransport http.RoundTripper
+	if t, ok := http.DefaultTransport.(*http.Transport); ok {
+		t = t.Clone()
+		if proxy != nil {
+			t.Proxy = http.ProxyURL(proxy)
+		}
+		stsTransport = t
+	}
 	if spec.STS != nil {
 		if !stsEndpointPattern.MatchString(spec.STS.Endpoint) {
 			return nil, source.StalledError(sourcev1.AuthenticationFailedReason,
