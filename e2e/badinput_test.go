@@ -414,6 +414,37 @@ func TestBadInput(t *testing.T) {
 			cond: sourcev1.FetchFailedCondition, reason: "AuthenticationFailed", stalled: true,
 			inMsg: "invalid AWS registry",
 		},
+		// Object-level workload identity with the gate off (the shared
+		// Env's fetcher, as Flux by default): Flux's refusal, stalled.
+		// With the gate, e2e TestObjectLevelWorkloadIdentity.
+		{
+			name: "oci-sa-gate-off", kind: ociKind,
+			input: func(t *testing.T, name string) *meta.Artifact {
+				// The ServiceAccount is read first for its image pull
+				// secrets (none here), as in Flux.
+				createObject(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}})
+				createOCIRepository(t, name, reg.URL("semver"), func(o *sourcev1.OCIRepository) {
+					o.Spec.Provider = sourcev1.AmazonOCIProvider
+					o.Spec.ServiceAccountName = name
+				})
+				return nil
+			},
+			cond: sourcev1.FetchFailedCondition, reason: "FeatureGateDisabled", stalled: true,
+			inMsg: "to use spec.serviceAccountName for provider authentication please enable the ObjectLevelWorkloadIdentity feature gate in the controller",
+		},
+		{
+			name: "bucket-sa-gate-off", kind: sourcev1.BucketKind,
+			input: func(t *testing.T, name string) *meta.Artifact {
+				createBucket(t, name, s3.Endpoint, "hostile", func(b *sourcev1.Bucket) {
+					b.Spec.Provider = sourcev1.BucketProviderAmazon
+					b.Spec.Region = "us-east-1"
+					b.Spec.ServiceAccountName = "default"
+				})
+				return nil
+			},
+			cond: sourcev1.FetchFailedCondition, reason: "FeatureGateDisabled", stalled: true,
+			inMsg: "to use spec.serviceAccountName for provider authentication please enable the ObjectLevelWorkloadIdentity feature gate in the controller",
+		},
 
 		// Specs the API server refuses (the CRDs' validation).
 		{

@@ -501,3 +501,36 @@ func TestChartShards(t *testing.T) {
 		}
 	}
 }
+
+// TestChartWorkloadIdentity: workloadIdentity.enabled turns the fetcher's
+// ObjectLevelWorkloadIdentity gate on and grants it create on
+// serviceaccounts/token; by default neither (components/workload-identity).
+func TestChartWorkloadIdentity(t *testing.T) {
+	const role = "ClusterRole <nil>/headwater-fetcher-workload-identity"
+	objs, err := helmTemplate(t, "gitops", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := objs[role]; ok {
+		t.Errorf("%s rendered by default", role)
+	}
+	if b, _ := json.Marshal(objs["Deployment gitops/fetcher"]); strings.Contains(string(b), "ObjectLevelWorkloadIdentity") {
+		t.Errorf("fetcher has the gate on by default:\n%s", b)
+	}
+	objs, err = helmTemplate(t, "gitops", map[string]any{"workloadIdentity": map[string]any{"enabled": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(objs[role])
+	if !strings.Contains(string(b), `"resources":["serviceaccounts/token"]`) || !strings.Contains(string(b), `"verbs":["create"]`) {
+		t.Errorf("%s:\n%s", role, b)
+	}
+	b, _ = json.Marshal(objs["ClusterRoleBinding <nil>/headwater-fetcher-workload-identity"])
+	if !strings.Contains(string(b), `"name":"fetcher","namespace":"gitops"`) {
+		t.Errorf("the token role is not bound to the fetcher of the release's namespace:\n%s", b)
+	}
+	b, _ = json.Marshal(objs["Deployment gitops/fetcher"])
+	if !strings.Contains(string(b), `{"name":"HEADWATER_FEATURE_GATES","value":"ObjectLevelWorkloadIdentity=true"}`) {
+		t.Errorf("fetcher without the gate:\n%s", b)
+	}
+}

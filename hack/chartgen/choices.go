@@ -35,7 +35,7 @@ type Dimension struct {
 // what the others add; shards first, so that every other component's
 // patches of the watcher (TLS, tracing, an external NATS, the drop-in)
 // reach the shards' copies too.
-var componentOrder = []string{"shards", "nats-cluster", "nats-tls", "receivers", "dispatcher", "monitoring", "tracing", "nats-external", "flux-dropin"}
+var componentOrder = []string{"shards", "nats-cluster", "nats-tls", "receivers", "dispatcher", "monitoring", "tracing", "workload-identity", "nats-external", "flux-dropin"}
 
 // storageOverlays are the kustomizations the storage choices build on:
 // deploy/ (MinIO) and the overlays.
@@ -75,6 +75,7 @@ var Dimensions = []Dimension{
 	toggle("dispatcher", "dispatcher"),
 	toggle("monitoring", "monitoring"),
 	toggle("tracing", "tracing"),
+	toggle("workloadIdentity", "workload-identity"),
 	toggle("fluxDropIn", "flux-dropin"),
 	{
 		// Watcher shards (components/shards): any non-empty list of

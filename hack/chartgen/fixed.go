@@ -244,6 +244,16 @@ tracing:
   enabled: false
   endpoint: ` + TracingEndpoint + `
 
+# Object-level workload identity (components/workload-identity), as Flux's
+# --feature-gates=ObjectLevelWorkloadIdentity=true: a source with a cloud
+# provider (aws, azure) and spec.serviceAccountName logs in as that
+# ServiceAccount of its own namespace; the fetcher may then create
+# ServiceAccount tokens, which it may not otherwise (docs/security.md).
+# Flux's --default-service-account: HEADWATER_DEFAULT_SERVICE_ACCOUNT in
+# fetcher.extraEnv.
+workloadIdentity:
+  enabled: false
+
 # The egress policy of the services that request tenants' URLs (the
 # fetchers and the dispatcher; docs/security.md, "Egress"): a private
 # address (the cluster's Services and Pods, 10.0.0.0/8, 172.16.0.0/12,
@@ -351,7 +361,8 @@ func valuesSchema() map[string]any {
 			"egress": object(map[string]any{"allowedDestinations": map[string]any{
 				"type": "array", "items": map[string]any{"type": "string", "minLength": 1},
 			}}),
-			"fluxDropIn": toggle,
+			"fluxDropIn":       toggle,
+			"workloadIdentity": toggle,
 			"shards": map[string]any{
 				"type":        "array",
 				"uniqueItems": true,

@@ -69,19 +69,30 @@ type FeatureGate struct {
 	Name string
 	// Default is whether Flux enables it by default.
 	Default bool
-	// NoEffect says why setting it does nothing in Headwater.
+	// Effect says what it does in the roles that implement it (those
+	// whose -feature-gates is a NewGates naming it); empty when none does.
+	Effect string
+	// NoEffect says why setting it does nothing in the other roles.
 	NoEffect string
 }
 
+// ObjectLevelWorkloadIdentity is Flux's gate of object-level workload
+// identity (fluxcd/pkg/auth's): a source's spec.serviceAccountName with a
+// cloud provider, and -default-service-account.
+const ObjectLevelWorkloadIdentity = "ObjectLevelWorkloadIdentity"
+
 // FeatureGates are the gates Flux's source-controller v1.9 accepts in
 // -feature-gates (its internal/features, and the one fluxcd/pkg/auth
-// adds). Headwater implements none of them: each is accepted and reported
-// as having no effect; a name not listed is an error, as in Flux.
+// adds). A role implements those its NewGates names; every other gate is
+// accepted and reported as having no effect; a name not listed is an
+// error, as in Flux.
 var FeatureGates = []FeatureGate{
 	{Name: "CacheSecretsAndConfigMaps", Default: false,
 		NoEffect: "the watcher reads no Secrets or ConfigMaps, and the fetcher reads a source's Secrets from the API server for each job"},
-	{Name: "ObjectLevelWorkloadIdentity", Default: false,
-		NoEffect: "object-level workload identity (a source's serviceAccountName for a cloud provider) is not supported: such a source stalls"},
+	{Name: ObjectLevelWorkloadIdentity, Default: false,
+		Effect: "a source's spec.serviceAccountName with a cloud provider authenticates as that ServiceAccount (a token of it from the TokenRequest API exchanged with the cloud), and -default-service-account applies; " +
+			"off, such a source stalls with Flux's FeatureGateDisabled",
+		NoEffect: "only the fetcher gets cloud tokens for a source's ServiceAccount"},
 }
 
 // Reasons shared by several flags that have no effect.
@@ -130,7 +141,7 @@ var SourceController = []Flag{
 	{Name: "ssh-hostkey-algos", Usage: "The list of hostkey algorithms to use for ssh connections, arranged from most preferred to the least.",
 		NoEffect: "the fetcher's SSH client offers the algorithms of the keys the source's known_hosts holds for the host", kind: stringSliceKind},
 	{Name: "default-service-account", Usage: "Default service account to use for workload identity when not specified in resources.",
-		NoEffect: "object-level workload identity is not supported", kind: stringKind},
+		NoEffect: "only the fetcher gets cloud tokens for a source's ServiceAccount", kind: stringKind},
 	{Name: "storage-path", Default: "/data", Usage: "The path to the directory where artifacts will be stored.",
 		NoEffect: noStorage, kind: stringKind},
 	{Name: "storage-addr", Default: ":9090", Usage: "The address the artifact server will bind to.",
@@ -198,7 +209,7 @@ func Bind(fs *flag.FlagSet) {
 		}
 		var v flag.Value = &noEffect{kind: f.kind, reason: f.NoEffect, value: f.Default}
 		if f.kind == gatesKind {
-			v = &gates{}
+			v = &Gates{}
 		}
 		fs.Var(v, f.Name, "Flux's flag, accepted with no effect here: "+f.NoEffect+". In Flux: "+f.Usage)
 	}
@@ -280,14 +291,36 @@ func (v *noEffect) Set(s string) error {
 	return nil
 }
 
-// gates is Flux's -feature-gates: comma-separated name=bool pairs, each
-// name one of FeatureGates.
-type gates struct {
-	set map[string]bool
+// Gates is Flux's -feature-gates: comma-separated name=bool pairs, each
+// name one of FeatureGates. A role that implements gates binds its own
+// (NewGates) as -feature-gates; Bind gives the others one that implements
+// none.
+type Gates struct {
+	set       map[string]bool
+	effective []string
+}
+
+// NewGates returns the -feature-gates of a role that implements the gates
+// named effective; the others are accepted with no effect.
+func NewGates(effective ...string) *Gates {
+	return &Gates{effective: effective}
+}
+
+// Enabled reports whether gate is on: as set, else Flux's default.
+func (g *Gates) Enabled(gate string) bool {
+	if v, ok := g.set[gate]; ok {
+		return v
+	}
+	for _, f := range FeatureGates {
+		if f.Name == gate {
+			return f.Default
+		}
+	}
+	return false
 }
 
 // String lists the gates set, in name order.
-func (g *gates) String() string {
+func (g *Gates) String() string {
 	if g == nil {
 		return ""
 	}
@@ -301,7 +334,7 @@ func (g *gates) String() string {
 // Set reads name=bool pairs, as Flux (k8s.io/component-base's
 // MapStringBool): a repeated flag adds to the gates set before, and a
 // gate Flux's source-controller does not know is an error.
-func (g *gates) Set(s string) error {
+func (g *Gates) Set(s string) error {
 	if g.set == nil {
 		g.set = map[string]bool{}
 	}
@@ -337,15 +370,16 @@ func gateNames() string {
 
 // LogNoEffect logs, once per flag, each flag of fs set (on the command
 // line or from the environment) that has no effect in this role, and each
-// feature gate set: what it is and why it does nothing.
+// feature gate set that the role does not implement: what it is and why
+// it does nothing.
 func LogNoEffect(fs *flag.FlagSet, log logr.Logger) {
 	fs.Visit(func(f *flag.Flag) {
 		switch v := f.Value.(type) {
 		case *noEffect:
 			log.Info("flag has no effect in Headwater", "flag", f.Name, "value", v.value, "reason", v.reason)
-		case *gates:
+		case *Gates:
 			for _, g := range FeatureGates {
-				if enabled, ok := v.set[g.Name]; ok {
+				if enabled, ok := v.set[g.Name]; ok && !slices.Contains(v.effective, g.Name) {
 					log.Info("feature gate has no effect in Headwater", "flag", f.Name, "gate", g.Name, "enabled", enabled, "reason", g.NoEffect)
 				}
 			}

@@ -160,3 +160,31 @@ func TestGatesRepeat(t *testing.T) {
 		t.Errorf("feature-gates = %q", got)
 	}
 }
+
+// TestImplementedGate: a role that binds NewGates(ObjectLevelWorkloadIdentity)
+// as -feature-gates sees the gate as set (off by default, as Flux) and
+// logs only the gates it does not implement as having no effect.
+func TestImplementedGate(t *testing.T) {
+	fs := flag.NewFlagSet("role", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	g := NewGates(ObjectLevelWorkloadIdentity)
+	fs.Var(g, "feature-gates", "")
+	Bind(fs)
+	if g.Enabled(ObjectLevelWorkloadIdentity) {
+		t.Fatal("ObjectLevelWorkloadIdentity on by default")
+	}
+	if err := fs.Parse([]string{"--feature-gates=ObjectLevelWorkloadIdentity=true,CacheSecretsAndConfigMaps=true"}); err != nil {
+		t.Fatal(err)
+	}
+	if !g.Enabled(ObjectLevelWorkloadIdentity) {
+		t.Error("ObjectLevelWorkloadIdentity=true not enabled")
+	}
+	var buf bytes.Buffer
+	LogNoEffect(fs, logr.FromSlogHandler(slog.NewJSONHandler(&buf, nil)))
+	if got := buf.String(); strings.Contains(got, ObjectLevelWorkloadIdentity) || !strings.Contains(got, "CacheSecretsAndConfigMaps") {
+		t.Errorf("logged %s, want CacheSecretsAndConfigMaps only", got)
+	}
+	if m := Meaning(fs, "feature-gates"); !strings.Contains(m, "implements "+ObjectLevelWorkloadIdentity) {
+		t.Errorf("meaning %q", m)
+	}
+}

@@ -3,6 +3,7 @@ package fluxflags
 import (
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -19,14 +20,18 @@ func Meaning(fs *flag.FlagSet, name string) string {
 		return "alias of `-" + v.target + "`"
 	case *noEffect:
 		return "no effect: " + v.reason
-	case *gates:
+	case *Gates:
+		if len(v.effective) > 0 {
+			return "the role's own flag: implements " + strings.Join(v.effective, ", ") + "; other gates accepted with no effect"
+		}
 		return "accepted, gates checked; no effect: " + featureGatesNoEffect
 	}
 	return "the role's own flag"
 }
 
-// featureGatesNoEffect is why -feature-gates does nothing.
-const featureGatesNoEffect = "Headwater implements none of Flux's source-controller feature gates"
+// featureGatesNoEffect is why -feature-gates does nothing in a role that
+// implements no gate.
+const featureGatesNoEffect = "this role implements none of Flux's source-controller feature gates"
 
 // Role is a role's name and its flags, as it parses them.
 type Role struct {
@@ -85,15 +90,34 @@ watcher's own flags, with their sharding meaning.
 ` + "`--feature-gates`" + ` takes Flux's source-controller gates, as
 ` + "`Name=true|false`" + ` pairs, comma-separated or in repeated flags. A gate
 Flux's source-controller does not know is an error (exit 2), as in Flux;
-each gate set is logged once as having no effect:
+each gate set in a role that does not implement it is logged once as having
+no effect:
 
 | Gate | Flux default | In Headwater |
 |---|---|---|
 `)
 	for _, g := range FeatureGates {
-		fmt.Fprintf(&b, "| `%s` | %t | no effect: %s |\n", g.Name, g.Default, g.NoEffect)
+		if g.Effect == "" {
+			fmt.Fprintf(&b, "| `%s` | %t | no effect: %s |\n", g.Name, g.Default, g.NoEffect)
+			continue
+		}
+		fmt.Fprintf(&b, "| `%s` | %t | **%s**: %s<br>other roles: no effect: %s |\n", g.Name, g.Default,
+			strings.Join(implementers(roles, g.Name), ", "), g.Effect, g.NoEffect)
 	}
 	return b.String()
+}
+
+// implementers are the roles whose -feature-gates implements gate.
+func implementers(roles []Role, gate string) []string {
+	var names []string
+	for _, r := range roles {
+		if f := r.Flags.Lookup("feature-gates"); f != nil {
+			if g, ok := f.Value.(*Gates); ok && slices.Contains(g.effective, gate) {
+				names = append(names, r.Name)
+			}
+		}
+	}
+	return names
 }
 
 // meanings groups roles by what Flux's flag name does in them.

@@ -34,8 +34,13 @@ const ecrTarget = "AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken"
 type AWS struct {
 	// RoleARN is the only role that may be assumed.
 	RoleARN string
-	// WebIdentityToken is the only web identity token accepted.
+	// WebIdentityToken is the only web identity token accepted, unless
+	// Trust is set.
 	WebIdentityToken string
+	// Trust, when set, decides which web identity tokens are accepted
+	// for which role instead of WebIdentityToken and RoleARN (a
+	// ServiceAccountTrust, as an IAM role's trust policy does).
+	Trust func(role, token string) error
 	// Region is ECR's region, as its signatures must name it.
 	Region string
 	// TTL is the lifetime of credentials and authorization tokens; an
@@ -118,6 +123,11 @@ func (a *AWS) sts(w http.ResponseWriter, r *http.Request, body []byte) {
 	case f.Get("RoleSessionName") == "":
 		stsError(w, http.StatusBadRequest, "Sender", "ValidationError", "1 validation error detected: Value null at 'roleSessionName' failed to satisfy constraint: Member must not be null")
 		return
+	case a.Trust != nil:
+		if err := a.Trust(f.Get("RoleArn"), f.Get("WebIdentityToken")); err != nil {
+			stsError(w, http.StatusForbidden, "Sender", "AccessDenied", "Not authorized to perform sts:AssumeRoleWithWebIdentity: "+err.Error())
+			return
+		}
 	case f.Get("WebIdentityToken") != a.WebIdentityToken:
 		stsError(w, http.StatusBadRequest, "Sender", "InvalidIdentityToken", "Token signature could not be verified, or the token has expired.")
 		return

@@ -29,8 +29,13 @@ import (
 type AWSSTS struct {
 	// RoleARN is the only role that may be assumed.
 	RoleARN string
-	// Token is the only web identity token accepted.
+	// Token is the only web identity token accepted, unless Trust is set.
 	Token string
+	// Trust, when set, decides which web identity tokens are accepted
+	// for which role instead of Token and RoleARN (cloudid's
+	// ServiceAccountTrust checks a ServiceAccount token's subject and
+	// audience, as an IAM role's trust policy does).
+	Trust func(role, token string) error
 	// Mint makes the temporary credentials returned.
 	Mint func() (accessKey, secretKey, sessionToken string, expires time.Time, err error)
 
@@ -76,6 +81,9 @@ func (s *AWSSTS) CAPool() *x509.CertPool {
 	return p
 }
 
+// CACertPEM is the PEM certificate of the server's authority.
+func (s *AWSSTS) CACertPEM() []byte { return s.ca.CertPEM }
+
 // Stop stops serving.
 func (s *AWSSTS) Stop() error {
 	if s.srv == nil {
@@ -117,18 +125,30 @@ func (s *AWSSTS) serve(w http.ResponseWriter, r *http.Request) {
 		stsError(w, http.StatusBadRequest, "Sender", "InvalidAction", fmt.Sprintf("Could not find operation %s for version %s.", f.Get("Action"), f.Get("Version")))
 	case f.Get("RoleSessionName") == "":
 		stsError(w, http.StatusBadRequest, "Sender", "ValidationError", "1 validation error detected: Value null at 'roleSessionName' failed to satisfy constraint: Member must not be null")
+	case s.Trust != nil && s.Trust(f.Get("RoleArn"), f.Get("WebIdentityToken")) != nil:
+		stsError(w, http.StatusForbidden, "Sender", "AccessDenied", "Not authorized to perform sts:AssumeRoleWithWebIdentity: "+
+			s.Trust(f.Get("RoleArn"), f.Get("WebIdentityToken")).Error())
+	case s.Trust != nil:
+		s.issue(w, f.Get("RoleSessionName"))
 	case f.Get("WebIdentityToken") != s.Token:
 		stsError(w, http.StatusBadRequest, "Sender", "InvalidIdentityToken", "Couldn't retrieve verification key from your identity provider,  please reference AssumeRoleWithWebIdentity documentation for requirements")
 	case f.Get("RoleArn") != s.RoleARN:
 		stsError(w, http.StatusForbidden, "Sender", "AccessDenied", "Not authorized to perform sts:AssumeRoleWithWebIdentity")
 	default:
+		s.issue(w, f.Get("RoleSessionName"))
+	}
+}
+
+// issue answers with credentials Mint makes for the role session name.
+func (s *AWSSTS) issue(w http.ResponseWriter, name string) {
+	{
 		access, secret, session, expires, err := s.Mint()
 		if err != nil {
 			stsError(w, http.StatusInternalServerError, "Receiver", "InternalFailure", err.Error())
 			return
 		}
 		s.mu.Lock()
-		s.sessions = append(s.sessions, f.Get("RoleSessionName"))
+		s.sessions = append(s.sessions, name)
 		s.mu.Unlock()
 		type creds struct {
 			AccessKeyID     string `xml:"AccessKeyId"`

@@ -20,8 +20,13 @@ import (
 type EntraID struct {
 	// TenantID and ClientID name the tenant and the application.
 	TenantID, ClientID string
-	// Assertion is the federated token (a service account token) accepted.
+	// Assertion is the federated token (a service account token) accepted,
+	// unless Trust is set.
 	Assertion string
+	// Trust, when set, decides which client assertions are accepted for
+	// which application instead of Assertion and ClientID (a federated
+	// identity credential of each application).
+	Trust func(clientID, assertion string) error
 	// Scope is the only scope tokens are issued for.
 	Scope string
 	// TTL is the lifetime of the tokens minted; an hour when zero.
@@ -70,13 +75,19 @@ func (e *EntraID) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := r.PostForm
+	trusted := func() bool {
+		if e.Trust != nil {
+			return e.Trust(f.Get("client_id"), f.Get("client_assertion")) == nil
+		}
+		return f.Get("client_assertion") == e.Assertion
+	}
 	switch {
 	case f.Get("grant_type") != "client_credentials":
 		entraError(w, http.StatusBadRequest, "unsupported_grant_type", "AADSTS70003: The app requested an unsupported grant type.")
-	case f.Get("client_id") != e.ClientID:
+	case e.Trust == nil && f.Get("client_id") != e.ClientID:
 		entraError(w, http.StatusBadRequest, "unauthorized_client",
 			fmt.Sprintf("AADSTS700016: Application with identifier '%s' was not found in the directory.", f.Get("client_id")))
-	case f.Get("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer" || f.Get("client_assertion") != e.Assertion:
+	case f.Get("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer" || !trusted():
 		entraError(w, http.StatusUnauthorized, "invalid_client",
 			"AADSTS700211: No matching federated identity record found for presented assertion issuer.")
 	case f.Get("scope") != e.Scope:

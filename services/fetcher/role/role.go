@@ -16,6 +16,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/fluxflags"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
@@ -71,6 +72,11 @@ type options struct {
 	rateLimits string
 	// rateLimitMaxWait bounds a request's wait for its host's bucket.
 	rateLimitMaxWait time.Duration
+	// gates are Flux's -feature-gates; the fetcher implements
+	// ObjectLevelWorkloadIdentity.
+	gates *fluxflags.Gates
+	// defaultServiceAccount is Flux's -default-service-account.
+	defaultServiceAccount string
 }
 
 func (o *options) bindFlags(fs *flag.FlagSet) {
@@ -109,6 +115,12 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		"Longest a request waits for a slot of its host's rate limit; longer, and the fetch answers that the source is rate limited, with when to try again.")
 	fs.Int64Var(&o.helmChartFileMaxSize, "helm-chart-file-max-size", helmchartfetch.DefaultMaxChartFileSize,
 		"Largest file in a Helm chart, decompressed, in bytes.")
+	o.gates = fluxflags.NewGates(fluxflags.ObjectLevelWorkloadIdentity)
+	fs.Var(o.gates, "feature-gates",
+		"Flux's feature gates, comma-separated Name=true|false. ObjectLevelWorkloadIdentity=true lets a source's spec.serviceAccountName with a cloud provider authenticate as that ServiceAccount "+
+			"(needs RBAC create on serviceaccounts/token: the workload-identity component); Flux's other gates are accepted with no effect.")
+	fs.StringVar(&o.defaultServiceAccount, "default-service-account", "",
+		"ServiceAccount of a source's own namespace that sources with a cloud provider and no spec.serviceAccountName authenticate as (Flux's multi-tenancy lockdown); needs -feature-gates=ObjectLevelWorkloadIdentity=true.")
 }
 
 // Flags returns the role's flags as Main parses them (command.NewFlagSet),

@@ -15,6 +15,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/command"
 	"github.com/headwater-gitops/headwater/pkg/egress"
 	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/fluxflags"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 	"github.com/headwater-gitops/headwater/pkg/telemetry"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/bucketfetch"
@@ -30,6 +31,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/workdir"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // kinds are the source kinds the fetcher fetches.
@@ -123,7 +125,16 @@ func (o options) check() (hostlimit.Rules, error) {
 	if o.verifyInterval < 0 {
 		return nil, errors.New("--artifact-verify-interval must not be negative")
 	}
+	if o.defaultServiceAccount != "" && !o.objectLevelIdentity() {
+		// Flux's words (fluxcd/pkg/auth's ErrInconsistentObjectLevelConfiguration).
+		return nil, errors.New("cannot set default service accounts when the feature gate ObjectLevelWorkloadIdentity is not enabled")
+	}
 	return rules, nil
+}
+
+// objectLevelIdentity is the ObjectLevelWorkloadIdentity gate.
+func (o options) objectLevelIdentity() bool {
+	return o.gates != nil && o.gates.Enabled(fluxflags.ObjectLevelWorkloadIdentity)
 }
 
 // fetcher is what run builds before it handles jobs. Each of its methods
@@ -139,7 +150,10 @@ type fetcher struct {
 	store        storage.Storage
 	secretReader secrets.Reader
 	// checker checks jobs against their objects; nil without a cluster.
-	checker  *provenance.Checker
+	checker *provenance.Checker
+	// accounts give sources their ServiceAccount's cloud identity under
+	// the ObjectLevelWorkloadIdentity gate; nil with the gate off.
+	accounts *workloadidentity.Accounts
 	conn     *bus.Conn
 	join     func(context.Context) (jetstream.Consumer, error)
 	consumer jetstream.Consumer
@@ -222,6 +236,13 @@ func (f *fetcher) readSecrets(context.Context) error {
 	}
 	f.secretReader = secretReader
 	f.checker, _ = f.o.secrets.NewProvenance() // nil without a cluster, as logged above
+	if f.o.objectLevelIdentity() {
+		f.accounts = &workloadidentity.Accounts{Enabled: true, Default: f.o.defaultServiceAccount}
+		if f.accounts.Client, err = f.o.secrets.NewClient(); err != nil {
+			f.log.Info("no kubernetes cluster: sources that name a service account will fail", "error", err.Error())
+		}
+		f.log.Info("object-level workload identity is on", "defaultServiceAccount", f.o.defaultServiceAccount)
+	}
 	return nil
 }
 
@@ -327,14 +348,17 @@ func (f *fetcher) sources() (map[string]source.Source, error) {
 	}
 	helmSource.Recent, f.recent = recent, recent
 	helmSource.Limit(f.limiter)
-	chartSource := &helmchartfetch.Source{Secrets: f.secretReader, Storage: f.store, MaxChartSize: f.o.helmChartMaxSize, Indexes: helmSource, Cloud: cloud}
+	chartSource := &helmchartfetch.Source{Secrets: f.secretReader, Storage: f.store, MaxChartSize: f.o.helmChartMaxSize, Indexes: helmSource, Cloud: cloud,
+		Accounts: f.accounts}
 	chartSource.Limit(f.limiter)
 	return map[string]source.Source{
 		gitfetch.Kind: &gitfetch.Source{Secrets: f.secretReader,
-			RefCache: gitfetch.NewRefCache(f.o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens, Limiter: f.limiter},
+			RefCache: gitfetch.NewRefCache(f.o.refCacheTTL, gitfetch.DefaultRefCacheEntries, reg), Tokens: tokens, Limiter: f.limiter,
+			Accounts: f.accounts},
 		bucketfetch.Kind: &bucketfetch.Source{Secrets: f.secretReader, Concurrency: f.o.bucketConcurrency,
-			MaxFileSize: f.o.maxFileSize, Limiter: f.limiter},
-		ocifetch.Kind:       &ocifetch.Source{Secrets: f.secretReader, MaxFileSize: f.o.maxFileSize, Limiter: f.limiter, Cloud: cloud},
+			MaxFileSize: f.o.maxFileSize, Limiter: f.limiter, Accounts: f.accounts, Tokens: tokens},
+		ocifetch.Kind: &ocifetch.Source{Secrets: f.secretReader, MaxFileSize: f.o.maxFileSize, Limiter: f.limiter, Cloud: cloud,
+			Accounts: f.accounts},
 		helmfetch.Kind:      helmSource,
 		helmchartfetch.Kind: chartSource,
 	}, nil

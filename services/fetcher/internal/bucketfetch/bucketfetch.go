@@ -40,8 +40,10 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // Kind is the source kind this package fetches.
@@ -87,6 +89,17 @@ type Source struct {
 	// tests shorten it).
 	gcsBackoff time.Duration
 
+	// Accounts give providers aws, gcp and azure the identity of the
+	// Bucket's ServiceAccount under the ObjectLevelWorkloadIdentity gate
+	// (package workloadidentity); nil: the gate is off.
+	Accounts *workloadidentity.Accounts
+	// Tokens keeps the credentials of ServiceAccounts' roles until
+	// shortly before they expire; nil assumes the role for every fetch.
+	Tokens *providertoken.Cache
+	// Getenv looks up the STS endpoint override (AWS_ENDPOINT_URL_STS);
+	// nil reads the process's environment.
+	Getenv func(string) (string, bool)
+
 	// stsRoundTripper, when set, carries the requests to STS endpoints
 	// (tests reach a test STS server by AWS's host name with it).
 	stsRoundTripper http.RoundTripper
@@ -120,12 +133,19 @@ func (s *Source) Resolve(ctx context.Context, req *events.FetchRequested) (sourc
 	if err := checkSpec(spec); err != nil {
 		return nil, err
 	}
-	st, access, err := s.open(ctx, req.Job.Object.Namespace, spec)
+	var account *workloadidentity.Account
+	if usesAccount(spec) {
+		var err error
+		if account, err = s.Accounts.Resolve(ctx, req.Job.Object.Namespace, spec.ServiceAccountName); err != nil {
+			return nil, err
+		}
+	}
+	st, access, err := s.open(ctx, req.Job.Object.Namespace, spec, account)
 	if err != nil {
 		return nil, err
 	}
 	r := &resolved{src: s, store: st, bucket: spec.BucketName, prefix: spec.Prefix, ignore: spec.Ignore,
-		identity: identity(req.Job.Object.Namespace, spec, access)}
+		identity: identity(req.Job.Object.Namespace, spec, access, account)}
 	if err := r.list(ctx); err != nil {
 		return nil, err
 	}
@@ -184,7 +204,7 @@ func (r *resolved) ProveAccess(context.Context) error { return nil }
 // the fingerprint of the data of the Secrets the client was built from, so
 // a rotated key is another identity while the same keys in two Secrets are
 // the same.
-func identity(namespace string, spec *sourcev1.BucketSpec, access string) []string {
+func identity(namespace string, spec *sourcev1.BucketSpec, access string, account *workloadidentity.Account) []string {
 	ref := func(r *meta.LocalObjectReference) string {
 		if r == nil {
 			return "-"
@@ -195,11 +215,15 @@ func identity(namespace string, spec *sourcev1.BucketSpec, access string) []stri
 	if spec.STS != nil {
 		sts = "+" + spec.STS.Provider + "\x00" + spec.STS.Endpoint + "\x00" + ref(spec.STS.SecretRef) + "\x00" + ref(spec.STS.CertSecretRef)
 	}
-	account := "-"
-	if spec.ServiceAccountName != "" {
-		account = "+" + namespace + "/" + spec.ServiceAccountName
+	// The ServiceAccount authenticated as, named or the default one: its
+	// content is its namespace's alone.
+	sa := "-"
+	if account != nil {
+		sa = "+" + account.String()
+	} else if spec.ServiceAccountName != "" {
+		sa = "+" + namespace + "/" + spec.ServiceAccountName
 	}
-	return []string{spec.Provider, spec.Endpoint, fmt.Sprint(spec.Insecure), spec.Region, access, sts, account}
+	return []string{spec.Provider, spec.Endpoint, fmt.Sprint(spec.Insecure), spec.Region, access, sts, sa}
 }
 
 // etags returns the ETag of every listed object, by key.

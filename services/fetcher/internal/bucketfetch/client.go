@@ -21,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // Secret keys Flux reads for a Bucket's keys.
@@ -46,11 +47,14 @@ func checkSpec(spec *sourcev1.BucketSpec) error {
 	if err := checkSTS(spec); err != nil {
 		return err
 	}
-	if spec.ServiceAccountName != "" {
-		return source.StalledError(sourcev1.InvalidProviderConfigurationReason,
-			"authentication with spec.serviceAccountName is not supported yet")
-	}
 	return nil
+}
+
+// usesAccount reports whether the spec's provider authenticates with a
+// ServiceAccount when one is named or defaulted (Flux: every provider but
+// generic).
+func usesAccount(spec *sourcev1.BucketSpec) bool {
+	return spec.Provider != "" && spec.Provider != sourcev1.BucketProviderGeneric
 }
 
 // Keys of spec.sts.secretRef for the ldap STS provider, as Flux reads them.
@@ -107,7 +111,12 @@ func checkSTS(spec *sourcev1.BucketSpec) error {
 // provider's store. It also returns a fingerprint of the Secrets' data it
 // read (see secrets.Fingerprint), which names the access in the content
 // identity.
-func (s *Source) open(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (store, string, error) {
+func (s *Source) open(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account) (store, string, error) {
+	if account != nil && spec.Provider != sourcev1.BucketProviderAmazon {
+		return nil, "", source.StalledError(source.UnsupportedProviderReason,
+			"object-level workload identity (service account '%s') with Bucket provider '%s' is not supported yet: "+
+				"use provider 'aws', or remove serviceAccountName to authenticate with the fetcher's own identity", account, spec.Provider)
+	}
 	switch spec.Provider {
 	case sourcev1.BucketProviderGoogle:
 		return s.newGCSStore(ctx, namespace, spec)
@@ -117,7 +126,7 @@ func (s *Source) open(ctx context.Context, namespace string, spec *sourcev1.Buck
 	if err := s3utils.CheckValidBucketName(spec.BucketName); err != nil {
 		return nil, "", source.StalledError(sourcev1.BucketOperationFailedReason, "invalid bucket name '%s': %w", spec.BucketName, err)
 	}
-	client, access, err := s.newClient(ctx, namespace, spec)
+	client, access, err := s.newClient(ctx, namespace, spec, account)
 	if err != nil {
 		return nil, "", err
 	}
@@ -131,7 +140,7 @@ func (s *Source) open(ctx context.Context, namespace string, spec *sourcev1.Buck
 //
 // It also returns a fingerprint of the Secrets' data it read (see
 // secrets.Fingerprint), which names the access in the content identity.
-func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (*minio.Client, string, error) {
+func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account) (*minio.Client, string, error) {
 	var keys, certData map[string][]byte
 	if ref := spec.SecretRef; ref != nil {
 		data, err := s.authSecret(ctx, namespace, spec)
@@ -185,6 +194,10 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 		if access, secret := string(keys[keyAccessKey]), string(keys[keySecretKey]); access != "" && secret != "" {
 			opts.Creds = credentials.NewStaticV4(access, secret, "")
 		}
+	case spec.Provider == sourcev1.BucketProviderAmazon && account != nil:
+		if opts.Creds, err = s.accountCredentials(ctx, namespace, spec, account, proxy); err != nil {
+			return nil, "", err
+		}
 	case spec.Provider == sourcev1.BucketProviderAmazon:
 		var stsEndpoint string
 		var stsTransport http.RoundTripper = transport
@@ -207,6 +220,51 @@ func (s *Source) newClient(ctx context.Context, namespace string, spec *sourcev1
 		return nil, "", source.StalledError(sourcev1.URLInvalidReason, "invalid endpoint '%s': %w", spec.Endpoint, err)
 	}
 	return client, secrets.Fingerprint(keys, proxyData, certData, stsData, stsCertData, stsIdentity(spec.STS)), nil
+}
+
+// accountCredentials are the credentials of the role of account's
+// eks.amazonaws.com/role-arn in spec.region, assumed with a token of
+// account at spec.sts.endpoint (else the fetcher's AWS_ENDPOINT_URL_STS,
+// else the region's STS), as Flux does for a Bucket's serviceAccountName.
+func (s *Source) accountCredentials(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account,
+	proxy *url.URL) (*credentials.Credentials, error) {
+	const format = "AWS authentication failed: %w"
+	if spec.Region == "" {
+		return nil, source.StalledError(sourcev1.AuthenticationFailedReason, format,
+			errors.New("an AWS region is required for authenticating with a service account. please configure one in the object spec"))
+	}
+	id, err := account.AWS(spec.Region, s.Getenv)
+	if err != nil {
+		return nil, source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+	}
+	// The fetcher's own STS endpoint (the operator's environment) is no
+	// tenant's address: not behind the egress policy, through the
+	// Bucket's proxy.
+	var stsTransport http.RoundTripper
+	if t, ok := http.DefaultTransport.(*http.Transport); ok {
+		t = t.Clone()
+		if proxy != nil {
+			t.Proxy = http.ProxyURL(proxy)
+		}
+		stsTransport = t
+	}
+	if spec.STS != nil {
+		if !stsEndpointPattern.MatchString(spec.STS.Endpoint) {
+			return nil, source.StalledError(sourcev1.AuthenticationFailedReason,
+				"AWS authentication failed: invalid STS endpoint: '%s'. must match %s", spec.STS.Endpoint, stsEndpointPattern)
+		}
+		id.STSEndpoint = spec.STS.Endpoint
+		if stsTransport, err = s.stsTransport(nil, proxy); err != nil {
+			return nil, err
+		}
+	} else if s.stsRoundTripper != nil {
+		stsTransport = s.stsRoundTripper
+	}
+	creds, err := id.Credentials(ctx, &http.Client{Transport: hostlimit.Wrap(stsTransport, s.Limiter)}, s.Tokens, namespace, spec.Region)
+	if err != nil {
+		return nil, source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+	}
+	return credentials.NewStaticV4(creds.AccessKeyID, creds.SecretAccessKey, creds.SessionToken), nil
 }
 
 // stsIdentity names an spec.sts in the content identity: its provider

@@ -27,7 +27,7 @@ func TestContentIdentity(t *testing.T) {
 	}
 	ident := func(s *source) string {
 		r := &resolved{bucket: s.spec.BucketName, prefix: s.spec.Prefix, ignore: s.spec.Ignore, rules: s.rules,
-			identity: identity(s.ns, s.spec, s.access)}
+			identity: identity(s.ns, s.spec, s.access, nil)}
 		parts, ok := r.ContentIdentity()
 		if !ok {
 			t.Fatal("a bucket is not shareable")

@@ -21,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // Secret keys Flux reads for Git authentication (spec.secretRef) and for
@@ -161,10 +162,17 @@ func gitHubApp(spec *sourcev1.GitRepositorySpec, ns string, data map[string][]by
 // settings (ca.crt, tls.crt and tls.key).
 func (s *Source) providerToken(ctx context.Context, provider string, spec *sourcev1.GitRepositorySpec,
 	app *providertoken.GitHubApp, c *credentials, ns string, u *url.URL) error {
-	if (provider == sourcev1.GitProviderAzure || provider == sourcev1.GitProviderAWS) && spec.ServiceAccountName != "" {
+	if provider == sourcev1.GitProviderAWS && spec.ServiceAccountName != "" {
 		return source.StalledError(source.UnsupportedProviderReason,
-			"object-level workload identity (spec.serviceAccountName with provider '%s') is not supported yet: "+
+			"object-level workload identity (spec.serviceAccountName with provider '%s') is not supported for Git (Flux supports it with provider azure only): "+
 				"remove serviceAccountName to authenticate with the fetcher's own workload identity", provider)
+	}
+	var account *workloadidentity.Account
+	if provider == sourcev1.GitProviderAzure {
+		var err error
+		if account, err = s.Accounts.Resolve(ctx, ns, spec.ServiceAccountName); err != nil {
+			return err
+		}
 	}
 	client, err := s.tokenClient(c, provider == sourcev1.GitProviderGitHub)
 	if err != nil {
@@ -183,6 +191,19 @@ func (s *Source) providerToken(ctx context.Context, provider string, spec *sourc
 		const format = "failed to configure authentication options: failed to get access token for Git repository: " +
 			"failed to create provider access token for the controller: %w"
 		id, err := providertoken.AzureWorkloadIdentityFromEnv(s.Getenv)
+		if account != nil {
+			// Flux's words for the token of a ServiceAccount.
+			const format = "failed to configure authentication options: failed to get access token for Git repository: %w"
+			if id, err = account.Azure(s.Getenv); err != nil {
+				return source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+			}
+			token, err := id.Token(ctx, client, s.Tokens, providertoken.ScopeAzureDevOps)
+			if err != nil {
+				return source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+			}
+			c.method = &githttp.TokenAuth{Token: token.Value}
+			return nil
+		}
 		if err != nil {
 			return tokenFailure(err, format)
 		}

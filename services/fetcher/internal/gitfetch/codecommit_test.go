@@ -111,7 +111,7 @@ func TestCodeCommitFailures(t *testing.T) {
 			message: "failed to configure authentication options: invalid AWS CodeCommit Git URL: " + strings.TrimPrefix(f.front.URL, "https://")},
 			unalias: true},
 		{providerCase: providerCase{name: "service account", reason: "UnsupportedProvider", handling: failure.Stalling,
-			message: "object-level workload identity (spec.serviceAccountName with provider 'aws') is not supported yet"}, sa: "tenant-a"},
+			message: "object-level workload identity (spec.serviceAccountName with provider 'aws') is not supported for Git"}, sa: "tenant-a"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

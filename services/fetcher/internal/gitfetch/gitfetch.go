@@ -39,6 +39,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // Kind is the source kind this package fetches.
@@ -83,6 +84,10 @@ type Source struct {
 	// Getenv looks up the workload identity's environment (providers
 	// azure and aws); nil reads the process's.
 	Getenv func(string) (string, bool)
+	// Accounts give provider azure the identity of a source's
+	// ServiceAccount (spec.serviceAccountName, or the default one) under
+	// the ObjectLevelWorkloadIdentity gate; nil: the gate is off.
+	Accounts *workloadidentity.Accounts
 	// Aliases map a Git host (host:port) to the AWS CodeCommit host it
 	// stands for, for provider aws's URL check, region and signature.
 	// Only tests set it (there is no flag): a loopback server cannot be

@@ -409,8 +409,8 @@ func TestAzureWorkloadIdentityFailures(t *testing.T) {
 		{providerCase: providerCase{name: "unreachable authority", reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient,
 			message: prefix + "WorkloadIdentityCredential: Post \"https://127.0.0.1:1/"},
 			env: with("AZURE_AUTHORITY_HOST", "https://127.0.0.1:1/")},
-		{providerCase: providerCase{name: "service account", reason: "UnsupportedProvider", handling: failure.Stalling,
-			message: "object-level workload identity (spec.serviceAccountName with provider 'azure') is not supported yet"},
+		{providerCase: providerCase{name: "service account, gate off", reason: "FeatureGateDisabled", handling: failure.Stalling,
+			message: "to use spec.serviceAccountName for provider authentication please enable the ObjectLevelWorkloadIdentity feature gate in the controller"},
 			env: f.env, sa: "tenant-a"},
 	}
 	for _, tc := range cases {

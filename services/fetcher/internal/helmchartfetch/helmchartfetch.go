@@ -48,6 +48,7 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // Kind is the source kind this package fetches.
@@ -88,6 +89,10 @@ type Source struct {
 	// spec.provider aws, azure and gcp with the fetcher's own identity;
 	// nil logs in with the process's environment and caches nothing.
 	Cloud *registrylogin.Login
+	// Accounts give cloud logins the identity of a source's
+	// ServiceAccount under the ObjectLevelWorkloadIdentity gate (package
+	// workloadidentity); nil: the gate is off.
+	Accounts *workloadidentity.Accounts
 	// Sigstore is the public Sigstore trusted root of keyless chart
 	// verification; cosign.Public() when nil.
 	Sigstore *cosign.PublicRoot

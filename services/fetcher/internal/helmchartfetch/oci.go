@@ -389,7 +389,9 @@ func (a *ociAccess) auth() authn.Authenticator {
 // auth from spec.secretRef (username and password, or a
 // .dockerconfigjson entry for the registry's host), TLS from
 // spec.certSecretRef; without a secretRef, spec.provider aws, azure or gcp
-// logs in with the fetcher's cloud identity (see package registrylogin).
+// logs in with the fetcher's cloud identity (see package registrylogin),
+// or the default ServiceAccount's of the namespace (package
+// workloadidentity).
 func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1.HelmRepositorySpec) (*ociAccess, error) {
 	switch spec.Provider {
 	case "", sourcev1.GenericOCIProvider, registrylogin.AWS, registrylogin.Azure, registrylogin.GCP:
@@ -434,7 +436,13 @@ func (s *Source) ociAccess(ctx context.Context, namespace string, spec *sourcev1
 		if login == nil {
 			login = &registrylogin.Login{}
 		}
-		cfg, err := login.Credentials(ctx, p, namespace, host, nil)
+		// A HelmRepository names no ServiceAccount: only the default one
+		// (-default-service-account, under the gate) applies, as in Flux.
+		account, err := s.Accounts.Resolve(ctx, namespace, "")
+		if err != nil {
+			return nil, err
+		}
+		cfg, err := login.Credentials(ctx, p, namespace, host, nil, account)
 		if err != nil {
 			return nil, source.FailedWith(registrylogin.Handling(err), sourcev1.AuthenticationFailedReason,
 				"failed to get credential from '%s': %w", p, err)

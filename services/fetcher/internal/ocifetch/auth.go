@@ -95,20 +95,21 @@ func (s *Source) access(ctx context.Context, namespace string, spec *sourcev1.OC
 	return &access{auth: auth, transport: hostlimit.Wrap(s.transport(tlsConfig, proxy), s.Limiter)}, nil
 }
 
-// cloudLogin logs in to a cloud registry with the fetcher's own identity,
-// as Flux does when spec.provider is aws, azure or gcp and no image pull
-// secret holds credentials for the registry.
+// cloudLogin logs in to a cloud registry, as Flux does when spec.provider
+// is aws, azure or gcp and no image pull secret holds credentials for the
+// registry: with the identity of the source's ServiceAccount
+// (spec.serviceAccountName, or -default-service-account) under the
+// ObjectLevelWorkloadIdentity gate, else with the fetcher's own.
 func (s *Source) cloudLogin(ctx context.Context, namespace string, spec *sourcev1.OCIRepositorySpec, registry string, proxy *url.URL) (authn.Authenticator, error) {
-	if spec.ServiceAccountName != "" {
-		return nil, source.StalledError(source.UnsupportedProviderReason,
-			"object-level workload identity (spec.serviceAccountName with provider '%s') is not supported yet: "+
-				"remove serviceAccountName to authenticate with the fetcher's own identity", spec.Provider)
+	account, err := s.Accounts.Resolve(ctx, namespace, spec.ServiceAccountName)
+	if err != nil {
+		return nil, err
 	}
 	login := s.Cloud
 	if login == nil {
 		login = &registrylogin.Login{}
 	}
-	cfg, err := login.Credentials(ctx, spec.Provider, namespace, registry, proxy)
+	cfg, err := login.Credentials(ctx, spec.Provider, namespace, registry, proxy, account)
 	if err != nil {
 		return nil, source.FailedWith(registrylogin.Handling(err), sourcev1.AuthenticationFailedReason,
 			"failed to get credential from %s: %w", spec.Provider, err)

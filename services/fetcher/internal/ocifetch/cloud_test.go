@@ -19,7 +19,6 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
-	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
 	"github.com/headwater-gitops/headwater/testsupport/cloudid"
 	"github.com/headwater-gitops/headwater/testsupport/registry"
@@ -159,8 +158,9 @@ func TestCloudProviderFailures(t *testing.T) {
 		{name: "ACR exchange answers 500", provider: "azure", front: f.ACR,
 			fault:  func() func() { f.ACR.FailWith(http.StatusInternalServerError); return func() { f.ACR.FailWith(0) } },
 			reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient, message: "/oauth2/exchange"},
-		{name: "serviceAccountName", provider: "azure", front: f.ACR, sa: "tenant-identity",
-			reason: source.UnsupportedProviderReason, handling: failure.Stalling, message: "object-level workload identity"},
+		{name: "serviceAccountName, gate off", provider: "azure", front: f.ACR, sa: "tenant-identity",
+			reason: meta.FeatureGateDisabledReason, handling: failure.Stalling,
+			message: "to use spec.serviceAccountName for provider authentication please enable the ObjectLevelWorkloadIdentity feature gate in the controller"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

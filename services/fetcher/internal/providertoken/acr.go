@@ -31,7 +31,7 @@ const acrAPIVersion = "2021-07-01"
 // reaches Entra ID, registry the registry. scope (a namespace) is part of
 // the cache key of the login.
 func (w *AzureWorkloadIdentity) ACRLogin(ctx context.Context, tokens, registry *http.Client, cache *Cache, scope, endpoint, service string) (Login, error) {
-	key := Key(ProviderAzure, "acr", scope, w.AuthorityHost, w.TenantID, w.ClientID, w.TokenFile, endpoint, service)
+	key := Key(ProviderAzure, "acr", scope, w.Subject, w.AuthorityHost, w.TenantID, w.ClientID, w.TokenFile, endpoint, service)
 	t, err := cache.Get(ctx, ProviderAzure, key, func(ctx context.Context) (Token, error) {
 		aad, err := w.Token(ctx, tokens, cache, ScopeACR)
 		if err != nil {

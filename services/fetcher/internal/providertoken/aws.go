@@ -3,6 +3,7 @@ package providertoken
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -54,6 +55,34 @@ type AWSWebIdentity struct {
 	// endpoints (AWS_ENDPOINT_URL_STS, AWS_ENDPOINT_URL_ECR or
 	// AWS_ENDPOINT_URL).
 	STSEndpoint, ECREndpoint string
+	// Token, when set, gives the web identity token instead of TokenFile:
+	// a token of a source's ServiceAccount (object-level workload
+	// identity), asked for at every exchange.
+	Token func(context.Context) (string, error)
+	// Subject names the ServiceAccount of Token (namespace/name), part of
+	// the cache key; empty for the fetcher's own identity.
+	Subject string
+}
+
+// AWSEndpointsFromEnv returns a web identity without role or token, with
+// the STS and ECR endpoints of the environment through lookup
+// (os.LookupEnv when nil): AWS_ENDPOINT_URL_STS, AWS_ENDPOINT_URL_ECR, or
+// AWS_ENDPOINT_URL for both.
+func AWSEndpointsFromEnv(lookup func(string) (string, bool)) *AWSWebIdentity {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
+	id := &AWSWebIdentity{STSEndpoint: get(EnvAWSEndpointURLSTS), ECREndpoint: get(EnvAWSEndpointURLECR)}
+	if global := get(EnvAWSEndpointURL); global != "" {
+		if id.STSEndpoint == "" {
+			id.STSEndpoint = global
+		}
+		if id.ECREndpoint == "" {
+			id.ECREndpoint = global
+		}
+	}
+	return id
 }
 
 // AWSWebIdentityFromEnv reads the web identity from the environment
@@ -90,7 +119,7 @@ func AWSWebIdentityFromEnv(lookup func(string) (string, bool)) (*AWSWebIdentity,
 // scope (a namespace) is part of the cache key, so a login is only reused
 // within it.
 func (w *AWSWebIdentity) ECRLogin(ctx context.Context, client *http.Client, cache *Cache, scope, region string) (Login, error) {
-	key := Key(ProviderAWS, scope, w.RoleARN, w.TokenFile, w.SessionName, w.STSEndpoint, w.ECREndpoint, region)
+	key := Key(ProviderAWS, scope, w.Subject, w.RoleARN, w.TokenFile, w.SessionName, w.STSEndpoint, w.ECREndpoint, region)
 	t, err := cache.Get(ctx, ProviderAWS, key, func(ctx context.Context) (Token, error) {
 		creds, err := w.assumeRole(ctx, client, region)
 		if err != nil {
@@ -104,12 +133,51 @@ func (w *AWSWebIdentity) ECRLogin(ctx context.Context, client *http.Client, cach
 	return loginOf(t), nil
 }
 
+// webIdentityToken is the service account token: Token's, else
+// TokenFile's content.
+func (w *AWSWebIdentity) webIdentityToken(ctx context.Context) (string, error) {
+	if w.Token != nil {
+		return w.Token(ctx)
+	}
+	token, err := os.ReadFile(w.TokenFile)
+	if err != nil {
+		return "", &ConfigError{Err: fmt.Errorf("failed to read the web identity token file: %w", err)}
+	}
+	return string(token), nil
+}
+
+// Credentials returns temporary credentials of the role in region, from
+// cache when reusable, else by assuming the role with STS through client.
+// scope (a namespace) is part of the cache key.
+func (w *AWSWebIdentity) Credentials(ctx context.Context, client *http.Client, cache *Cache, scope, region string) (AWSCredentials, error) {
+	key := Key(ProviderAWS, "credentials", scope, w.Subject, w.RoleARN, w.TokenFile, w.SessionName, w.STSEndpoint, region)
+	t, err := cache.Get(ctx, ProviderAWS, key, func(ctx context.Context) (Token, error) {
+		creds, err := w.assumeRole(ctx, client, region)
+		if err != nil {
+			return Token{}, err
+		}
+		b, err := json.Marshal(creds)
+		if err != nil {
+			return Token{}, err
+		}
+		return Token{Value: string(b), ExpiresAt: creds.ExpiresAt}, nil
+	})
+	if err != nil {
+		return AWSCredentials{}, err
+	}
+	var creds AWSCredentials
+	if err := json.Unmarshal([]byte(t.Value), &creds); err != nil {
+		return AWSCredentials{}, fmt.Errorf("cached AWS credentials: %w", err)
+	}
+	return creds, nil
+}
+
 // assumeRole calls STS's AssumeRoleWithWebIdentity with the service
 // account token, as the SDK's web identity credential provider does.
 func (w *AWSWebIdentity) assumeRole(ctx context.Context, client *http.Client, region string) (AWSCredentials, error) {
-	token, err := os.ReadFile(w.TokenFile)
+	token, err := w.webIdentityToken(ctx)
 	if err != nil {
-		return AWSCredentials{}, &ConfigError{Err: fmt.Errorf("failed to read the web identity token file: %w", err)}
+		return AWSCredentials{}, err
 	}
 	session := w.SessionName
 	if session == "" {

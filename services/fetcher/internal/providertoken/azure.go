@@ -46,6 +46,51 @@ type AzureWorkloadIdentity struct {
 	// AuthorityHost is the Entra ID authority, e.g.
 	// https://login.microsoftonline.com/.
 	AuthorityHost string
+	// Assertion, when set, gives the client assertion instead of
+	// TokenFile: a token of a source's ServiceAccount (object-level
+	// workload identity), asked for at every exchange.
+	Assertion func(context.Context) (string, error)
+	// Subject names the ServiceAccount of Assertion (namespace/name), part
+	// of the cache key; empty for the fetcher's own identity.
+	Subject string
+}
+
+// DefaultAuthorityHost is Entra ID's authority in Azure's public cloud,
+// when AZURE_AUTHORITY_HOST names none.
+const DefaultAuthorityHost = "https://login.microsoftonline.com/"
+
+// AzureAccountIdentity returns the workload identity of the application
+// clientID in tenantID (a ServiceAccount's annotations), at the authority
+// of the environment (AZURE_AUTHORITY_HOST through lookup, os.LookupEnv
+// when nil; DefaultAuthorityHost when unset), without its assertion.
+func AzureAccountIdentity(clientID, tenantID string, lookup func(string) (string, bool)) (*AzureWorkloadIdentity, error) {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	id := &AzureWorkloadIdentity{ClientID: clientID, TenantID: tenantID, AuthorityHost: DefaultAuthorityHost}
+	if h, ok := lookup(EnvAzureAuthorityHost); ok && strings.TrimSpace(h) != "" {
+		id.AuthorityHost = strings.TrimSpace(h)
+	}
+	if !validTenantID(tenantID) {
+		return nil, configErrorf("invalid tenant ID '%s'", tenantID)
+	}
+	if u, err := url.Parse(id.AuthorityHost); err != nil || u.Host == "" || u.Scheme != "https" {
+		return nil, configErrorf("invalid authority host '%s': must be an https URL", redact(id.AuthorityHost))
+	}
+	return id, nil
+}
+
+// clientAssertion is the service account token: Assertion's, else
+// TokenFile's content.
+func (w *AzureWorkloadIdentity) clientAssertion(ctx context.Context) (string, error) {
+	if w.Assertion != nil {
+		return w.Assertion(ctx)
+	}
+	b, err := os.ReadFile(w.TokenFile)
+	if err != nil {
+		return "", &ConfigError{Err: fmt.Errorf("WorkloadIdentityCredential: failed to read the federated token file: %w", err)}
+	}
+	return string(b), nil
 }
 
 // AzureWorkloadIdentityFromEnv reads the workload identity from the
@@ -96,7 +141,7 @@ func validTenantID(id string) bool {
 // Token returns an access token for scope, from cache when one is
 // reusable, else exchanged through client.
 func (w *AzureWorkloadIdentity) Token(ctx context.Context, client *http.Client, cache *Cache, scope string) (Token, error) {
-	key := Key(ProviderAzure, w.AuthorityHost, w.TenantID, w.ClientID, w.TokenFile, scope)
+	key := Key(ProviderAzure, w.Subject, w.AuthorityHost, w.TenantID, w.ClientID, w.TokenFile, scope)
 	return cache.Get(ctx, ProviderAzure, key, func(ctx context.Context) (Token, error) {
 		return w.mint(ctx, client, scope)
 	})
@@ -112,16 +157,16 @@ func (w *AzureWorkloadIdentity) tokenEndpoint() string {
 // client credentials grant and a client assertion, as MSAL does for
 // azidentity's WorkloadIdentityCredential.
 func (w *AzureWorkloadIdentity) mint(ctx context.Context, client *http.Client, scope string) (Token, error) {
-	assertion, err := os.ReadFile(w.TokenFile)
+	assertion, err := w.clientAssertion(ctx)
 	if err != nil {
-		return Token{}, &ConfigError{Err: fmt.Errorf("WorkloadIdentityCredential: failed to read the federated token file: %w", err)}
+		return Token{}, err
 	}
 	form := url.Values{
 		"client_id":             {w.ClientID},
 		"scope":                 {scope},
 		"grant_type":            {"client_credentials"},
 		"client_assertion_type": {clientAssertionType},
-		"client_assertion":      {strings.TrimSpace(string(assertion))},
+		"client_assertion":      {strings.TrimSpace(assertion)},
 		"client_info":           {"1"},
 	}
 	endpoint := w.tokenEndpoint()

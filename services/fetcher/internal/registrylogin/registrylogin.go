@@ -14,6 +14,10 @@
 //   - gcp: the metadata server's access token, presented as
 //     oauth2accesstoken.
 //
+// With a source's ServiceAccount (object-level workload identity, package
+// workloadidentity), aws and azure log in with its identity instead: the
+// role or application its annotations name, trusting its token.
+//
 // The registry's host must match the cloud's registry names (Flux's
 // patterns), which also give the region of ECR. Logins are kept in the
 // fetcher's token cache per namespace until shortly before they expire;
@@ -37,6 +41,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // Providers of spec.provider this package logs in with.
@@ -104,11 +109,15 @@ type Login struct {
 	identity, registry http.RoundTripper
 }
 
+// ErrUnsupported is the error of a login Headwater cannot do yet.
+var ErrUnsupported = errors.New("unsupported")
+
 // Credentials returns the login of registry (host[:port]) for provider,
-// for a fetch of namespace, through proxy when not nil. Errors wrapping
-// ErrInvalidRegistry mean the spec cannot work; see Handling for the
-// others.
-func (l *Login) Credentials(ctx context.Context, provider, namespace, registry string, proxy *url.URL) (authn.AuthConfig, error) {
+// for a fetch of namespace, through proxy when not nil, with account's
+// identity when not nil (it must be of namespace), else the fetcher's.
+// Errors wrapping ErrInvalidRegistry mean the spec cannot work; see
+// Handling for the others.
+func (l *Login) Credentials(ctx context.Context, provider, namespace, registry string, proxy *url.URL, account *workloadidentity.Account) (authn.AuthConfig, error) {
 	name := registry
 	if a, ok := l.Aliases[registry]; ok {
 		name = a
@@ -119,10 +128,14 @@ func (l *Login) Credentials(ctx context.Context, provider, namespace, registry s
 	var err error
 	switch provider {
 	case AWS:
-		login, err = l.aws(ctx, identity, namespace, name)
+		login, err = l.aws(ctx, identity, namespace, name, account)
 	case Azure:
-		login, err = l.azure(ctx, identity, exchange, namespace, registry, name)
+		login, err = l.azure(ctx, identity, exchange, namespace, registry, name, account)
 	case GCP:
+		if account != nil {
+			return authn.AuthConfig{}, fmt.Errorf("%w: object-level workload identity with provider gcp (service account '%s'): "+
+				"remove serviceAccountName to log in with the fetcher's own identity", ErrUnsupported, account)
+		}
 		login, err = l.gcp(ctx, identity, namespace, name)
 	default:
 		return authn.AuthConfig{}, invalidf("unknown provider '%s'", provider)
@@ -133,8 +146,9 @@ func (l *Login) Credentials(ctx context.Context, provider, namespace, registry s
 	return authn.AuthConfig{Username: login.Username, Password: login.Password}, nil
 }
 
-// aws logs in to ECR in the registry's region.
-func (l *Login) aws(ctx context.Context, client *http.Client, namespace, name string) (providertoken.Login, error) {
+// aws logs in to ECR in the registry's region, as account's role when
+// not nil.
+func (l *Login) aws(ctx context.Context, client *http.Client, namespace, name string, account *workloadidentity.Account) (providertoken.Login, error) {
 	if name == publicECR || name == publicECRDualStack {
 		return providertoken.Login{}, invalidf("ECR Public ('%s') is not supported: its images are public, use provider 'generic'", name)
 	}
@@ -142,19 +156,32 @@ func (l *Login) aws(ctx context.Context, client *http.Client, namespace, name st
 	if m == nil {
 		return providertoken.Login{}, invalidf("invalid AWS registry: '%s'. must match %s", name, awsRegistryPattern)
 	}
-	id, err := providertoken.AWSWebIdentityFromEnv(l.Getenv)
+	var id *providertoken.AWSWebIdentity
+	var err error
+	if account != nil {
+		id, err = account.AWS(m[2], l.Getenv)
+	} else {
+		id, err = providertoken.AWSWebIdentityFromEnv(l.Getenv)
+	}
 	if err != nil {
 		return providertoken.Login{}, err
 	}
 	return id.ECRLogin(ctx, client, l.Tokens, namespace, m[2])
 }
 
-// azure exchanges the workload identity's token at the registry.
-func (l *Login) azure(ctx context.Context, identity, exchange *http.Client, namespace, registry, name string) (providertoken.Login, error) {
+// azure exchanges the workload identity's token at the registry: the
+// fetcher's, or account's when not nil.
+func (l *Login) azure(ctx context.Context, identity, exchange *http.Client, namespace, registry, name string, account *workloadidentity.Account) (providertoken.Login, error) {
 	if !azureRegistry.MatchString(name) {
 		return providertoken.Login{}, invalidf("invalid Azure registry: '%s'. must match %s", name, azureRegistryPattern)
 	}
-	id, err := providertoken.AzureWorkloadIdentityFromEnv(l.Getenv)
+	var id *providertoken.AzureWorkloadIdentity
+	var err error
+	if account != nil {
+		id, err = account.Azure(l.Getenv)
+	} else {
+		id, err = providertoken.AzureWorkloadIdentityFromEnv(l.Getenv)
+	}
 	if err != nil {
 		return providertoken.Login{}, err
 	}
@@ -215,9 +242,9 @@ func (l *Login) transport(guarded bool, proxy *url.URL) *http.Transport {
 func Handling(err error) failure.Handling {
 	var cfg *providertoken.ConfigError
 	switch {
-	case errors.Is(err, ErrInvalidRegistry):
+	case errors.Is(err, ErrInvalidRegistry) || errors.Is(err, ErrUnsupported):
 		return failure.Stalling
-	case providertoken.Refused(err) || errors.As(err, &cfg):
+	case providertoken.Refused(err) || errors.As(err, &cfg) || errors.Is(err, workloadidentity.ErrIdentity):
 		return failure.Final
 	}
 	return failure.Transient

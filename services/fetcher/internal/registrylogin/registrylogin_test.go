@@ -47,7 +47,7 @@ func TestHostPatterns(t *testing.T) {
 				}
 				return "", false
 			}
-			_, err := l.Credentials(context.Background(), tc.provider, "default", tc.registry, nil)
+			_, err := l.Credentials(context.Background(), tc.provider, "default", tc.registry, nil, nil)
 			if err == nil {
 				t.Fatal("login without an identity succeeded")
 			}

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -99,6 +100,28 @@ func (o *Options) NewProvenance() (*provenance.Checker, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	return provenance.NewCached(c, o.ProvenanceCacheTTL), nil
+}
+
+// NewClient returns an uncached client of the configured cluster that
+// reads ServiceAccounts and creates their tokens (package
+// workloadidentity); an error when no cluster is configured.
+func (o *Options) NewClient() (client.Client, error) {
+	cfg, err := o.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := authnv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return c, nil
 }
 
 // Kube reads Secrets through a controller-runtime client.

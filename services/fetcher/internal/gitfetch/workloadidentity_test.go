@@ -1,0 +1,78 @@
+package gitfetch
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
+	"github.com/headwater-gitops/headwater/testsupport/cloudid"
+)
+
+// TestAzureObjectLevelIdentity: with the gate on, a GitRepository with
+// provider azure and spec.serviceAccountName clones Azure DevOps with an
+// Entra ID token of the application its ServiceAccount's annotations name,
+// the client assertion a TokenRequest token (audience
+// api://AzureADTokenExchange, subject system:serviceaccount:default:git-reader)
+// of a real API server, which the tenant checks as a federated credential
+// does; the fetcher has no workload identity of its own. Another
+// ServiceAccount of the same application is refused.
+func TestAzureObjectLevelIdentity(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
+	}
+	env := &envtest.Environment{}
+	cfg, err := env.Start()
+	if err != nil {
+		_ = env.Stop()
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme := runtime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	must(t, err)
+
+	f := newEntraFixture(t)
+	for _, name := range []string{"git-reader", "other"} {
+		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+			Annotations: map[string]string{workloadidentity.AnnotationAzureClientID: f.tenant.ClientID,
+				workloadidentity.AnnotationAzureTenantID: f.tenant.TenantID}}}))
+	}
+	f.tenant.Trust = cloudid.ServiceAccountTrust(workloadidentity.AudienceAzure, map[string]string{f.tenant.ClientID: "default/git-reader"})
+	src := &Source{Tokens: providertoken.NewCache(0, nil), TokenRootCAs: f.roots,
+		Getenv:   getenv(map[string]string{"AZURE_AUTHORITY_HOST": f.tenant.AuthorityHost()}),
+		Accounts: &workloadidentity.Accounts{Client: c, Enabled: true}}
+	resolve := func(sa string) error {
+		req := request(f.git.RepoURL("repo"), &sourcev1.GitRepositoryRef{Branch: "master"})
+		req.GitRepository.Provider = sourcev1.GitProviderAzure
+		req.GitRepository.ServiceAccountName = sa
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		res, err := src.Resolve(ctx, req)
+		if err != nil {
+			return err
+		}
+		if c, ok := res.(interface{ Close() error }); ok {
+			_ = c.Close()
+		}
+		return nil
+	}
+	must(t, resolve("git-reader"))
+	if n := f.tenant.Minted(); n != 1 {
+		t.Errorf("Entra ID minted %d tokens, want 1", n)
+	}
+	err = resolve("other")
+	checkProviderFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Final, "AADSTS700211")
+}

@@ -1,0 +1,91 @@
+package helmchartfetch
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"helm.sh/helm/v3/pkg/registry"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
+	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/registrylogin"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets/secretstest"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
+	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
+	"github.com/headwater-gitops/headwater/testsupport/cloudid"
+	registryserver "github.com/headwater-gitops/headwater/testsupport/registry"
+)
+
+// TestFetchChartOCIDefaultServiceAccount: an OCI HelmRepository names no
+// ServiceAccount; with the gate on and -default-service-account, its
+// chart is pulled from ECR as that ServiceAccount of the repository's
+// namespace (a TokenRequest token of a real API server, which STS checks),
+// never as the fetcher (whose own token STS refuses here); where the
+// default ServiceAccount does not exist, Flux's lockdown message.
+func TestFetchChartOCIDefaultServiceAccount(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
+	}
+	kube := &envtest.Environment{}
+	cfg, err := kube.Start()
+	if err != nil {
+		_ = kube.Stop()
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = kube.Stop() })
+	scheme := runtime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	must(t, err)
+	must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "tenant-default",
+		Annotations: map[string]string{workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN}}}))
+
+	backend := registryserver.New(t, registryserver.Options{Username: "helm", Password: "oci"})
+	push, err := registry.NewClient(registry.ClientOptPlainHTTP(), registry.ClientOptWriter(io.Discard),
+		registry.ClientOptBasicAuth("helm", "oci"), registry.ClientOptCredentialsFile(filepath.Join(t.TempDir(), "creds.json")))
+	must(t, err)
+	p, err := chartrepo.Package(t.TempDir(), chartrepo.Chart{Name: "podinfo", Version: "6.1.0"})
+	must(t, err)
+	data, err := os.ReadFile(p)
+	must(t, err)
+	_, err = push.Push(data, backend.Host+"/charts/podinfo:6.1.0")
+	must(t, err)
+	clouds := cloudid.New(t, backend)
+	clouds.AWS.Trust = cloudid.ServiceAccountTrust(workloadidentity.AudienceAWS, map[string]string{cloudid.RoleARN: "default/tenant-default"})
+	env := clouds.Env
+	source := func(defaultSA string) *Source {
+		return &Source{
+			Secrets: secretstest.Reader(t, "default", map[string]map[string]string{"fronts-ca": {"ca.crt": string(clouds.CACerts())}}),
+			Cloud: &registrylogin.Login{Tokens: providertoken.NewCache(0, nil), RootCAs: clouds.Roots, Aliases: clouds.Aliases(),
+				Getenv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }},
+			Accounts: &workloadidentity.Accounts{Client: c, Enabled: true, Default: defaultSA},
+		}
+	}
+	repo := &events.ChartSource{Kind: sourcev1.HelmRepositoryKind, Name: "oci", HelmRepository: &sourcev1.HelmRepositorySpec{
+		URL: "oci://" + clouds.ECR.Host() + "/charts", Type: sourcev1.HelmRepositoryTypeOCI, Provider: "aws",
+		CertSecretRef: &meta.LocalObjectReference{Name: "fronts-ca"}}}
+	fetchChart(t, source("tenant-default"), request(sourcev1.HelmChartSpec{Chart: "podinfo"}, repo), "podinfo", "6.1.0",
+		"pulled 'podinfo' chart with version '6.1.0'")
+
+	_, err = source("absent").Resolve(context.Background(), request(sourcev1.HelmChartSpec{Chart: "podinfo"}, repo))
+	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Final,
+		"failed to get service account 'default/absent': the specified default service account does not exist in the object namespace")
+
+	// Without the default, the fetcher's own identity, which this STS
+	// does not trust.
+	_, err = source("").Resolve(context.Background(), request(sourcev1.HelmChartSpec{Chart: "podinfo"}, repo))
+	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Final, "AccessDenied")
+}

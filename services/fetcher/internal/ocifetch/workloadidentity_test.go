@@ -1,0 +1,174 @@
+package ocifetch
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
+	"github.com/headwater-gitops/headwater/testsupport/cloudid"
+)
+
+// startAPIServer starts a real API server (envtest's, whose service
+// account issuer signs TokenRequest tokens) and returns an admin client.
+func startAPIServer(t *testing.T) client.Client {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
+	}
+	env := &envtest.Environment{}
+	cfg, err := env.Start()
+	if err != nil {
+		_ = env.Stop()
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme := runtime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	must(t, err)
+	return c
+}
+
+// kubeSource is an OCIRepository source reading its Secrets and
+// ServiceAccounts from the API server of c, whose identities Accounts
+// give under the gate, with defaultSA as -default-service-account; the
+// fronts' CA is in Secret default/fronts-ca.
+func (f *cloudFixture) kubeSource(t *testing.T, c client.Client, cache *providertoken.Cache, defaultSA string) *Source {
+	ca := secret("fronts-ca", map[string][]byte{"ca.crt": f.CACerts()})
+	if err := c.Create(t.Context(), ca); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	return &Source{Secrets: secrets.NewKube(c), Cloud: f.login(cache, nil),
+		Accounts: &workloadidentity.Accounts{Client: c, Enabled: true, Default: defaultSA}}
+}
+
+// TestObjectLevelWorkloadIdentity: with the gate on, an OCIRepository's
+// spec.serviceAccountName (or the default service account) logs in to ECR
+// and ACR as that ServiceAccount: a TokenRequest token for the cloud's
+// audience whose subject is system:serviceaccount:<ns>:<name>, which the
+// clouds' test servers check as a trust policy does; each failure has a
+// clear condition.
+func TestObjectLevelWorkloadIdentity(t *testing.T) {
+	c := startAPIServer(t)
+	ctx := t.Context()
+	const otherRole = "arn:aws:iam::123456789012:role/other"
+	accounts := map[string]map[string]string{
+		"tenant-aws":   {workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN},
+		"tenant-aws-2": {workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN}, // not trusted by the role
+		"other-role":   {workloadidentity.AnnotationAWSRoleARN: otherRole},
+		"tenant-azure": {workloadidentity.AnnotationAzureClientID: cloudid.ClientID, workloadidentity.AnnotationAzureTenantID: cloudid.TenantID},
+		"bare":         nil,
+	}
+	for name, annotations := range accounts {
+		must(t, c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))
+	}
+	f := newCloudFixture(t)
+	f.AWS.Trust = cloudid.ServiceAccountTrust(workloadidentity.AudienceAWS, map[string]string{cloudid.RoleARN: "default/tenant-aws"})
+	f.Entra.Trust = cloudid.ServiceAccountTrust(workloadidentity.AudienceAzure, map[string]string{cloudid.ClientID: "default/tenant-azure"})
+
+	for _, tc := range []struct {
+		name, provider, sa, defaultSA string
+		front                         *cloudid.Registry
+		status                        int // the identity endpoint's answer
+		reason                        string
+		handling                      failure.Handling
+		message                       string
+	}{
+		{name: "aws", provider: "aws", sa: "tenant-aws", front: f.ECR},
+		{name: "azure", provider: "azure", sa: "tenant-azure", front: f.ACR},
+		{name: "aws default service account", provider: "aws", defaultSA: "tenant-aws", front: f.ECR},
+		{name: "spec wins over default", provider: "azure", sa: "tenant-azure", defaultSA: "tenant-aws", front: f.ACR},
+		{name: "another service account with the same role", provider: "aws", sa: "tenant-aws-2", front: f.ECR,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "AccessDenied: Not authorized to perform sts:AssumeRoleWithWebIdentity: subject \"system:serviceaccount:default:tenant-aws-2\""},
+		{name: "wrong role ARN", provider: "aws", sa: "other-role", front: f.ECR,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Final, message: "AccessDenied"},
+		{name: "no role ARN annotation", provider: "aws", sa: "bare", front: f.ECR,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "failed to get provider identity from service account 'default/bare' annotations: invalid AWS role ARN: ''"},
+		{name: "no client-id annotation", provider: "azure", sa: "bare", front: f.ACR,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "the annotations azure.workload.identity/client-id and azure.workload.identity/tenant-id must both be set"},
+		// An OCIRepository's ServiceAccount is read first for its image
+		// pull secrets, as in Flux: missing, the fetch is retried.
+		{name: "service account missing", provider: "aws", sa: "absent", front: f.ECR,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient,
+			message: "failed to get service account 'default/absent': serviceaccounts \"absent\" not found"},
+		{name: "default service account missing", provider: "aws", defaultSA: "absent", front: f.ECR,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "the specified default service account does not exist in the object namespace"},
+		{name: "STS answers 500", provider: "aws", sa: "tenant-aws", front: f.ECR, status: http.StatusInternalServerError,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient, message: "StatusCode: 500"},
+		{name: "gcp is not supported yet", provider: "gcp", sa: "bare", front: f.GAR,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling, message: "object-level workload identity with provider gcp"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.AWS.FailWith(tc.status)
+			defer f.AWS.FailWith(0)
+			src := f.kubeSource(t, c, providertoken.NewCache(0, nil), tc.defaultSA)
+			spec := cloudSpec(tc.front, tc.provider)
+			spec.ServiceAccountName = tc.sa
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err := src.Resolve(rctx, request(spec))
+			if tc.reason == "" {
+				if err != nil {
+					t.Fatalf("resolve: %v", err)
+				}
+				return
+			}
+			sourcetest.CheckFailure(t, err, tc.reason, tc.handling, tc.message)
+		})
+	}
+	if names := f.AWS.SessionNames(); !slices.Contains(names, "tenant-aws.default."+cloudid.Region+".fluxcd.io") {
+		t.Errorf("STS session names %q, want Flux's <name>.<namespace>.<region>.fluxcd.io", names)
+	}
+}
+
+// TestObjectLevelCacheKey: the cached login of one ServiceAccount is never
+// another's, even with the same role in the same namespace, and a second
+// fetch as the same ServiceAccount reuses it.
+func TestObjectLevelCacheKey(t *testing.T) {
+	c := startAPIServer(t)
+	for _, name := range []string{"a", "b"} {
+		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+			Annotations: map[string]string{workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN}}}))
+	}
+	f := newCloudFixture(t)
+	f.AWS.Trust = func(role, token string) error {
+		return cloudid.ServiceAccountTrust(workloadidentity.AudienceAWS, map[string]string{role: "default/a"})(role, token)
+	}
+	cache := providertoken.NewCache(0, nil)
+	src := f.kubeSource(t, c, cache, "")
+	resolve := func(sa string) error {
+		spec := cloudSpec(f.ECR, "aws")
+		spec.ServiceAccountName = sa
+		_, err := src.Resolve(t.Context(), request(spec))
+		return err
+	}
+	must(t, resolve("a"))
+	must(t, resolve("a"))
+	if n := f.AWS.CredentialsMinted(); n != 1 {
+		t.Errorf("STS minted %d credentials for two fetches as default/a, want 1 (cached)", n)
+	}
+	if err := resolve("b"); failure.As(err) == nil {
+		t.Fatalf("fetch as default/b with a's cached login: %v, want STS's refusal", err)
+	}
+}
