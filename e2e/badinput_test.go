@@ -680,6 +680,17 @@ func TestBadInput(t *testing.T) {
 			},
 		},
 		{
+			// A plug-in kind's fetcher (its NATS identity) pointing its
+			// consumer at the built-in kinds' jobs: NATS refuses the
+			// create for its subject, before JetStream would look at
+			// the filter.
+			name: "bus-plugin-consumes-gitrepository-jobs", kind: "NATS",
+			inMsg: `Permissions Violation for Publish to "$JS.API.CONSUMER.CREATE.` + events.FetchStream,
+			refused: func(t *testing.T, _ string) error {
+				return consumeAs(t, events.PluginIdentity("HTTPSource"), events.PluginConsumer("HTTPSource"), events.FetchSubject(kind))
+			},
+		},
+		{
 			name: "bus-malformed-job", kind: "NATS",
 			dropped: dropMalformedJobs,
 		},
@@ -1098,6 +1109,54 @@ func publishAs(t *testing.T, identity, subject string, data []byte) error {
 		return err
 	case <-time.After(timeout):
 		return nil
+	}
+}
+
+// consumeAs connects to the Env's NATS as identity and creates (or
+// updates) the durable consumer of the fetch stream with filter, and
+// returns what refused it: the permissions violation NATS reports, or
+// the create's error; nil when it was created.
+func consumeAs(t *testing.T, identity, durable, filter string) error {
+	t.Helper()
+	refused := make(chan error, 1)
+	auth, err := env.NATSOption(identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(env.NATSURL, auth, nats.Name("headwater-e2e-"+identity), nats.NoReconnect(),
+		nats.CustomInboxPrefix(events.InboxPrefix(identity)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case refused <- err:
+			default:
+			}
+		}))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, cerr := js.CreateOrUpdateConsumer(ctx, events.FetchStream, jetstream.ConsumerConfig{
+		Durable: durable, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy})
+	select {
+	case err := <-refused:
+		return err
+	default:
+	}
+	if cerr == nil {
+		return nil
+	}
+	// The violation may be reported after the request timed out.
+	select {
+	case err := <-refused:
+		return err
+	case <-time.After(time.Second):
+		return cerr
 	}
 }
 

@@ -1,11 +1,7 @@
 package e2e
 
 import (
-	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/fluxcd/pkg/apis/meta"
@@ -13,38 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/testsupport/ldapserver"
-	"github.com/headwater-gitops/headwater/testsupport/miniotest"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest/ldapminio"
 )
-
-// ldapUsers is MinIO's access management plugin for the test: it allows
-// every request and counts those made with the temporary credentials of
-// an LDAP user (their ldapUser claim), standing in for the policy an
-// administrator attaches to the user.
-type ldapUsers struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (p *ldapUsers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Input struct {
-			Claims map[string]any `json:"claims"`
-		} `json:"input"`
-	}
-	_ = json.NewDecoder(r.Body).Decode(&body)
-	if u, ok := body.Input.Claims["ldapUser"].(string); ok {
-		p.mu.Lock()
-		p.n[u]++
-		p.mu.Unlock()
-	}
-	_, _ = w.Write([]byte(`{"result": true}`))
-}
-
-func (p *ldapUsers) count(user string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.n[user]
-}
 
 // TestBucketSTSLDAP reads a generic Bucket through MinIO's STS, as Flux's
 // spec.sts provider ldap: the fetcher exchanges the LDAP username and
@@ -63,18 +29,7 @@ func TestBucketSTSLDAP(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = dir.Stop() })
-	users := &ldapUsers{n: map[string]int{}}
-	plugin := httptest.NewServer(users)
-	t.Cleanup(plugin.Close)
-	srv := miniotest.NewWithEnv(t,
-		"MINIO_IDENTITY_LDAP_SERVER_ADDR="+dir.Addr,
-		"MINIO_IDENTITY_LDAP_SERVER_INSECURE=on",
-		"MINIO_IDENTITY_LDAP_LOOKUP_BIND_DN="+ldapserver.LookupDN,
-		"MINIO_IDENTITY_LDAP_LOOKUP_BIND_PASSWORD="+dir.LookupPassword,
-		"MINIO_IDENTITY_LDAP_USER_DN_SEARCH_BASE_DN="+ldapserver.PeopleDN,
-		"MINIO_IDENTITY_LDAP_USER_DN_SEARCH_FILTER=(uid=%s)",
-		"MINIO_POLICY_PLUGIN_URL="+plugin.URL,
-	)
+	srv, users := ldapminio.New(t, dir)
 	srv.MakeBucket(t, bucket)
 	putObject(t, srv, bucket, "manifests/app.yaml", "kind: ConfigMap\n")
 	createSecret(t, "bucket-sts-ldap-user", map[string]string{"username": "bob", "password": "builder"})
@@ -86,8 +41,8 @@ func TestBucketSTSLDAP(t *testing.T) {
 	obj := waitBucketArtifact(t, name, rev)
 	checkBucketContent(t, obj, map[string]string{"manifests/app.yaml": "kind: ConfigMap\n"})
 	bob := ldapserver.UserDN("bob")
-	if dir.Binds(bob) == 0 || users.count(bob) == 0 {
-		t.Errorf("binds as %s: %d, requests with its credentials: %d; want the bucket read as the LDAP user", bob, dir.Binds(bob), users.count(bob))
+	if dir.Binds(bob) == 0 || users.RequestsAs(bob) == 0 {
+		t.Errorf("binds as %s: %d, requests with its credentials: %d; want the bucket read as the LDAP user", bob, dir.Binds(bob), users.RequestsAs(bob))
 	}
 
 	// A wrong password: AuthenticationFailed, the artifact stays.

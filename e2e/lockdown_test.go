@@ -5,10 +5,14 @@ import (
 	"bytes"
 	"compress/gzip"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	notificationv1 "github.com/fluxcd/notification-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/acl"
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	swv1beta1 "github.com/fluxcd/source-watcher/api/v2/v1beta1"
@@ -19,20 +23,24 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/pkg/apis/events/v1alpha1"
+	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
 // lockdownUnpackLimit is the packager's -max-unpack-size in the lockdown
 // Env: small, so the test's gzip bomb is a few KiB.
 const lockdownUnpackLimit = 1 << 20
 
-// startLockdownEnv starts an Env of the test's own whose watcher and
-// packager refuse cross-namespace references, with a 1 MiB unpack limit.
+// startLockdownEnv starts an Env of the test's own whose watcher,
+// packager and dispatcher refuse cross-namespace references, with a 1 MiB
+// unpack limit.
 func startLockdownEnv(t *testing.T) *privateEnv {
 	t.Helper()
 	return startPrivateEnv(t, "lockdown", func(cfg *harness.Config) {
 		cfg.ExtraArgs[harness.Watcher] = append(cfg.ExtraArgs[harness.Watcher], "-no-cross-namespace-refs")
 		cfg.ExtraArgs[harness.Packager] = append(cfg.ExtraArgs[harness.Packager],
 			"-no-cross-namespace-refs", "-max-unpack-size", strconv.Itoa(lockdownUnpackLimit))
+		cfg.ExtraArgs[harness.Dispatcher] = append(cfg.ExtraArgs[harness.Dispatcher], "-no-cross-namespace-refs")
 	})
 }
 
@@ -84,15 +92,19 @@ func (e *privateEnv) waitGeneratorIn(t *testing.T, key client.ObjectKey, status 
 // the lockdown on: an ArtifactGenerator naming the victim's GitRepository
 // in another namespace is refused (AccessDenied, a Warning Event, no
 // ExternalArtifact, nothing stored); a generator extracting a gzip bomb
-// fails naming the limit; the victim's source stays Ready with the same
-// artifact, and a plain generator of the victim's own namespace is served.
+// fails naming the limit; a Receiver naming the victim's source is
+// refused (AccessDenied, Stalled, no webhook path, a Warning Event); a
+// Subscription naming the victim's namespace is refused, and one naming
+// none hears of the attacker's own source only; the victim's source
+// stays Ready with the same artifact, and a plain generator of the
+// victim's own namespace is served.
 func TestLockdown(t *testing.T) {
 	requireEnv(t)
 	t.Parallel()
 	e := startLockdownEnv(t)
 	ctx := t.Context()
 	const victim, attacker = "lockdown-victim", "lockdown-a"
-	_, c := e.newRepo(t, victim, map[string]string{
+	victimRepo, c := e.newRepo(t, victim, map[string]string{
 		"apps/app/deploy.yaml": "kind: Deployment # the victim's\n",
 		"bombs/zeros.tgz":      zerosTgz(t, 2*lockdownUnpackLimit),
 	})
@@ -163,10 +175,103 @@ func TestLockdown(t *testing.T) {
 	}
 	e.waitGeneratorIn(t, client.ObjectKeyFromObject(plain), metav1.ConditionTrue, meta.SucceededReason)
 
+	// A Receiver of the attacker's naming the victim's source: refused,
+	// so no hook of it moves the victim.
+	if err := e.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: attacker, Name: "hook-token"},
+		StringData: map[string]string{"token": "attacker's own token"}}); err != nil {
+		t.Fatal(err)
+	}
+	hook := &notificationv1.Receiver{
+		ObjectMeta: metav1.ObjectMeta{Namespace: attacker, Name: "poke"},
+		Spec: notificationv1.ReceiverSpec{Type: notificationv1.GenericReceiver,
+			SecretRef: &meta.LocalObjectReference{Name: "hook-token"},
+			Resources: []notificationv1.ReceiverResource{{CrossNamespaceObjectReference: notificationv1.CrossNamespaceObjectReference{
+				Kind: sourcev1.GitRepositoryKind, Name: victim, Namespace: namespace}}}},
+	}
+	if err := e.Client.Create(ctx, hook); err != nil {
+		t.Fatal(err)
+	}
+	hookMsg := "can't access '" + sourcev1.GitRepositoryKind + "/" + namespace + "/" + victim + "', cross-namespace references are not allowed"
+	eventually(t, "the cross-namespace Receiver refused", func() error {
+		got := &notificationv1.Receiver{}
+		if err := e.Client.Get(ctx, client.ObjectKeyFromObject(hook), got); err != nil {
+			return err
+		}
+		ready := apimeta.FindStatusCondition(got.Status.Conditions, meta.ReadyCondition)
+		if ready == nil || ready.Status != metav1.ConditionFalse || ready.Reason != acl.AccessDeniedReason || ready.Message != hookMsg ||
+			!apimeta.IsStatusConditionTrue(got.Status.Conditions, meta.StalledCondition) || got.Status.WebhookPath != "" {
+			return fmt.Errorf("Ready %+v, Stalled %v, webhookPath %q", ready,
+				apimeta.IsStatusConditionTrue(got.Status.Conditions, meta.StalledCondition), got.Status.WebhookPath)
+		}
+		return nil
+	})
+	e.waitWarning(t, attacker, hook.Name, acl.AccessDeniedReason, hookMsg)
+
+	// Subscriptions of the attacker's: one naming the victim's namespace
+	// is refused; one naming none sees the attacker's namespace only.
+	listen, listenURL := newSink(t, nil, http.StatusOK)
+	snoop := &v1alpha1.Subscription{
+		ObjectMeta: metav1.ObjectMeta{Namespace: attacker, Name: "snoop"},
+		Spec: v1alpha1.SubscriptionSpec{Sources: v1alpha1.SourceSelector{Namespaces: []string{namespace}},
+			HTTP: &v1alpha1.HTTPSink{URL: listenURL}},
+	}
+	own := &v1alpha1.Subscription{
+		ObjectMeta: metav1.ObjectMeta{Namespace: attacker, Name: "listen"},
+		Spec:       v1alpha1.SubscriptionSpec{HTTP: &v1alpha1.HTTPSink{URL: listenURL}},
+	}
+	for _, sub := range []*v1alpha1.Subscription{snoop, own} {
+		if err := e.Client.Create(ctx, sub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snoopMsg := "subscription '" + attacker + "/snoop' can't select events from namespace '" + namespace + "', cross-namespace references have been blocked"
+	for sub, want := range map[*v1alpha1.Subscription][2]string{snoop: {acl.AccessDeniedReason, snoopMsg}, own: {v1alpha1.SucceededReason, ""}} {
+		eventually(t, "Subscription "+sub.Name+" "+want[0], func() error {
+			got := &v1alpha1.Subscription{}
+			if err := e.Client.Get(ctx, client.ObjectKeyFromObject(sub), got); err != nil {
+				return err
+			}
+			c := apimeta.FindStatusCondition(got.Status.Conditions, v1alpha1.ReadyCondition)
+			if c == nil || c.Reason != want[0] || want[1] != "" && c.Message != want[1] {
+				return fmt.Errorf("Ready %+v", c)
+			}
+			return nil
+		})
+	}
+
 	// The victim is untouched.
 	now := e.get(t, victim)
 	if !apimeta.IsStatusConditionTrue(now.Status.Conditions, meta.ReadyCondition) ||
 		now.Status.Artifact.Digest != before.Digest || now.Status.Artifact.Revision != before.Revision {
 		t.Errorf("victim after the attacks: %+v, want Ready with %s", now.Status, before.Digest)
 	}
+
+	// A new commit of the victim's, then a source of the attacker's own:
+	// the attacker's sink hears of its own source, never of the victim's.
+	c2 := commit(t, victimRepo, map[string]string{"apps/app/deploy.yaml": "kind: Deployment # the victim's, v2\n"}, "v2")
+	e.requestReconcile(t, victim)
+	e.waitArtifact(t, victim, revision(c2))
+	e.newRepo(t, "lockdown-a-own", map[string]string{"README.md": "# the attacker's\n"})
+	mine := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Namespace: attacker, Name: "mine"},
+		Spec: sourcev1.GitRepositorySpec{URL: e.Git.RepoURL("lockdown-a-own"), Interval: metav1.Duration{Duration: time.Hour},
+			Reference: &sourcev1.GitRepositoryRef{Branch: branch}},
+	}
+	if err := e.Client.Create(ctx, mine); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the attacker's sink hears of its own source", func() error {
+		for _, ev := range listen.events() {
+			if ev.Subject() == "gitrepository/"+attacker+"/mine" && ev.Type() == events.TypeArtifactStored {
+				return nil
+			}
+		}
+		return fmt.Errorf("%d events received", len(listen.events()))
+	})
+	for _, ev := range listen.events() {
+		if !strings.HasPrefix(ev.Subject(), "gitrepository/"+attacker+"/") {
+			t.Errorf("the attacker's sink received %s about %s", ev.Type(), ev.Subject())
+		}
+	}
+
 }

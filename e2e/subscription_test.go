@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +92,13 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.received = append(s.received, *e)
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// events returns the events received so far.
+func (s *sink) events() []cloudevents.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.received)
 }
 
 // of returns the events received about the GitRepository name.

@@ -78,6 +78,7 @@ type Env struct {
 
 	controlPlane *envtest.Environment
 	nats         *server.Server
+	natsPort     int // the port of the embedded NATS server StopNATS stopped
 	services     []*Service
 	logFiles     []*os.File // the control plane's output
 }
@@ -482,27 +483,51 @@ func (e *Env) useOwnTempDirs() {
 // server's shutdown, not a SIGKILL: every client loses its connection at
 // once, and JetStream recovers what it had stored.
 func (e *Env) RestartNATS() error {
+	if err := e.StopNATS(); err != nil {
+		return err
+	}
+	return e.StartNATS()
+}
+
+// StopNATS shuts the embedded NATS server down and keeps its port and
+// store for StartNATS: until then the services find no server (the bus
+// lost, as with every NATS server down or without a quorum) and keep
+// trying to reconnect.
+func (e *Env) StopNATS() error {
 	if e.nats == nil {
-		return errors.New("restart nats: not running")
+		return errors.New("stop nats: not running")
 	}
 	addr, ok := e.nats.Addr().(*net.TCPAddr)
 	if !ok {
-		return errors.New("restart nats: no listening address")
+		return errors.New("stop nats: no listening address")
 	}
+	e.natsPort = addr.Port
 	e.nats.Shutdown()
 	e.nats.WaitForShutdown()
 	e.nats = nil
+	return nil
+}
+
+// StartNATS starts the embedded NATS server StopNATS stopped, on the same
+// port with the same JetStream store and identities.
+func (e *Env) StartNATS() error {
+	if e.nats != nil {
+		return errors.New("start nats: already running")
+	}
+	if e.natsPort == 0 {
+		return errors.New("start nats: never stopped by StopNATS")
+	}
 	// The port was just released; binding it again may take a moment.
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var err error
 	for range 50 {
-		if e.nats, err = natsserver.Start(e.natsOptions(addr.Port)); err == nil {
+		if e.nats, err = natsserver.Start(e.natsOptions(e.natsPort)); err == nil {
 			return nil
 		}
 		<-tick.C
 	}
-	return fmt.Errorf("restart nats on port %d: %w", addr.Port, err)
+	return fmt.Errorf("start nats on port %d: %w", e.natsPort, err)
 }
 
 // natsOptions are the embedded NATS server's options, on port (0: any

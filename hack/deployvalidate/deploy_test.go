@@ -1307,3 +1307,31 @@ func TestShardsComponent(t *testing.T) {
 		}
 	}
 }
+
+// TestNoCrossNamespaceRefsComponent checks components/no-cross-namespace-refs
+// after components/dispatcher, as docs/security.md tells users to add it:
+// the watcher, the packager and the dispatcher, the services that resolve
+// a tenant's reference to another namespace, run with
+// -no-cross-namespace-refs on (a flag each of them has), and the others
+// are left as they were.
+func TestNoCrossNamespaceRefsComponent(t *testing.T) {
+	m, flags := buildWith(t, "dispatcher", "no-cross-namespace-refs")
+	for _, name := range []string{"watcher", "packager", "dispatcher"} {
+		c, _ := container(t, m, name)
+		if _, ok := flags[name]["no-cross-namespace-refs"]; !ok {
+			t.Errorf("%s has no flag -no-cross-namespace-refs", name)
+		}
+		if v, ok := FlagValue(c, "no-cross-namespace-refs"); !ok || v != "true" {
+			t.Errorf("%s: -no-cross-namespace-refs = %q (set %v), want true", name, v, ok)
+		}
+		for _, p := range CheckEnv(name, flags[name], envNames(c)) {
+			t.Error(p)
+		}
+	}
+	for _, name := range []string{"fetcher", "artifact-server"} {
+		c, _ := container(t, m, name)
+		if v, ok := FlagValue(c, "no-cross-namespace-refs"); ok {
+			t.Errorf("%s: -no-cross-namespace-refs = %q, want it unset", name, v)
+		}
+	}
+}

@@ -355,6 +355,17 @@ func TestPublisherDeduplicates(t *testing.T) {
 	if n := b.streamMsgs(t, events.PublishStream); n != 3 {
 		t.Fatalf("another job: %d messages, want 3", n)
 	}
+	// PublishSeq tells where the message is: a duplicate's is the first's.
+	for _, tc := range []struct {
+		id  string
+		typ string
+		seq uint64
+	}{{"job-1", events.TypeFetchFailed, 1}, {"job-2", events.TypeFetchFailed, 3}} {
+		seq, err := b.pub.PublishSeq(context.Background(), subject, tc.typ, job(tc.id), &events.Outcome{Job: job(tc.id)})
+		if err != nil || seq != tc.seq {
+			t.Errorf("PublishSeq of %s again = %d, %v; want %d", tc.id, seq, err, tc.seq)
+		}
+	}
 
 	// The stored message is a CloudEvent with the headers consumers use.
 	s, err := b.conn.JS.Stream(context.Background(), events.PublishStream)

@@ -133,3 +133,32 @@ func TestPluginIdentity(t *testing.T) {
 		t.Errorf("owner of %s: %s", FetchStream, StreamOwner(FetchStream))
 	}
 }
+
+// TestFetchConsumer: each kind's fetch jobs are read from the consumer whose
+// filter takes them (the built-in fetchers' for the built-in kinds, the
+// plug-in's own for a plug-in kind), and the watcher may read that
+// consumer's state (the fair share's backlog gate).
+func TestFetchConsumer(t *testing.T) {
+	watcher, ok := Permissions(WatcherIdentity)
+	if !ok {
+		t.Fatal("no permissions for the watcher")
+	}
+	for _, tc := range []struct{ kind, identity, consumer string }{
+		{"GitRepository", FetcherIdentity, FetcherConsumer},
+		{"HelmChart", FetcherIdentity, FetcherConsumer},
+		{"HTTPSource", PluginIdentity("HTTPSource"), "plugin-httpsource"},
+	} {
+		got := FetchConsumer(tc.kind)
+		if got != tc.consumer {
+			t.Errorf("FetchConsumer(%s) = %s, want %s", tc.kind, got, tc.consumer)
+		}
+		if !slices.Contains(ConsumerFilter(tc.identity, FetchStream), FetchSubject(tc.kind)) {
+			t.Errorf("%s's consumer does not take %s", tc.identity, FetchSubject(tc.kind))
+		}
+		if info := "$JS.API.CONSUMER.INFO." + FetchStream + "." + got; !slices.ContainsFunc(watcher.Publish, func(p string) bool {
+			return p == info || p == "$JS.API.CONSUMER.INFO."+FetchStream+".*"
+		}) {
+			t.Errorf("the watcher may not read %s", info)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -199,6 +200,18 @@ func BuiltinFetchSubjects() []string {
 // of a plug-in kind's fetcher share, filtered to FetchSubject(kind):
 // "plugin-<kind>" (kind in lower case).
 func PluginConsumer(kind string) string { return pluginPrefix + token(kind) }
+
+// FetchConsumer is the durable consumer on FetchStream that takes the
+// fetch jobs of kind (as in Job.Object.Kind): FetcherConsumer for
+// BuiltinKinds, PluginConsumer(kind) for a plug-in kind. The watcher reads
+// its backlog to hold jobs back fairly (docs/design.md, "Fair share
+// between namespaces").
+func FetchConsumer(kind string) string {
+	if slices.Contains(BuiltinKinds, kind) {
+		return FetcherConsumer
+	}
+	return PluginConsumer(kind)
+}
 
 // IsWorkQueue reports whether stream is one of the work-queue streams of
 // Streams, where a message is removed once acknowledged.

@@ -41,8 +41,9 @@ type Server struct {
 	url string
 
 	listings, fetches atomic.Int64
-	// byRepo counts the listings of each repository, by name.
-	byRepo sync.Map // string -> *atomic.Int64
+	// byRepo counts the listings of each repository, by name, and
+	// fetchesByRepo its fetches of objects.
+	byRepo, fetchesByRepo sync.Map // string -> *atomic.Int64
 }
 
 // Counts reports how many reference listings (GET .../info/refs, what
@@ -58,6 +59,15 @@ func (s *Server) Counts() (listings, fetches int64) {
 // the server has answered since it started.
 func (s *Server) ListingsOf(name string) int64 {
 	if n, ok := s.byRepo.Load(name); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+// FetchesOf reports how many fetches of objects (as Counts counts them)
+// of the repository name the server has answered since it started.
+func (s *Server) FetchesOf(name string) int64 {
+	if n, ok := s.fetchesByRepo.Load(name); ok {
 		return n.(*atomic.Int64).Load()
 	}
 	return 0
@@ -87,6 +97,9 @@ func (s *Server) count(r *http.Request) {
 			return
 		}
 		s.fetches.Add(1)
+		name := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/"), "/git-upload-pack"), ".git")
+		n, _ := s.fetchesByRepo.LoadOrStore(name, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
 	}
 }
 

@@ -124,6 +124,9 @@ func TestCloneOverHTTP(t *testing.T) {
 	if n, other := srv.ListingsOf("podinfo"), srv.ListingsOf("other"); n != 2 || other != 0 {
 		t.Errorf("listings of podinfo %d, of other %d; want 2 and 0", n, other)
 	}
+	if _, f := srv.Counts(); srv.FetchesOf("podinfo") != f || srv.FetchesOf("other") != 0 {
+		t.Errorf("fetches of podinfo %d, of other %d; want %d and 0", srv.FetchesOf("podinfo"), srv.FetchesOf("other"), f)
+	}
 	if got := mustGit(t, dest, "rev-parse", "HEAD"); got != c2 {
 		t.Errorf("cloned HEAD %s, want %s", got, c2)
 	}

@@ -51,6 +51,7 @@ type Server struct {
 
 	proc     *process.Process
 	homeDir  string
+	env      []string // added to MinIO's environment
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -111,6 +112,36 @@ func (s *Server) Stop() error {
 	return s.stopErr
 }
 
+// Halt stops the server (SIGTERM, as Stop) but keeps its address, data
+// and credentials for Resume: S3 unreachable for a while. Stop still
+// stops a resumed server.
+func (s *Server) Halt() error {
+	return s.proc.Stop()
+}
+
+// Resume starts the server Halt stopped again, on the same address with
+// the same data and credentials, and waits until it serves.
+func (s *Server) Resume() error {
+	bin, err := Binary()
+	if err != nil {
+		return err
+	}
+	consoleAddr, err := process.FreeAddr()
+	if err != nil {
+		return fmt.Errorf("miniotest: %w", err)
+	}
+	cmd := exec.Command(bin, "server", "--address", s.Endpoint, "--console-address", consoleAddr, s.Dir)
+	cmd.Env = append(environ(), "MINIO_ROOT_USER="+s.AccessKey, "MINIO_ROOT_PASSWORD="+s.SecretKey, "MINIO_UPDATE=off", "HOME="+s.homeDir)
+	cmd.Env = append(cmd.Env, s.env...)
+	if s.proc, err = process.Start("miniotest", cmd, nil); err != nil {
+		return err
+	}
+	if err := s.waitReady(); err != nil {
+		return err
+	}
+	return s.waitServing()
+}
+
 // StartOn starts a server as Start does, listening on ip instead of
 // 127.0.0.1 (a test node's link, for clients in its pods).
 func StartOn(dir, ip string) (*Server, error) {
@@ -162,6 +193,7 @@ func startOnce(bin, dir, ip, user, password string, env []string) (*Server, erro
 		SecretKey: password,
 		Dir:       dir,
 		homeDir:   homeDir,
+		env:       env,
 	}
 	cmd := exec.Command(bin, "server", "--address", addr, "--console-address", consoleAddr, dir)
 	cmd.Env = append(environ(), "MINIO_ROOT_USER="+user, "MINIO_ROOT_PASSWORD="+password, "MINIO_UPDATE=off", "HOME="+homeDir)

@@ -34,9 +34,34 @@ func TestFlags(t *testing.T) {
 	if err := command.ParseArgs(fs, []string{"-concurrency", "2"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.jobTimeout != 10*time.Minute || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 ||
+	if o.concurrency != 2 || o.maxAttempts != 7 || o.maxFileSize != 0 || o.jobTimeout != 10*time.Minute || o.maxJobTimeout != time.Hour || o.telemetry.Addr != ":9101" || o.secrets.Kubeconfig != "" || o.bucketConcurrency != 8 ||
 		o.refCacheTTL != 2*time.Second || !o.contentCache {
 		t.Errorf("options = %+v", o)
+	}
+}
+
+// TestJobDeadline: a job's deadline is its source's need (spec.timeout
+// plus a minute) within -job-timeout and -max-job-timeout, so a tenant's
+// long spec.timeout cannot hold a slot past the cap; a cap below
+// -job-timeout is refused.
+func TestJobDeadline(t *testing.T) {
+	o := options{jobTimeout: 10 * time.Minute, maxJobTimeout: time.Hour}
+	for need, want := range map[time.Duration]time.Duration{
+		0:                           10 * time.Minute, // a kind that bounds nothing itself
+		2 * time.Minute:             10 * time.Minute,
+		30 * time.Minute:            30 * time.Minute,
+		240 * time.Hour:             time.Hour, // spec.timeout of days
+		time.Hour + time.Nanosecond: time.Hour,
+	} {
+		if got := o.jobDeadline(need); got != want {
+			t.Errorf("jobDeadline(%s) = %s, want %s", need, got, want)
+		}
+	}
+	var bad options
+	bad.bindFlags(flag.NewFlagSet(service, flag.ContinueOnError))
+	bad.maxJobTimeout = bad.jobTimeout - time.Second
+	if _, err := bad.check(); err == nil || !strings.Contains(err.Error(), "--max-job-timeout") {
+		t.Errorf("check with -max-job-timeout below -job-timeout: %v, want it refused", err)
 	}
 }
 

@@ -44,6 +44,9 @@ type options struct {
 	maxFileSize int64
 	// jobTimeout is the least deadline of a job (fetch.Handler.JobTimeout).
 	jobTimeout time.Duration
+	// maxJobTimeout is the most deadline of a job, whatever its source's
+	// spec.timeout asks (a tenant's choice): see jobDeadline.
+	maxJobTimeout time.Duration
 	// bucketConcurrency bounds the objects of one Bucket downloaded at once.
 	bucketConcurrency int
 	// refCacheTTL is how long a Git remote's reference listing is shared.
@@ -81,7 +84,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once (and pulled ahead from the bus).")
 	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.DurationVar(&o.jobTimeout, "job-timeout", bus.DefaultJobTimeout,
-		"The least deadline of one job; a source whose spec.timeout is longer has that plus a minute. Past it the job fails with DeadlineExceeded and its slot serves the next.")
+		"The least deadline of one job; a source whose spec.timeout is longer has that plus a minute, up to -max-job-timeout. Past it the job fails with DeadlineExceeded and its slot serves the next.")
+	fs.DurationVar(&o.maxJobTimeout, "max-job-timeout", DefaultMaxJobTimeout,
+		"The longest deadline of one job, whatever its source's spec.timeout (which a tenant chooses): a fetch still running then fails with DeadlineExceeded and its slot serves the next.")
 	fs.Int64Var(&o.maxFileSize, "max-file-size", 0, "Largest file a source may contain, in bytes; 0 means no limit.")
 	fs.IntVar(&o.bucketConcurrency, "bucket-concurrency", bucketfetch.DefaultConcurrency, "Objects of one Bucket downloaded at once.")
 	fs.DurationVar(&o.refCacheTTL, "ref-cache-ttl", gitfetch.DefaultRefCacheTTL,

@@ -68,6 +68,22 @@ func run(ctx context.Context, o options) error {
 	return f.worker.Run(ctx)
 }
 
+// DefaultMaxJobTimeout is -max-job-timeout's default: longer than any
+// spec.timeout Flux users give a large repository, short enough that a
+// source whose server trickles its answer holds a fetcher's slot for an
+// hour at most, however long its spec.timeout.
+const DefaultMaxJobTimeout = time.Hour
+
+// jobDeadline is the deadline of a job whose source needs need
+// (fetch.Handler.JobTimeout: its spec.timeout plus a minute): at least
+// -job-timeout, at most -max-job-timeout. spec.timeout is the tenant's to
+// choose; without the cap, a source at a server that trickles its answer
+// with spec.timeout of days would hold a slot of the shared fetcher for
+// days.
+func (o options) jobDeadline(need time.Duration) time.Duration {
+	return min(max(o.jobTimeout, need), o.maxJobTimeout)
+}
+
 // check says which flag is out of its range, and parses -rate-limits.
 func (o options) check() (hostlimit.Rules, error) {
 	if o.concurrency < 1 {
@@ -78,6 +94,9 @@ func (o options) check() (hostlimit.Rules, error) {
 	}
 	if o.jobTimeout <= 0 {
 		return nil, errors.New("--job-timeout must be positive")
+	}
+	if o.maxJobTimeout < o.jobTimeout {
+		return nil, errors.New("--max-job-timeout must be at least --job-timeout")
 	}
 	if o.bucketConcurrency < 1 {
 		return nil, errors.New("--bucket-concurrency must be at least 1")
@@ -284,7 +303,7 @@ func (f *fetcher) newHandler(context.Context) error {
 		Concurrency:       f.o.concurrency,
 		Handler:           handler.Handle,
 		Report:            handler.Report,
-		TimeoutOf:         func(m *events.Message) time.Duration { return max(f.o.jobTimeout, handler.JobTimeout(m)) },
+		TimeoutOf:         func(m *events.Message) time.Duration { return f.o.jobDeadline(handler.JobTimeout(m)) },
 		DeadlineCondition: fetch.DeadlineCondition,
 		Metrics:           telemetry.NewJobMetrics(reg, service),
 		Log:               f.log,

@@ -121,7 +121,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 			return nil
 		})
 	fs.DurationVar(&o.requeueDependency, "requeue-dependency", 30*time.Second,
-		"How often a source waiting for another one (an include without an artifact) looks again (as Flux).")
+		"How often a source waiting for another one (an include without an artifact) looks again (as Flux), and a source whose fetch job the bus refused (NATS down, JetStream without quorum) tries again.")
 	fs.StringVar(&o.jobKeyFile, "job-key-file", "",
 		"File holding the secret (32 bytes or more) every watcher replica seals its jobs with; default: the bus identity's -nats-nkey, then -nats-creds.")
 	fs.StringVar(&o.eventsAddr, "events-addr", "",

@@ -347,7 +347,7 @@ func (w *watcher) setupSources(ctx context.Context) error {
 	w.kubeClient, w.liveReader = sourcekind.PluginClient(w.mgr.GetClient()), sourcekind.PluginReader(w.mgr.GetAPIReader())
 	fetchers := &controller.Fetchers{JS: w.conn.JS, Recheck: w.o.requeueDependency}
 	w.admission = &fairshare.Queue{Next: w.jobs, Options: w.o.fairShare, Metrics: fairshare.NewMetrics(crmetrics.Registry),
-		Log: w.log.WithName("fair-share")}
+		Backlog: fairshare.ConsumerBacklog{JS: w.conn.JS}, Log: w.log.WithName("fair-share")}
 	if err := w.mgr.Add(w.admission); err != nil {
 		return fmt.Errorf("fair share: %w", err)
 	}

@@ -3,7 +3,6 @@ package bucketfetch
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"encoding/pem"
 	"net"
 	"net/http"
@@ -14,51 +13,19 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
 	"github.com/headwater-gitops/headwater/testsupport/ldapserver"
 	"github.com/headwater-gitops/headwater/testsupport/miniotest"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest/ldapminio"
 	"github.com/headwater-gitops/headwater/testsupport/tokenserver"
 )
-
-// policyPlugin is MinIO's access management plugin
-// (MINIO_POLICY_PLUGIN_URL): it allows every request and remembers the
-// LDAP users requests were made as (the ldapUser claim of temporary
-// credentials), so a test sees which identity read the bucket. It stands
-// in for the policy an administrator would attach to the LDAP user.
-type policyPlugin struct {
-	mu    sync.Mutex
-	users map[string]int
-}
-
-func (p *policyPlugin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Input struct {
-			Claims map[string]any `json:"claims"`
-		} `json:"input"`
-	}
-	_ = json.NewDecoder(r.Body).Decode(&body)
-	if u, ok := body.Input.Claims["ldapUser"].(string); ok {
-		p.mu.Lock()
-		p.users[u]++
-		p.mu.Unlock()
-	}
-	_, _ = w.Write([]byte(`{"result": true}`))
-}
-
-func (p *policyPlugin) requestsAs(user string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.users[user]
-}
 
 // TestSTSLDAP reads a generic Bucket with spec.sts provider ldap, as Flux:
 // the fetcher exchanges the LDAP username and password of
@@ -72,19 +39,7 @@ func TestSTSLDAP(t *testing.T) {
 	dir, err := ldapserver.Start(map[string]string{"alice": "wonderland"}, "lookup-secret")
 	must(t, err)
 	t.Cleanup(func() { _ = dir.Stop() })
-	plugin := &policyPlugin{users: map[string]int{}}
-	pluginSrv := httptest.NewServer(plugin)
-	t.Cleanup(pluginSrv.Close)
-	srv := miniotest.NewWithEnv(t,
-		"MINIO_IDENTITY_LDAP_SERVER_ADDR="+dir.Addr,
-		"MINIO_IDENTITY_LDAP_SERVER_INSECURE=on",
-		"MINIO_IDENTITY_LDAP_LOOKUP_BIND_DN="+ldapserver.LookupDN,
-		"MINIO_IDENTITY_LDAP_LOOKUP_BIND_PASSWORD="+dir.LookupPassword,
-		"MINIO_IDENTITY_LDAP_USER_DN_SEARCH_BASE_DN="+ldapserver.PeopleDN,
-		"MINIO_IDENTITY_LDAP_USER_DN_SEARCH_FILTER=(uid=%s)",
-		"MINIO_POLICY_PLUGIN_URL="+pluginSrv.URL,
-	)
-	waitIAM(t, srv)
+	srv, plugin := ldapminio.New(t, dir)
 	srv.MakeBucket(t, "ldapbucket")
 	put(t, srv, "ldapbucket", "app/config.yaml", "replicas: 2\n")
 
@@ -106,7 +61,7 @@ func TestSTSLDAP(t *testing.T) {
 	if n := dir.Binds(alice); n == 0 {
 		t.Errorf("MinIO never bound to the directory as %s: the exchange did not reach LDAP", alice)
 	}
-	if n := plugin.requestsAs(alice); n == 0 {
+	if n := plugin.RequestsAs(alice); n == 0 {
 		t.Errorf("no request reached MinIO with the temporary credentials of %s", alice)
 	}
 
@@ -160,26 +115,10 @@ func TestSTSAWS(t *testing.T) {
 	sts := &tokenserver.AWSSTS{RoleARN: role, Token: token, Mint: func() (string, string, string, time.Time, error) {
 		// MinIO's own STS makes the temporary credentials the bucket
 		// accepts.
-		c, err := credentials.NewSTSAssumeRole(srv.URL(), credentials.STSAssumeRoleOptions{AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-		if err != nil {
-			return "", "", "", time.Time{}, err
-		}
-		v, err := c.GetWithContext(&credentials.CredContext{Client: http.DefaultClient})
+		v, err := srv.AssumeRole()
 		return v.AccessKeyID, v.SecretAccessKey, v.SessionToken, v.Expiration, err
 	}}
-	// MinIO answers before its IAM is ready ("Server not initialized"):
-	// wait until its STS mints, so that the exchanges below test ours.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, _, _, _, err := sts.Mint()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("MinIO's STS: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	srv.WaitIAM(t)
 	must(t, sts.Start("127.0.0.1:0", host))
 	t.Cleanup(func() { _ = sts.Stop() })
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -231,25 +170,4 @@ func TestSTSAWS(t *testing.T) {
 		_, _, _, err := sourcetest.Fetch(t, src, req)
 		sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Transient, "AWS authentication failed: ")
 	})
-}
-
-// waitIAM waits until MinIO's IAM has started: MinIO serves objects
-// before it does, and its STS answers "IAM sub-system is being
-// initialized" until then, so that the exchanges of a test test ours.
-func waitIAM(t *testing.T, srv *miniotest.Server) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := credentials.NewSTSAssumeRole(srv.URL(), credentials.STSAssumeRoleOptions{AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-		if err == nil {
-			_, err = c.GetWithContext(&credentials.CredContext{Client: http.DefaultClient})
-		}
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("MinIO's IAM did not start: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -137,6 +137,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 // Reconcile runs, in order: deletion (finalize), the finalizer, suspend,
 // then publishes a fetch job and requeues after the jittered interval.
 // Conditions: Reconciling and Ready (Unknown) when a new generation starts;
+// FetchFailed and Ready=False (BusUnavailable) with Reconciling
+// (ProgressingWithRetry) when the bus does not take the job (unpublished);
 // everything else is written when the job's outcome arrives.
 //
 // Each reconcile is a span ("reconcile"), the root of the trace its job
@@ -219,8 +221,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	}
 
 	if err := r.fetchJobs(fetch).Publish(ctx, events.FetchSubject(r.Kind.Name), events.TypeFetchRequested, job, fetch); err != nil {
-		// The bus is unreachable: retry with controller-runtime's backoff.
-		return ctrl.Result{}, err
+		// The bus does not take the job: the source says so, and the
+		// reconcile is retried with controller-runtime's backoff.
+		return r.unpublished(ctx, obj, err)
 	}
 	if fetch.Fresh {
 		r.Triggers.Published(req.NamespacedName)

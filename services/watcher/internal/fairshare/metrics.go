@@ -34,6 +34,9 @@ type Metrics struct {
 	topWaiting *prometheus.GaugeVec
 	releases   *prometheus.CounterVec
 	wait       prometheus.Histogram
+	gateHeld   prometheus.Counter
+	backlogs   *prometheus.GaugeVec
+	readErrors prometheus.Counter
 }
 
 // NewMetrics registers the queue's metrics with reg.
@@ -45,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "headwater_fairshare_waiting_jobs",
-			Help: "Fetch jobs held in the watcher until their namespace has a free slot (every namespace together).",
+			Help: "Fetch jobs held in the watcher until their namespace has a free slot or the backlog gate lets them go (every namespace together).",
 		}),
 		namespaces: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "headwater_fairshare_waiting_namespaces",
@@ -61,11 +64,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "headwater_fairshare_wait_seconds",
-			Help:    "Time a fetch job waited in the watcher for its namespace's slot (0 for a job published at once).",
+			Help:    "Time a fetch job waited in the watcher for its namespace's slot or the backlog gate (0 for a job published at once).",
 			Buckets: []float64{0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900},
 		}),
+		gateHeld: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "headwater_fairshare_gate_held_jobs_total",
+			Help: "Fetch jobs held back in the watcher by the backlog gate: their namespace had a free slot and jobs in flight, and the fetch stream had -fair-share-fetch-backlog jobs undelivered (each job counted once).",
+		}),
+		backlogs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "headwater_fairshare_fetch_backlog",
+			Help: "Fetch jobs no fetcher had taken (the fetch consumer's pending count), as last read by the backlog gate (read only while the gate holds jobs).",
+		}, []string{"consumer"}),
+		readErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "headwater_fairshare_fetch_backlog_read_errors_total",
+			Help: "Failed readings of a fetch consumer's backlog; after one, the gate lets every job through for 5 s.",
+		}),
 	}
-	reg.MustRegister(m.inFlight, m.waiting, m.namespaces, m.topWaiting, m.releases, m.wait)
+	reg.MustRegister(m.inFlight, m.waiting, m.namespaces, m.topWaiting, m.releases, m.wait, m.gateHeld, m.backlogs, m.readErrors)
 	return m
 }
 
@@ -109,5 +124,23 @@ func (m *Metrics) released(reason string) {
 func (m *Metrics) admitted(waited time.Duration) {
 	if m != nil {
 		m.wait.Observe(waited.Seconds())
+	}
+}
+
+func (m *Metrics) heldByGate() {
+	if m != nil {
+		m.gateHeld.Inc()
+	}
+}
+
+func (m *Metrics) backlog(consumer string, n int) {
+	if m != nil {
+		m.backlogs.WithLabelValues(consumer).Set(float64(n))
+	}
+}
+
+func (m *Metrics) backlogReadFailed() {
+	if m != nil {
+		m.readErrors.Inc()
 	}
 }

@@ -16,10 +16,12 @@ package fairshare
 import (
 	"context"
 	"flag"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/headwater-gitops/headwater/pkg/bus"
@@ -46,6 +48,11 @@ type Options struct {
 	// Timeout is how long a slot is held at most without its job's
 	// outcome.
 	Timeout time.Duration
+	// FetchBacklog is the fetch consumer's undelivered jobs at which a
+	// namespace that has jobs in flight holds its next ones (gate.go);
+	// zero or less turns the gate off. It needs MaxInFlight and
+	// Queue.Backlog.
+	FetchBacklog int
 }
 
 // BindFlags binds the options to fs.
@@ -56,6 +63,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Timeout, TimeoutFlag, bus.DefaultJobTimeout,
 		"Longest time a fetch job holds its namespace's slot without an outcome (a lost outcome, a job that reports none); "+
 			"the workers' -job-timeout, from which a job that has not ended has failed.")
+	fs.IntVar(&o.FetchBacklog, FetchBacklogFlag, DefaultFetchBacklog,
+		"Fetch jobs left on the fetch stream undelivered at which a namespace that already has jobs in flight holds its next ones in the watcher, "+
+			"published fairly as the fetchers take jobs, so that another namespace's first job is not queued behind them on the stream (docs/design.md). "+
+			"0, the default, turns the gate off (the per-namespace slots alone); 1 is the value to try. Needs -"+MaxInFlightFlag+" above 0.")
 }
 
 // Publisher publishes jobs on the bus (a *bus.Publisher).
@@ -66,13 +77,23 @@ type Publisher interface {
 // objectKey names a source: kind, namespace and name.
 type objectKey struct{ kind, namespace, name string }
 
-// pending is a job waiting for its namespace's slot.
+// pending is a job waiting for its namespace's slot, or for the fetch
+// stream's backlog to fall (gate.go).
 type pending struct {
 	key                objectKey
 	subject, eventType string
 	job                events.Job
 	data               any
 	since              time.Time
+	// consumer is the fetch consumer that takes the job, whose backlog
+	// gates it.
+	consumer string
+	// gated is set once the gate has held the job back (it is counted
+	// once).
+	gated bool
+	// trace is the span context of the reconcile that made the job: the
+	// job's publish span is its child, whenever it is published.
+	trace trace.SpanContext
 }
 
 // slot is a job on the bus.
@@ -105,6 +126,20 @@ func (t *tenant) push(p *pending, front bool) {
 		return
 	}
 	t.queue = append(t.queue, p)
+}
+
+// head is the oldest waiting job, which pop takes next; nil when none
+// waits. It drops the dropped jobs ahead of it.
+func (t *tenant) head() *pending {
+	for len(t.queue) > 0 {
+		p := t.queue[0]
+		if t.byKey[p.key] == p {
+			return p
+		}
+		t.queue[0] = nil
+		t.queue = t.queue[1:]
+	}
+	return nil
 }
 
 // pop takes the oldest waiting job; nil when none waits.
@@ -149,6 +184,10 @@ type Queue struct {
 	Metrics *Metrics
 	// Log logs publish failures of waiting jobs.
 	Log logr.Logger
+	// Backlog, when set with Options.FetchBacklog, reads the fetch
+	// consumers' backlog for the gate (gate.go); ConsumerBacklog in the
+	// watcher.
+	Backlog Backlog
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
 
@@ -163,15 +202,28 @@ type Queue struct {
 	// waiting counts the jobs waiting in every namespace.
 	waiting int
 	wake    chan struct{}
+	// gates are the fetch consumers' backlog gates, by consumer name.
+	gates map[string]*gate
+	// refused is the bus's answer to the last job published, while it
+	// refuses them (NATS down, JetStream without quorum); nil once one
+	// went through.
+	refused error
 }
 
 var _ manager.Runnable = (*Queue)(nil)
 
 // Publish publishes a fetch job at once when its namespace has a free
-// slot and no job waiting, and holds it otherwise (returning nil): it is
+// slot, no job waiting and either nothing in flight or a fetch stream
+// short enough (the gate), and holds it otherwise (returning nil): it is
 // published when its turn comes. A job that replaces the waiting job of
 // the same object takes its place in the queue. Publish passes on Next's
 // error for a job it publishes.
+//
+// While the bus refuses jobs (the last publish failed), no job is held:
+// there is no turn to wait for. Each is tried at once, replacing its
+// object's waiting job, so that its source learns the bus's answer (the
+// reconciler then says BusUnavailable), and the first that goes through
+// ends the refusal; jobs are held again from then on.
 func (q *Queue) Publish(ctx context.Context, subject, eventType string, job events.Job, data any) error {
 	if !q.enabled() {
 		return q.Next.Publish(ctx, subject, eventType, job, data)
@@ -185,23 +237,41 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 		return q.Next.Publish(ctx, subject, eventType, job, data)
 	}
 	t := q.tenant(key.namespace)
-	if p := t.byKey[key]; p != nil {
-		// A newer job for the object replaces the one waiting.
-		p.subject, p.eventType, p.job, p.data = subject, eventType, job, data
-		q.mu.Unlock()
-		return nil
-	}
-	if t.inFlight < q.Options.MaxInFlight && t.waiting() == 0 {
-		q.take(t, key, job.ID)
-		q.mu.Unlock()
-		q.Metrics.admitted(0)
-		if err := q.Next.Publish(ctx, subject, eventType, job, data); err != nil {
-			q.release(job.ID, "")
-			return err
+	p := &pending{key: key, subject: subject, eventType: eventType, job: job, data: data, since: q.now(),
+		consumer: events.FetchConsumer(key.kind), trace: trace.SpanContextFromContext(ctx)}
+	if q.refused != nil {
+		if t.remove(key) {
+			q.waiting--
+			if t.waiting() == 0 {
+				q.leaveRing(key.namespace)
+			}
 		}
+		q.take(t, key, job.ID)
+		q.published(p.consumer)
+		q.updateGauges()
+		q.mu.Unlock()
+		return q.publish(ctx, p)
+	}
+	if w := t.byKey[key]; w != nil {
+		// A newer job for the object replaces the one waiting.
+		w.subject, w.eventType, w.job, w.data, w.trace = subject, eventType, job, data, p.trace
+		q.mu.Unlock()
 		return nil
 	}
-	t.push(&pending{key: key, subject: subject, eventType: eventType, job: job, data: data, since: q.now()}, false)
+	free := t.inFlight < q.Options.MaxInFlight && t.waiting() == 0
+	if free && q.passes(t, p) {
+		q.take(t, key, job.ID)
+		q.published(p.consumer)
+		q.mu.Unlock()
+		return q.publish(ctx, p)
+	}
+	if q.gated() && t.inFlight+t.waiting() < q.Options.MaxInFlight {
+		// The slots would let it go: the gate holds it, and the
+		// dispatcher reads the backlog.
+		q.hold(p)
+		q.signal()
+	}
+	t.push(p, false)
 	q.waiting++
 	if t.waiting() == 1 {
 		q.ring = append(q.ring, key.namespace)
@@ -209,6 +279,27 @@ func (q *Queue) Publish(ctx context.Context, subject, eventType string, job even
 	q.updateGauges()
 	q.mu.Unlock()
 	return nil
+}
+
+// publish publishes p, whose job holds a slot: a refusal frees the slot
+// and is remembered (refused); a success ends the refusal.
+func (q *Queue) publish(ctx context.Context, p *pending) error {
+	err := q.send(ctx, p)
+	q.setRefused(err)
+	if err != nil {
+		q.release(p.job.ID, "")
+		return err
+	}
+	q.Metrics.admitted(0)
+	return nil
+}
+
+// setRefused records the bus's answer to the last publish: err, or nil
+// when it took the job.
+func (q *Queue) setRefused(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.refused = err
 }
 
 // Done frees the slot of the job whose outcome arrived; a job the queue
@@ -269,16 +360,26 @@ func (q *Queue) Start(ctx context.Context) error {
 	defer q.reset()
 	tick := time.NewTicker(expiryEvery(q.Options.Timeout))
 	defer tick.Stop()
+	// poll wakes the dispatcher when a closed gate's backlog is due to be
+	// read again.
+	poll := time.NewTimer(time.Hour)
+	defer poll.Stop()
 	for {
 		q.expire()
-		if !q.dispatch(ctx) {
+		next, ok := q.dispatch(ctx)
+		if !ok {
 			return nil
+		}
+		poll.Stop()
+		if next > 0 {
+			poll.Reset(next)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
 		case <-tick.C:
+		case <-poll.C:
 		}
 	}
 }
@@ -288,17 +389,31 @@ func (q *Queue) Start(ctx context.Context) error {
 const retryDelay = time.Second
 
 // dispatch publishes waiting jobs, one per namespace in turn, while a
-// namespace with waiting jobs has a free slot; it reports false when ctx
-// ended.
-func (q *Queue) dispatch(ctx context.Context) bool {
+// namespace with waiting jobs has a free slot and the gate lets its job
+// through, reading the backlog of the gates that hold jobs when due. It
+// returns when the gate is next due to be read (0: no gate holds a job),
+// and false when ctx ended.
+func (q *Queue) dispatch(ctx context.Context) (next time.Duration, ok bool) {
 	for {
 		q.mu.Lock()
-		p := q.pop()
+		p, held := q.pop()
 		q.mu.Unlock()
 		if p == nil {
-			return true
+			if len(held) == 0 {
+				return 0, true
+			}
+			opened, next := q.readGates(ctx, held)
+			if ctx.Err() != nil {
+				return 0, false
+			}
+			if !opened {
+				return next, true
+			}
+			continue
 		}
-		if err := q.Next.Publish(ctx, p.subject, p.eventType, p.job, p.data); err != nil {
+		err := q.send(trace.ContextWithSpanContext(ctx, p.trace), p)
+		q.setRefused(err)
+		if err != nil {
 			// The bus is unreachable: the job goes back to the head of
 			// its namespace's queue, and its slot is freed.
 			q.mu.Lock()
@@ -307,7 +422,7 @@ func (q *Queue) dispatch(ctx context.Context) bool {
 			q.Log.Error(err, "publishing a waiting fetch job failed; retrying", "namespace", p.key.namespace, "name", p.key.name, "kind", p.key.kind)
 			select {
 			case <-ctx.Done():
-				return false
+				return 0, false
 			case <-time.After(retryDelay):
 			}
 			continue
@@ -316,32 +431,55 @@ func (q *Queue) dispatch(ctx context.Context) bool {
 	}
 }
 
-// pop takes the next namespace's turn: its oldest waiting job, with a
-// slot taken for it; nil when no namespace with waiting jobs has a free
-// slot.
-func (q *Queue) pop() *pending {
-	for range len(q.ring) {
-		if q.next >= len(q.ring) {
-			q.next = 0
-		}
-		ns := q.ring[q.next]
-		t := q.tenants[ns]
-		if t.inFlight >= q.Options.MaxInFlight {
-			q.next++
+// pop takes the next turn: the oldest waiting job of the namespace with
+// the fewest jobs in flight among those whose job may go (a free slot, and
+// the gate passes it), the first in turn order among equals, with a slot
+// taken for it. It returns nil when no namespace's job may go, with the
+// consumers whose gate held a job that had a slot (held), whose backlog
+// the dispatcher reads.
+//
+// The fewest in flight first, not plain turns: a namespace whose jobs
+// came while another's filled the fetchers gets the slots the fetchers
+// free until it has as many jobs in flight, rather than one in two.
+func (q *Queue) pop() (p *pending, held []string) {
+	best, bestAt := (*tenant)(nil), -1
+	for i := range len(q.ring) {
+		at := (q.next + i) % len(q.ring)
+		t := q.tenants[q.ring[at]]
+		if t.inFlight >= q.Options.MaxInFlight || best != nil && t.inFlight >= best.inFlight {
 			continue
 		}
-		p := t.pop()
-		q.waiting--
-		q.take(t, p.key, p.job.ID)
-		if t.waiting() == 0 {
-			q.ring = append(q.ring[:q.next], q.ring[q.next+1:]...)
-		} else {
-			q.next++
+		head := t.head()
+		if head == nil {
+			continue
 		}
-		q.updateGauges()
-		return p
+		if !q.passes(t, head) {
+			q.hold(head)
+			if !slices.Contains(held, head.consumer) {
+				held = append(held, head.consumer)
+			}
+			continue
+		}
+		best, bestAt = t, at
 	}
-	return nil
+	if best == nil {
+		return nil, held
+	}
+	p = best.pop()
+	q.waiting--
+	q.take(best, p.key, p.job.ID)
+	q.published(p.consumer)
+	if best.waiting() == 0 {
+		q.ring = append(q.ring[:bestAt], q.ring[bestAt+1:]...)
+		q.next = bestAt
+	} else {
+		q.next = bestAt + 1
+	}
+	if q.next >= len(q.ring) {
+		q.next = 0
+	}
+	q.updateGauges()
+	return p, nil
 }
 
 // requeue puts p back at the head of its namespace's queue and frees its
@@ -384,7 +522,7 @@ func (q *Queue) reset() {
 	for id := range q.slots {
 		q.free(id, ReleaseLeaderLost)
 	}
-	q.tenants, q.ring, q.next, q.waiting = map[string]*tenant{}, nil, 0, 0
+	q.tenants, q.ring, q.next, q.waiting, q.gates, q.refused = map[string]*tenant{}, nil, 0, 0, map[string]*gate{}, nil
 	q.updateGauges()
 	q.Metrics.top(nil)
 }
@@ -469,7 +607,7 @@ func (q *Queue) signal() {
 
 func (q *Queue) init() {
 	if q.slots == nil {
-		q.slots, q.tenants, q.wake = map[string]*slot{}, map[string]*tenant{}, make(chan struct{}, 1)
+		q.slots, q.tenants, q.wake, q.gates = map[string]*slot{}, map[string]*tenant{}, make(chan struct{}, 1), map[string]*gate{}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 )
@@ -20,13 +21,15 @@ import (
 type recorder struct {
 	mu        sync.Mutex
 	published []events.Job
-	fail      error
-	attempts  int
+	// traces are the span contexts the jobs were published within.
+	traces   []trace.SpanContext
+	fail     error
+	attempts int
 	// notify, when set, is signalled after every job published.
 	notify chan struct{}
 }
 
-func (r *recorder) Publish(_ context.Context, _, _ string, job events.Job, _ any) error {
+func (r *recorder) Publish(ctx context.Context, _, _ string, job events.Job, _ any) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.attempts++
@@ -34,6 +37,7 @@ func (r *recorder) Publish(_ context.Context, _, _ string, job events.Job, _ any
 		return r.fail
 	}
 	r.published = append(r.published, job)
+	r.traces = append(r.traces, trace.SpanContextFromContext(ctx))
 	if r.notify != nil {
 		select {
 		case r.notify <- struct{}{}:
@@ -340,6 +344,41 @@ func TestQueuePublishFailure(t *testing.T) {
 	}
 }
 
+// TestQueueRefusedNotHeld: once the bus refused a job, no job is held
+// (its source must learn the refusal and say so): each is tried at once,
+// replacing its object's waiting job, until one goes through; then jobs
+// wait for their turn again.
+func TestQueueRefusedNotHeld(t *testing.T) {
+	bus := &recorder{}
+	q, _ := newQueue(bus, 1, time.Hour)
+	start(t, q)
+	publish(t, q, job("ns", "a", "a-1")) // its outcome does not come: the slot stays taken
+	publish(t, q, job("ns", "b", "b-1")) // held
+	refused := errors.New("nats: no responders available for request")
+	bus.setFail(refused)
+	// Another namespace's job meets the refusal.
+	if err := q.Publish(t.Context(), "s", "t", job("other", "x", "x-1"), nil); !errors.Is(err, refused) {
+		t.Fatalf("Publish x-1 = %v, want %v", err, refused)
+	}
+	// b's next job is not held behind a-1: it is tried, and refused.
+	if err := q.Publish(t.Context(), "s", "t", job("ns", "b", "b-2"), nil); !errors.Is(err, refused) {
+		t.Fatalf("Publish b-2 while the bus refuses = %v, want %v", err, refused)
+	}
+	bus.setFail(nil)
+	// The first job through ends the refusal, over the limit.
+	publish(t, q, job("ns", "c", "c-1"))
+	publish(t, q, job("ns", "d", "d-1")) // held again
+	if got, want := bus.ids(), []string{"a-1", "c-1"}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v (d-1 waiting, b-1 replaced)", got, want)
+	}
+	q.Done("a-1")
+	q.Done("c-1")
+	eventually(t, "d-1 published in its turn", func() bool { return len(bus.ids()) == 3 })
+	if got, want := bus.ids(), []string{"a-1", "c-1", "d-1"}; !slices.Equal(got, want) {
+		t.Errorf("published %v, want %v: b-1 was replaced by b-2, which the bus refused", got, want)
+	}
+}
+
 // TestQueueDisabled: with no limit (or a nil queue) every job is published
 // at once, and Done and Forget do nothing.
 func TestQueueDisabled(t *testing.T) {
@@ -376,5 +415,26 @@ func TestQueueTopNamespaces(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(q.Metrics.namespaces); got != 20 {
 		t.Errorf("waiting namespaces = %v, want 20", got)
+	}
+}
+
+// TestQueueKeepsTheTrace: a job that waited is published in the trace of
+// the reconcile that made it (issue 30's one trace per change), not in a
+// trace of its own.
+func TestQueueKeepsTheTrace(t *testing.T) {
+	bus := &recorder{}
+	q, _ := newQueue(bus, 1, time.Hour)
+	start(t, q)
+	publish(t, q, job("ns", "a", "a-1"))
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled})
+	if err := q.Publish(trace.ContextWithSpanContext(t.Context(), sc), "s", events.TypeFetchRequested, job("ns", "b", "b-1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	q.Done("a-1")
+	eventually(t, "b-1 published", func() bool { return len(bus.ids()) == 2 })
+	bus.mu.Lock()
+	defer bus.mu.Unlock()
+	if got := bus.traces[1]; got.TraceID() != sc.TraceID() || got.SpanID() != sc.SpanID() {
+		t.Errorf("b-1 published in span %s/%s, want its reconcile's %s/%s", got.TraceID(), got.SpanID(), sc.TraceID(), sc.SpanID())
 	}
 }

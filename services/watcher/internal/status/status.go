@@ -15,7 +15,9 @@
 //   - Reconciling (abnormal-true): set while a new generation is processed
 //     (MarkProgressing), removed when the outcome for the current
 //     generation arrives (Apply), but for a rate-limited one, which sets
-//     it with reason ProgressingWithRetry until the next attempt.
+//     it with reason ProgressingWithRetry until the next attempt. The
+//     reconciler sets it so too, with FetchFailed BusUnavailable, while
+//     the bus does not take the source's fetch job.
 //   - Stalled (abnormal-true): set by a failure retrying cannot fix
 //     (MarkFailure), removed by any other outcome.
 //   - FetchFailed, StorageOperationFailed, IncludeUnavailable, ...
