@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 // testBadInput makes each operator mistake the README's troubleshooting
@@ -21,18 +23,18 @@ import (
 func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository) {
 	ctx := context.Background()
 	t.Run("missing image", func(t *testing.T) {
-		kubectl(t, "-n", ns, "set", "image", "deployment/packager", "packager=ghcr.io/headwater-gitops/headwater:v0.0.0-missing")
+		env.Kubectl(t, "-n", ns, "set", "image", "deployment/packager", "packager=ghcr.io/headwater-gitops/headwater:v0.0.0-missing")
 		defer undo(t, "packager")
 		p := waitPodWaiting(t, "packager", "ErrImagePull", "ImagePullBackOff")
 		ev := waitEvent(t, p.Name, "Failed", "ghcr.io/headwater-gitops/headwater:v0.0.0-missing")
-		t.Logf("kubectl get pods: %s %s; Event Failed: %s", p.Name, waiting(&p), ev.Message)
+		t.Logf("kubectl get pods: %s %s; Event Failed: %s", p.Name, kubetest.Waiting(&p), ev.Message)
 		// The old pod keeps serving: the rollout is stuck, not down.
 		if len(readyPods(t, "packager")) == 0 {
 			t.Error("no packager pod Ready while the new image cannot be pulled")
 		}
 	})
 	t.Run("bad flag", func(t *testing.T) {
-		kubectl(t, "-n", ns, "patch", "deployment/fetcher", "--type=json",
+		env.Kubectl(t, "-n", ns, "patch", "deployment/fetcher", "--type=json",
 			"-p", `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"-no-such-flag"}]`)
 		defer undo(t, "fetcher")
 		p := waitPodWaiting(t, "fetcher", "CrashLoopBackOff")
@@ -47,12 +49,12 @@ func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository
 	})
 	t.Run("NATS unreachable", func(t *testing.T) {
 		restarts := restartCounts(t)
-		kubectl(t, "-n", ns, "scale", "statefulset/nats", "--replicas=0")
+		env.Kubectl(t, "-n", ns, "scale", "statefulset/nats", "--replicas=0")
 		restored := false
 		restore := func() {
 			if !restored {
 				restored = true
-				kubectl(t, "-n", ns, "scale", "statefulset/nats", "--replicas=1")
+				env.Kubectl(t, "-n", ns, "scale", "statefulset/nats", "--replicas=1")
 				waitPodsReady(t, 5*time.Minute)
 			}
 		}
@@ -60,9 +62,9 @@ func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository
 		// The bus's clients go unready, saying why; the artifact-servers
 		// stay Ready and keep serving what is stored; nothing restarts.
 		for _, component := range []string{"watcher", "fetcher", "packager"} {
-			eventually(t, 2*time.Minute, component+" not Ready while NATS is down", func(ctx context.Context) error {
+			kubetest.Eventually(t, 2*time.Minute, component+" not Ready while NATS is down", func(ctx context.Context) error {
 				for _, p := range pods(t, component) {
-					if podReady(&p) {
+					if kubetest.PodReady(&p) {
 						return fmt.Errorf("%s still Ready", p.Name)
 					}
 				}
@@ -90,9 +92,9 @@ func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository
 		restore()
 	})
 	t.Run("missing bus Secret", func(t *testing.T) {
-		kubectl(t, "-n", ns, "delete", "secret", "headwater-nats-packager")
+		env.Kubectl(t, "-n", ns, "delete", "secret", "headwater-nats-packager")
 		for _, p := range pods(t, "packager") {
-			if err := env.c.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			if err := env.C.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -101,14 +103,14 @@ func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository
 		t.Logf("kubectl get pods: %s ContainerCreating; Event FailedMount: %s", p.Name, ev.Message)
 		// The documented repair: run the setup Job again (it makes only
 		// what is missing), then restart NATS so it reads the new key.
-		kubectl(t, "-n", ns, "delete", "job", "headwater-setup", "--ignore-not-found")
-		kubectl(t, "apply", "-k", deployPath("."))
-		eventually(t, 2*time.Minute, "setup Job made the missing Secret", func(ctx context.Context) error {
-			_, err := env.c.Client.CoreV1().Secrets(ns).Get(ctx, "headwater-nats-packager", metav1.GetOptions{})
+		env.Kubectl(t, "-n", ns, "delete", "job", "headwater-setup", "--ignore-not-found")
+		env.Kubectl(t, "apply", "-k", env.DeployPath("."))
+		kubetest.Eventually(t, 2*time.Minute, "setup Job made the missing Secret", func(ctx context.Context) error {
+			_, err := env.C.Client.CoreV1().Secrets(ns).Get(ctx, "headwater-nats-packager", metav1.GetOptions{})
 			return err
 		})
-		kubectl(t, "-n", ns, "rollout", "restart", "statefulset/nats")
-		if err := env.c.WaitRollout(ctx, ns, "statefulset/nats", 5*time.Minute); err != nil {
+		env.Kubectl(t, "-n", ns, "rollout", "restart", "statefulset/nats")
+		if err := env.C.WaitRollout(ctx, ns, "statefulset/nats", 5*time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		waitPodsReady(t, 5*time.Minute)
@@ -128,8 +130,8 @@ func testBadInput(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepository
 // undo rolls deployment d back and waits until it is rolled out.
 func undo(t *testing.T, d string) {
 	t.Helper()
-	kubectl(t, "-n", ns, "rollout", "undo", "deployment/"+d)
-	if err := env.c.WaitRollout(context.Background(), ns, "deployment/"+d, 5*time.Minute); err != nil {
+	env.Kubectl(t, "-n", ns, "rollout", "undo", "deployment/"+d)
+	if err := env.C.WaitRollout(context.Background(), ns, "deployment/"+d, 5*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	waitPodsReady(t, 5*time.Minute)
@@ -140,7 +142,7 @@ func undo(t *testing.T, d string) {
 func waitPodWaiting(t *testing.T, component string, reasons ...string) corev1.Pod {
 	t.Helper()
 	var found corev1.Pod
-	eventually(t, 3*time.Minute, component+" pod waiting with "+strings.Join(reasons, " or "), func(ctx context.Context) error {
+	kubetest.Eventually(t, 3*time.Minute, component+" pod waiting with "+strings.Join(reasons, " or "), func(ctx context.Context) error {
 		for _, p := range pods(t, component) {
 			for _, cs := range p.Status.ContainerStatuses {
 				if w := cs.State.Waiting; w != nil {
@@ -171,8 +173,8 @@ func waitPodWaiting(t *testing.T, component string, reasons ...string) corev1.Po
 func waitEvent(t *testing.T, pod, reason, text string) corev1.Event {
 	t.Helper()
 	var found corev1.Event
-	eventually(t, 3*time.Minute, fmt.Sprintf("Event %s of %s with %q", reason, pod, text), func(ctx context.Context) error {
-		list, err := env.c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod + ",reason=" + reason})
+	kubetest.Eventually(t, 3*time.Minute, fmt.Sprintf("Event %s of %s with %q", reason, pod, text), func(ctx context.Context) error {
+		list, err := env.C.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod + ",reason=" + reason})
 		if err != nil {
 			return err
 		}
@@ -190,7 +192,7 @@ func waitEvent(t *testing.T, pod, reason, text string) corev1.Event {
 func readyPods(t *testing.T, component string) []corev1.Pod {
 	var out []corev1.Pod
 	for _, p := range pods(t, component) {
-		if podReady(&p) {
+		if kubetest.PodReady(&p) {
 			out = append(out, p)
 		}
 	}
@@ -199,7 +201,7 @@ func readyPods(t *testing.T, component string) []corev1.Pod {
 
 func restartCounts(t *testing.T) map[string]int32 {
 	m := map[string]int32{}
-	list, err := env.c.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+	list, err := env.C.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,9 +217,9 @@ func restartCounts(t *testing.T) map[string]int32 {
 func podLogs(t *testing.T, pod string, previous bool) string {
 	t.Helper()
 	var logs []byte
-	eventually(t, time.Minute, "logs of "+pod, func(ctx context.Context) error {
+	kubetest.Eventually(t, time.Minute, "logs of "+pod, func(ctx context.Context) error {
 		var err error
-		logs, err = env.c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Previous: previous}).DoRaw(ctx)
+		logs, err = env.C.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Previous: previous}).DoRaw(ctx)
 		return err
 	})
 	return string(logs)
@@ -239,7 +241,7 @@ func readyzBody(ctx context.Context, ip string, port int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	resp, err := env.c.HTTPClient().Do(req)
+	resp, err := env.C.HTTPClient().Do(req)
 	if err != nil {
 		return "", err
 	}

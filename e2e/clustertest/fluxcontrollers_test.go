@@ -31,6 +31,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 	"github.com/headwater-gitops/headwater/testsupport/registry"
 )
 
@@ -57,9 +58,9 @@ func TestFluxControllers(t *testing.T) {
 	cl := fluxClient(t)
 	t.Cleanup(func() { deleteFluxObjects(t) })
 	t.Cleanup(func() { fluxLogsOnFailure(t) })
-	ensureNamespace(t, appsNamespace)
+	env.EnsureNamespace(t, appsNamespace)
 	t.Cleanup(func() {
-		_ = env.c.Client.CoreV1().Namespaces().Delete(context.Background(), appsNamespace, metav1.DeleteOptions{})
+		_ = env.C.Client.CoreV1().Namespaces().Delete(context.Background(), appsNamespace, metav1.DeleteOptions{})
 	})
 
 	t.Run("KustomizationFromGitRepository", func(t *testing.T) { testKustomizeGit(t, cl) })
@@ -88,28 +89,28 @@ func fluxControllers(t *testing.T) {
 	}
 	ctx := context.Background()
 	start := time.Now()
-	if err := env.c.ImportImage(ctx, images); err != nil {
+	if err := env.C.ImportImage(ctx, images); err != nil {
 		t.Fatal(err)
 	}
-	manifest := filepath.Join(env.deploy, "..", "e2e", "cluster", "manifests", "flux-controllers.yaml")
+	manifest := filepath.Join(env.Deploy, "..", "e2e", "cluster", "manifests", "flux-controllers.yaml")
 	checkImages(t, manifest)
 	for _, dir := range strings.Split(crds, ":") {
-		kubectl(t, "apply", "--server-side", "-f", dir)
+		env.Kubectl(t, "apply", "--server-side", "-f", dir)
 		t.Cleanup(func() {
-			if out, err := env.c.Kubectl(context.Background(), "delete", "-f", dir, "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
+			if out, err := env.C.Kubectl(context.Background(), "delete", "-f", dir, "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
 				t.Errorf("delete Flux's CRDs in %s: %v\n%s", dir, err, out)
 			}
 		})
 	}
-	kubectl(t, "apply", "-f", manifest)
+	env.Kubectl(t, "apply", "-f", manifest)
 	t.Cleanup(func() {
-		if out, err := env.c.Kubectl(context.Background(), "delete", "-f", manifest, "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
+		if out, err := env.C.Kubectl(context.Background(), "delete", "-f", manifest, "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
 			t.Errorf("delete Flux's controllers: %v\n%s", err, out)
 		}
 	})
 	for _, d := range []string{"kustomize-controller", "notification-controller"} {
-		if err := env.c.WaitRollout(ctx, "flux-system", "deployment/"+d, 5*time.Minute); err != nil {
-			t.Fatalf("%v\n%s", err, diagnose())
+		if err := env.C.WaitRollout(ctx, "flux-system", "deployment/"+d, 5*time.Minute); err != nil {
+			t.Fatalf("%v\n%s", err, env.Diagnose(ns))
 		}
 	}
 	t.Logf("Flux's kustomize-controller and notification-controller imported and Ready in %s", time.Since(start).Round(100*time.Millisecond))
@@ -123,7 +124,7 @@ func checkImages(t *testing.T, manifest string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	have, err := env.c.Images(context.Background())
+	have, err := env.C.Images(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func checkImages(t *testing.T, manifest string) {
 // kustomize and notification kinds.
 func fluxClient(t *testing.T) ctrlclient.Client {
 	t.Helper()
-	cl, err := ctrlclient.New(env.c.Config, ctrlclient.Options{Scheme: fluxScheme(t)})
+	cl, err := ctrlclient.New(env.C.Config, ctrlclient.Options{Scheme: fluxScheme(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func fluxScheme(t *testing.T) *runtime.Scheme {
 // to remove their finalizers, before the uninstall removes the namespace.
 func deleteFluxObjects(t *testing.T) {
 	for _, kind := range []string{"kustomizations", "receivers", "alerts", "providers"} {
-		if out, err := env.c.Kubectl(context.Background(), "delete", kind, "--all", "--all-namespaces", "--wait=true", "--timeout=3m").Run(); err != nil {
+		if out, err := env.C.Kubectl(context.Background(), "delete", kind, "--all", "--all-namespaces", "--wait=true", "--timeout=3m").Run(); err != nil {
 			t.Errorf("delete %s: %v\n%s", kind, err, out)
 		}
 	}
@@ -180,14 +181,14 @@ func fluxLogsOnFailure(t *testing.T) {
 		return
 	}
 	for _, app := range []string{"kustomize-controller", "notification-controller", "source-controller"} {
-		list, err := env.c.Client.CoreV1().Pods("flux-system").List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
+		list, err := env.C.Client.CoreV1().Pods("flux-system").List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
 		if err != nil {
 			t.Logf("%s pods: %v", app, err)
 			continue
 		}
 		for _, p := range list.Items {
 			tailLines := int64(30)
-			logs, err := env.c.Client.CoreV1().Pods("flux-system").GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tailLines}).DoRaw(context.Background())
+			logs, err := env.C.Client.CoreV1().Pods("flux-system").GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tailLines}).DoRaw(context.Background())
 			t.Logf("--- %s logs (%v):\n%s", p.Name, err, logs)
 		}
 	}
@@ -264,7 +265,7 @@ func configMapIs(name, value string) func(context.Context) error {
 		return configMapKeyIs(name, "value", value)
 	}
 	return func(ctx context.Context) error {
-		cm, err := env.c.Client.CoreV1().ConfigMaps(appsNamespace).Get(ctx, name, metav1.GetOptions{})
+		cm, err := env.C.Client.CoreV1().ConfigMaps(appsNamespace).Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 			return nil
@@ -303,7 +304,7 @@ func testKustomizeGit(t *testing.T, cl ctrlclient.Client) {
 	var gr sourcev1.GitRepository
 	var rev string
 	revision := func(context.Context) error { rev = gr.Status.Artifact.Revision; return nil }
-	eventuallyEvery(t, 3*time.Minute, fine, "both ConfigMaps applied from the first commit", allOf(
+	kubetest.EventuallyEvery(t, 3*time.Minute, fine, "both ConfigMaps applied from the first commit", allOf(
 		gitReadyAt(cl, key, head, &gr), revision, applied(cl, ks, &rev), configMapIs("one", "1"), configMapIs("two", "1")))
 	t.Logf("applied: both ConfigMaps, Kustomization Ready at %s, %s after the GitRepository and the Kustomization were created",
 		rev, time.Since(start).Round(10*time.Millisecond))
@@ -317,7 +318,7 @@ func testKustomizeGit(t *testing.T, cl ctrlclient.Client) {
 	}
 	start = time.Now()
 	requestReconcile(t, cl, &gr)
-	eventuallyEvery(t, 2*time.Minute, fine, "ConfigMap one changed by the second commit", allOf(
+	kubetest.EventuallyEvery(t, 2*time.Minute, fine, "ConfigMap one changed by the second commit", allOf(
 		gitReadyAt(cl, key, head, &gr), revision, applied(cl, ks, &rev), configMapIs("one", "2"), configMapIs("two", "1")))
 	t.Logf("updated: ConfigMap one changed, Kustomization Ready at %s, %s after the reconcile request",
 		rev, time.Since(start).Round(10*time.Millisecond))
@@ -330,7 +331,7 @@ func testKustomizeGit(t *testing.T, cl ctrlclient.Client) {
 	}
 	start = time.Now()
 	requestReconcile(t, cl, &gr)
-	eventuallyEvery(t, 2*time.Minute, fine, "ConfigMap two pruned after the third commit", allOf(
+	kubetest.EventuallyEvery(t, 2*time.Minute, fine, "ConfigMap two pruned after the third commit", allOf(
 		gitReadyAt(cl, key, head, &gr), revision, applied(cl, ks, &rev), configMapIs("two", ""), configMapIs("one", "2")))
 	t.Logf("pruned: ConfigMap two deleted, Kustomization Ready at %s, %s after the reconcile request",
 		rev, time.Since(start).Round(10*time.Millisecond))
@@ -341,7 +342,7 @@ func testKustomizeGit(t *testing.T, cl ctrlclient.Client) {
 // registry the pods reach, and a new push to the same tag updates it.
 func testKustomizeOCI(t *testing.T, cl ctrlclient.Client) {
 	ctx := context.Background()
-	reg, err := registry.Start(filepath.Join(t.TempDir(), "registry"), registry.Options{ListenIP: env.c.HostIP})
+	reg, err := registry.Start(filepath.Join(t.TempDir(), "registry"), registry.Options{ListenIP: env.C.HostIP})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +366,7 @@ func testKustomizeOCI(t *testing.T, cl ctrlclient.Client) {
 	}
 	start := time.Now()
 	ks := kustomization(t, cl, "apps-oci", sourcev1.OCIRepositoryKind, "apps-oci", "./")
-	eventuallyEvery(t, 3*time.Minute, fine, "ConfigMap applied from the first push", allOf(
+	kubetest.EventuallyEvery(t, 3*time.Minute, fine, "ConfigMap applied from the first push", allOf(
 		ociReadyAt(cl, oci, &want), applied(cl, ks, &want), configMapIs("from-oci", "1")))
 	t.Logf("applied: ConfigMap from-oci, Kustomization Ready at %s, %s after the OCIRepository and the Kustomization were created",
 		want, time.Since(start).Round(10*time.Millisecond))
@@ -373,7 +374,7 @@ func testKustomizeOCI(t *testing.T, cl ctrlclient.Client) {
 	want = push("2")
 	start = time.Now()
 	requestReconcile(t, cl, oci)
-	eventuallyEvery(t, 2*time.Minute, fine, "ConfigMap changed by the second push", allOf(
+	kubetest.EventuallyEvery(t, 2*time.Minute, fine, "ConfigMap changed by the second push", allOf(
 		ociReadyAt(cl, oci, &want), applied(cl, ks, &want), configMapIs("from-oci", "2")))
 	t.Logf("updated: ConfigMap from-oci changed, Kustomization Ready at %s, %s after the reconcile request",
 		want, time.Since(start).Round(10*time.Millisecond))
@@ -420,7 +421,7 @@ func testAlert(t *testing.T, cl ctrlclient.Client) {
 	// Alerts have no status: the Provider's finalizer, made after the
 	// Alert, says notification-controller's caches have both, so the
 	// Event below is not matched against a cache without the Alert.
-	eventually(t, time.Minute, "notification-controller's finalizer on the Provider", func(ctx context.Context) error {
+	kubetest.Eventually(t, time.Minute, "notification-controller's finalizer on the Provider", func(ctx context.Context) error {
 		if err := cl.Get(ctx, ctrlclient.ObjectKeyFromObject(provider), provider); err != nil {
 			return err
 		}
@@ -460,7 +461,7 @@ type eventSink struct {
 
 func startEventSink(t *testing.T) *eventSink {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(env.c.HostIP, "0"))
+	ln, err := net.Listen("tcp", net.JoinHostPort(env.C.HostIP, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +491,7 @@ func (s *eventSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *eventSink) wait(t *testing.T, timeout time.Duration, match func(eventv1.Event) bool) eventv1.Event {
 	t.Helper()
 	var found eventv1.Event
-	eventuallyEvery(t, timeout, fine, "an Event delivered to the generic Provider", func(context.Context) error {
+	kubetest.EventuallyEvery(t, timeout, fine, "an Event delivered to the generic Provider", func(context.Context) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		var seen []string
@@ -535,7 +536,7 @@ func testReceiver(t *testing.T, cl ctrlclient.Client) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 2*time.Minute, "Receiver Ready with a webhook path", func(ctx context.Context) error {
+	kubetest.Eventually(t, 2*time.Minute, "Receiver Ready with a webhook path", func(ctx context.Context) error {
 		if err := cl.Get(ctx, ctrlclient.ObjectKeyFromObject(rcv), rcv); err != nil {
 			return err
 		}
@@ -545,7 +546,7 @@ func testReceiver(t *testing.T, cl ctrlclient.Client) {
 		}
 		return nil
 	})
-	svc, err := env.c.ServiceURL(ctx, "flux-system", "webhook-receiver", "")
+	svc, err := env.C.ServiceURL(ctx, "flux-system", "webhook-receiver", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,13 +558,13 @@ func testReceiver(t *testing.T, cl ctrlclient.Client) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	eventually(t, time.Minute, "POST "+rcv.Status.WebhookPath+" answered 200", func(ctx context.Context) error {
+	kubetest.Eventually(t, time.Minute, "POST "+rcv.Status.WebhookPath+" answered 200", func(ctx context.Context) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, svc+rcv.Status.WebhookPath, strings.NewReader(`{}`))
 		if err != nil {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := env.c.HTTPClient().Do(req)
+		resp, err := env.C.HTTPClient().Do(req)
 		if err != nil {
 			return err
 		}
@@ -574,7 +575,7 @@ func testReceiver(t *testing.T, cl ctrlclient.Client) {
 		return nil
 	})
 	var gr sourcev1.GitRepository
-	eventuallyEvery(t, time.Minute, fine, "the new commit fetched after the webhook",
+	kubetest.EventuallyEvery(t, time.Minute, fine, "the new commit fetched after the webhook",
 		gitReadyAt(cl, types.NamespacedName{Namespace: "flux-system", Name: "hooked"}, head, &gr))
 	took := time.Since(start)
 	requested := gr.GetAnnotations()[fluxmeta.ReconcileRequestAnnotation]

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 	"github.com/headwater-gitops/headwater/testsupport/chartrepo"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/registry"
@@ -32,7 +33,7 @@ func canI(t *testing.T, sa, verb, resource, namespace string) bool {
 	} else {
 		args = append(args, "-n", namespace)
 	}
-	out, err := env.c.Kubectl(context.Background(), args...).Run()
+	out, err := env.C.Kubectl(context.Background(), args...).Run()
 	answer := strings.TrimSpace(out)
 	if err != nil && answer != "no" {
 		t.Fatalf("kubectl %s: %v: %s", strings.Join(args, " "), err, out)
@@ -103,7 +104,7 @@ func testIntegrity(t *testing.T, cl ctrlclient.Client, gr *sourcev1.GitRepositor
 				t.Fatal(err)
 			}
 			requestReconcile(t, cl, gr)
-			eventually(t, 2*time.Minute, c.reason+" Event and the artifact rebuilt", func(ctx context.Context) error {
+			kubetest.Eventually(t, 2*time.Minute, c.reason+" Event and the artifact rebuilt", func(ctx context.Context) error {
 				if n := len(events(t, gr.Namespace, gr.Name, c.reason)); n <= before {
 					return fmt.Errorf("no new %s Event", c.reason)
 				}
@@ -151,7 +152,7 @@ func testKinds(t *testing.T, cl ctrlclient.Client) {
 				t.Fatal(err)
 			}
 		}
-		s3, err := env.c.Client.CoreV1().Secrets(ns).Get(ctx, "headwater-s3", metav1.GetOptions{})
+		s3, err := env.C.Client.CoreV1().Secrets(ns).Get(ctx, "headwater-s3", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +178,7 @@ func testKinds(t *testing.T, cl ctrlclient.Client) {
 	})
 	t.Run("HelmChart", func(t *testing.T) {
 		repo := &chartrepo.Server{}
-		if err := repo.Start(env.c.HostIP + ":0"); err != nil {
+		if err := repo.Start(env.C.HostIP + ":0"); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = repo.Stop() })
@@ -209,7 +210,7 @@ func testKinds(t *testing.T, cl ctrlclient.Client) {
 		}
 	})
 	t.Run("OCIRepository", func(t *testing.T) {
-		reg, err := registry.Start(filepath.Join(t.TempDir(), "registry"), registry.Options{ListenIP: env.c.HostIP})
+		reg, err := registry.Start(filepath.Join(t.TempDir(), "registry"), registry.Options{ListenIP: env.C.HostIP})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -258,11 +259,11 @@ func testThroughput(t *testing.T, cl ctrlclient.Client) {
 	const n = 40
 	var table []string
 	for _, replicas := range []int{1, 2, 3} {
-		kubectl(t, "-n", ns, "scale", "deployment/fetcher", fmt.Sprintf("--replicas=%d", replicas))
-		if err := env.c.WaitRollout(context.Background(), ns, "deployment/fetcher", 3*time.Minute); err != nil {
+		env.Kubectl(t, "-n", ns, "scale", "deployment/fetcher", fmt.Sprintf("--replicas=%d", replicas))
+		if err := env.C.WaitRollout(context.Background(), ns, "deployment/fetcher", 3*time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, "fetcher pods", func(context.Context) error {
+		kubetest.Eventually(t, time.Minute, "fetcher pods", func(context.Context) error {
 			if got := len(pods(t, "fetcher")); got != replicas {
 				return fmt.Errorf("%d fetcher pods", got)
 			}
@@ -337,7 +338,7 @@ func testFaults(t *testing.T, cl ctrlclient.Client) {
 	}
 	deletePod := func(what string, p corev1.Pod) {
 		t.Logf("fault: delete %s pod %s", what, p.Name)
-		if err := env.c.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+		if err := env.C.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -358,10 +359,10 @@ func testFaults(t *testing.T, cl ctrlclient.Client) {
 	}
 	commitAll("before the rolling update")
 	for _, d := range []string{"watcher", "fetcher", "packager", "artifact-server"} {
-		kubectl(t, "-n", ns, "rollout", "restart", "deployment/"+d)
+		env.Kubectl(t, "-n", ns, "rollout", "restart", "deployment/"+d)
 	}
 	for _, d := range []string{"watcher", "fetcher", "packager", "artifact-server"} {
-		if err := env.c.WaitRollout(ctx, ns, "deployment/"+d, 5*time.Minute); err != nil {
+		if err := env.C.WaitRollout(ctx, ns, "deployment/"+d, 5*time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -380,7 +381,7 @@ func testFaults(t *testing.T, cl ctrlclient.Client) {
 // watcherLeader is the pod that holds the watcher's leader-election Lease.
 func watcherLeader(t *testing.T) corev1.Pod {
 	t.Helper()
-	leases, err := env.c.Client.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{})
+	leases, err := env.C.Client.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 	"github.com/headwater-gitops/headwater/testsupport/registry"
 )
 
@@ -45,12 +46,12 @@ const release = "headwater"
 func TestHelmInstall(t *testing.T) {
 	requireFull(t)
 	ctx := context.Background()
-	cl := client(t)
+	cl := env.Client(t)
 	h := newHelm(t, ns)
 	t.Cleanup(func() { helmCleanup(t, h) })
 
 	// Package and push, as a release of the chart would be published.
-	chartDir := filepath.Join(env.deploy, "..", "charts", "headwater")
+	chartDir := filepath.Join(env.Deploy, "..", "charts", "headwater")
 	pkg := action.NewPackage()
 	pkg.Destination = t.TempDir()
 	archive, err := pkg.Run(chartDir, nil)
@@ -102,9 +103,9 @@ func TestHelmInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel, err := install.RunWithContext(ctx, chrt, withTestServers(nil))
+	rel, err := install.RunWithContext(ctx, chrt, env.WithTestServers(nil))
 	if err != nil {
-		t.Fatalf("helm install %s: %v\n%s", chartRef, err, diagnose())
+		t.Fatalf("helm install %s: %v\n%s", chartRef, err, env.Diagnose(ns))
 	}
 	waitPodsReady(t, time.Minute)
 	t.Logf("helm install %s %s: release %s revision %d %s, every pod Ready %s after the install began",
@@ -166,15 +167,15 @@ func testHelmUpgrade(t *testing.T, h *helmClient, cl ctrlclient.Client, chrt *ch
 	upgrade.WaitForJobs = true
 	upgrade.Timeout = 8 * time.Minute
 	start := time.Now()
-	rel, err := upgrade.RunWithContext(ctx, release, chrt, withTestServers(rolled))
+	rel, err := upgrade.RunWithContext(ctx, release, chrt, env.WithTestServers(rolled))
 	if err != nil {
 		w.stop()
-		t.Fatalf("helm upgrade: %v\n%s", err, diagnose())
+		t.Fatalf("helm upgrade: %v\n%s", err, env.Diagnose(ns))
 	}
 	waitPodsReady(t, 3*time.Minute)
 	took := time.Since(start)
 	// Every pod of the four Deployments is new.
-	eventually(t, 2*time.Minute, "every pod of the rolled Deployments replaced", func(context.Context) error {
+	kubetest.Eventually(t, 2*time.Minute, "every pod of the rolled Deployments replaced", func(context.Context) error {
 		for _, d := range rolledDeployments {
 			for _, p := range pods(t, d) {
 				if old[p.Name] {
@@ -246,8 +247,8 @@ func testHelmUninstall(t *testing.T, h *helmClient, cl ctrlclient.Client, gr *so
 	if err != nil {
 		t.Fatalf("helm uninstall: %v", err)
 	}
-	eventually(t, 3*time.Minute, "Headwater's pods gone", func(ctx context.Context) error {
-		list, err := env.c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=headwater"})
+	kubetest.Eventually(t, 3*time.Minute, "Headwater's pods gone", func(ctx context.Context) error {
+		list, err := env.C.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=headwater"})
 		if err != nil {
 			return err
 		}
@@ -302,7 +303,7 @@ func newHelm(t *testing.T, namespace string) *helmClient {
 	t.Helper()
 	dir := t.TempDir()
 	settings := cli.New()
-	settings.KubeConfig = env.c.Kubeconfig
+	settings.KubeConfig = env.C.Kubeconfig
 	settings.SetNamespace(namespace)
 	settings.RepositoryConfig = filepath.Join(dir, "repositories.yaml")
 	settings.RepositoryCache = filepath.Join(dir, "cache")
@@ -328,7 +329,7 @@ func newHelm(t *testing.T, namespace string) *helmClient {
 // headwaterCRDs lists the names of the CRDs of Headwater's chart (Flux's
 // source kinds and events.headwater.dev) that the cluster has.
 func headwaterCRDs(ctx context.Context) (map[string]bool, error) {
-	out, err := env.c.Kubectl(ctx, "get", "crd", "-o", "name").Run()
+	out, err := env.C.Kubectl(ctx, "get", "crd", "-o", "name").Run()
 	if err != nil {
 		return nil, fmt.Errorf("kubectl get crd: %w: %s", err, out)
 	}
@@ -364,7 +365,7 @@ func helmCleanup(t *testing.T, h *helmClient) {
 		return
 	}
 	for name := range crds {
-		if out, err := env.c.Kubectl(ctx, "delete", "crd", name, "--ignore-not-found", "--wait=true", "--timeout=2m").Run(); err != nil {
+		if out, err := env.C.Kubectl(ctx, "delete", "crd", name, "--ignore-not-found", "--wait=true", "--timeout=2m").Run(); err != nil {
 			t.Errorf("cleanup: delete CRD %s: %v\n%s", name, err, out)
 		}
 	}
@@ -375,14 +376,14 @@ func helmCleanup(t *testing.T, h *helmClient) {
 func dropSources(t *testing.T) {
 	ctx := context.Background()
 	for _, kind := range []string{"gitrepositories", "buckets", "helmcharts", "helmrepositories", "ocirepositories"} {
-		out, err := env.c.Kubectl(ctx, "get", kind, "--all-namespaces", "-o", `jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}`).Run()
+		out, err := env.C.Kubectl(ctx, "get", kind, "--all-namespaces", "-o", `jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}`).Run()
 		if err != nil {
 			continue // the CRD is gone
 		}
 		for _, key := range strings.Fields(out) {
 			namespace, name, _ := strings.Cut(key, "/")
-			_, _ = env.c.Kubectl(ctx, "-n", namespace, "patch", kind, name, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`).Run()
-			_, _ = env.c.Kubectl(ctx, "-n", namespace, "delete", kind, name, "--ignore-not-found", "--wait=true", "--timeout=1m").Run()
+			_, _ = env.C.Kubectl(ctx, "-n", namespace, "patch", kind, name, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`).Run()
+			_, _ = env.C.Kubectl(ctx, "-n", namespace, "delete", kind, name, "--ignore-not-found", "--wait=true", "--timeout=1m").Run()
 		}
 	}
 }
@@ -391,19 +392,19 @@ func dropSources(t *testing.T) {
 // deletes the volumes its claims left.
 func removeNamespace(t *testing.T, name string) {
 	ctx := context.Background()
-	if err := env.c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := env.C.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("delete namespace %s: %v", name, err)
 	}
-	err := poll(ctx, 5*time.Minute, func(ctx context.Context) error {
-		if _, err := env.c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	err := kubetest.Poll(ctx, 5*time.Minute, func(ctx context.Context) error {
+		if _, err := env.C.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("namespace %s still there (%v)", name, err)
 		}
-		pvs, err := env.c.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		pvs, err := env.C.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
 		for _, pv := range pvs.Items {
-			_ = env.c.Client.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{})
+			_ = env.C.Client.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{})
 		}
 		return nil
 	})

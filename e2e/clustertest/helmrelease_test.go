@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 // helmReleaseImage is the image of e2e/cmd/helmrelease, in the archive
@@ -74,7 +76,7 @@ func testHelmRelease(t *testing.T, cl ctrlclient.Client) {
 	t.Logf("helm install from the artifact: release %s revision %d %s, chart %s, %s after the Job was created",
 		out.Release, out.Revision, out.Status, out.ChartVersion, time.Since(start).Round(10*time.Millisecond))
 	checkRelease(t, out, "install", 1, "0.1.0", art)
-	eventually(t, time.Minute, "the release's ConfigMap", allOf(
+	kubetest.Eventually(t, time.Minute, "the release's ConfigMap", allOf(
 		configMapKeyIs("demo-greeting", "value", "from a HelmChart"), configMapKeyIs("demo-greeting", "chart", "0.1.0")))
 
 	if err := repo.Write(demoChart("0.2.0")); err != nil {
@@ -90,7 +92,7 @@ func testHelmRelease(t *testing.T, cl ctrlclient.Client) {
 	out = runHelmRelease(t, "upgrade", `{"greeting":"from a HelmChart"}`)
 	t.Logf("helm upgrade from the new artifact: release %s revision %d %s, chart %s", out.Release, out.Revision, out.Status, out.ChartVersion)
 	checkRelease(t, out, "upgrade", 2, "0.2.0", art)
-	eventually(t, time.Minute, "the release's ConfigMap upgraded", allOf(
+	kubetest.Eventually(t, time.Minute, "the release's ConfigMap upgraded", allOf(
 		configMapKeyIs("demo-greeting", "value", "from a HelmChart"), configMapKeyIs("demo-greeting", "chart", "0.2.0")))
 }
 
@@ -99,7 +101,7 @@ func testHelmRelease(t *testing.T, cl ctrlclient.Client) {
 func helmChartReadyAt(t *testing.T, cl ctrlclient.Client, hc *sourcev1.HelmChart, revision string) *fluxmeta.Artifact {
 	t.Helper()
 	key := ctrlclient.ObjectKeyFromObject(hc)
-	eventuallyEvery(t, 3*time.Minute, fine, "HelmChart "+key.Name+" Ready at "+revision, func(ctx context.Context) error {
+	kubetest.EventuallyEvery(t, 3*time.Minute, fine, "HelmChart "+key.Name+" Ready at "+revision, func(ctx context.Context) error {
 		if err := cl.Get(ctx, key, hc); err != nil {
 			return err
 		}
@@ -161,7 +163,7 @@ func runHelmRelease(t *testing.T, name, values string) helmReleaseOutcome {
 			},
 		},
 	}
-	jobs := env.c.Client.BatchV1().Jobs("flux-system")
+	jobs := env.C.Client.BatchV1().Jobs("flux-system")
 	if _, err := jobs.Create(ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,7 @@ func runHelmRelease(t *testing.T, name, values string) helmReleaseOutcome {
 		_ = jobs.Delete(context.Background(), job.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 	})
 	var done *batchv1.Job
-	eventually(t, 4*time.Minute, "Job "+job.Name+" finished", func(ctx context.Context) error {
+	kubetest.Eventually(t, 4*time.Minute, "Job "+job.Name+" finished", func(ctx context.Context) error {
 		j, err := jobs.Get(ctx, job.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -180,11 +182,11 @@ func runHelmRelease(t *testing.T, name, values string) helmReleaseOutcome {
 		done = j
 		return nil
 	})
-	pods, err := env.c.Client.CoreV1().Pods("flux-system").List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job.Name})
+	pods, err := env.C.Client.CoreV1().Pods("flux-system").List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job.Name})
 	if err != nil || len(pods.Items) == 0 {
 		t.Fatalf("the pod of Job %s: %v (%d pods)", job.Name, err, len(pods.Items))
 	}
-	logs, err := env.c.Client.CoreV1().Pods("flux-system").GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	logs, err := env.C.Client.CoreV1().Pods("flux-system").GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 	if err != nil {
 		t.Fatalf("logs of Job %s (through the kubelet): %v", job.Name, err)
 	}
@@ -205,7 +207,7 @@ func runHelmRelease(t *testing.T, name, values string) helmReleaseOutcome {
 // value at key.
 func configMapKeyIs(name, key, value string) func(context.Context) error {
 	return func(ctx context.Context) error {
-		cm, err := env.c.Client.CoreV1().ConfigMaps(appsNamespace).Get(ctx, name, metav1.GetOptions{})
+		cm, err := env.C.Client.CoreV1().ConfigMaps(appsNamespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("ConfigMap %s: %w", name, err)
 		}

@@ -18,7 +18,7 @@ import (
 // fetchers scaled by replicas all take jobs.
 func TestDefaultInstall(t *testing.T) {
 	requireCluster(t)
-	cl := client(t)
+	cl := env.Client(t)
 	took := install(t, ".")
 
 	start := time.Now()
@@ -36,8 +36,8 @@ func TestDefaultInstall(t *testing.T) {
 
 	// Fetchers scale by replicas: one more, and every replica takes jobs.
 	replicas := len(pods(t, "fetcher")) + 1
-	kubectl(t, "-n", ns, "scale", "deployment/fetcher", fmt.Sprintf("--replicas=%d", replicas))
-	if err := env.c.WaitRollout(context.Background(), ns, "deployment/fetcher", 3*time.Minute); err != nil {
+	env.Kubectl(t, "-n", ns, "scale", "deployment/fetcher", fmt.Sprintf("--replicas=%d", replicas))
+	if err := env.C.WaitRollout(context.Background(), ns, "deployment/fetcher", 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	fetchers := pods(t, "fetcher")
@@ -93,7 +93,7 @@ func TestDefaultInstall(t *testing.T) {
 func fetchConsumer(t *testing.T) string {
 	t.Helper()
 	nats := pods(t, "nats")[0]
-	resp, err := env.c.HTTPClient().Get(fmt.Sprintf("http://%s:8222/jsz?accounts=true&streams=true&consumers=true", nats.Status.PodIP))
+	resp, err := env.C.HTTPClient().Get(fmt.Sprintf("http://%s:8222/jsz?accounts=true&streams=true&consumers=true", nats.Status.PodIP))
 	if err != nil {
 		t.Fatal(err)
 	}

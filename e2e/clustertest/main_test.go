@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -25,7 +24,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
-	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 var verbose = flag.Bool("cluster-log", false, "Stream the node's components' output.")
@@ -36,15 +35,8 @@ var full = os.Getenv("HEADWATER_CLUSTER") == "full"
 // env is the cluster every test of the package shares, and the git server
 // its sources fetch from.
 var env struct {
-	c        *cluster.Cluster
-	git      *gitserver.Server
-	gitRoot  string
-	repoRoot string
-	deploy   string // the repository's deploy/ directory
-	// kustomizations holds the kustomizations deployPath writes over
-	// deploy/'s.
-	kustomizations string
-	skip           string // why the tests skip, when the machine cannot run a node
+	*kubetest.Env
+	skip string // why the tests skip, when the machine cannot run a node
 }
 
 func TestMain(m *testing.M) {
@@ -71,47 +63,15 @@ func run(m *testing.M) int {
 		env.skip = err.Error()
 		return m.Run()
 	}
-	if *verbose {
-		o.Log = os.Stderr
-	} else {
-		o.Log = progressOnly{}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	start := time.Now()
-	c, err := cluster.Start(ctx, o)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "clustertest: start the node:", err)
-		return 1
-	}
-	defer c.Stop()
-	fmt.Fprintf(os.Stderr, "clustertest: node Ready with cluster DNS in %s\n", time.Since(start).Round(100*time.Millisecond))
-	env.c = c
-	if err := c.ImportProbe(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "clustertest:", err)
-		return 1
-	}
-	dir, err := os.MkdirTemp("", "headwater-clustertest")
+	e, err := kubetest.Start(ctx, o, *verbose)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "clustertest:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	env.gitRoot = filepath.Join(dir, "git")
-	env.repoRoot = filepath.Join(dir, "work")
-	env.git = &gitserver.Server{Root: env.gitRoot}
-	if err := env.git.Start(c.HostIP + ":0"); err != nil {
-		fmt.Fprintln(os.Stderr, "clustertest:", err)
-		return 1
-	}
-	defer env.git.Stop()
-	wd, err := os.Getwd()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "clustertest:", err)
-		return 1
-	}
-	env.deploy = filepath.Join(wd, "..", "..", "deploy")
-	env.kustomizations = filepath.Join(dir, "kustomizations")
+	defer e.Stop()
+	env.Env = e
 	return m.Run()
 }
 
@@ -121,7 +81,7 @@ func requireCluster(t *testing.T) *cluster.Cluster {
 	if env.skip != "" {
 		t.Skip(env.skip)
 	}
-	return env.c
+	return env.C
 }
 
 // requireFull skips t unless -cluster-full.
@@ -132,15 +92,4 @@ func requireFull(t *testing.T) *cluster.Cluster {
 		t.Skip("part of make test-cluster (HEADWATER_CLUSTER=full)")
 	}
 	return c
-}
-
-// progressOnly prints the harness's own progress lines, not the
-// components' output.
-type progressOnly struct{}
-
-func (progressOnly) Write(p []byte) (int, error) {
-	if len(p) > 0 && p[0] != '[' {
-		os.Stderr.Write(p)
-	}
-	return len(p), nil
 }

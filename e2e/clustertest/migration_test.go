@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
@@ -48,13 +49,13 @@ import (
 func TestFluxMigration(t *testing.T) {
 	requireFull(t)
 	manifest := fluxSourceControllerManifest()
-	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() { removeDropIn(t) })
+	m := fromFlux(t, func() { env.Kubectl(t, "apply", "-f", manifest) }, func() { removeDropIn(t) })
 	m.switchTo("Headwater", func() {
-		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
+		env.Kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
 		m.waitGone("app=source-controller")
 		// kubectl apply takes Flux's Service over: the same object, the
 		// same cluster IP, which the consumers' DNS answers still name.
-		kubectl(t, "apply", "-k", deployPath("overlays/flux-system"))
+		env.Kubectl(t, "apply", "-k", env.DeployPath("overlays/flux-system"))
 		waitPodsReady(t, 8*time.Minute)
 	}, m.rebuiltByHeadwater)
 	m.newCommit("Headwater", "2")
@@ -62,9 +63,9 @@ func TestFluxMigration(t *testing.T) {
 	m.switchTo("Flux's source-controller", func() {
 		// Everything of the overlay but the Service, which Flux's
 		// manifest takes back.
-		kubectl(t, "delete", "-k", withoutService(t), "--wait=true", "--timeout=5m")
+		env.Kubectl(t, "delete", "-k", withoutService(t), "--wait=true", "--timeout=5m")
 		m.waitGone("app.kubernetes.io/part-of=headwater")
-		kubectl(t, "apply", "-f", manifest)
+		env.Kubectl(t, "apply", "-f", manifest)
 		m.waitFluxRollout()
 	}, m.rebuiltByFlux)
 	m.newCommit("Flux's source-controller", "3")
@@ -73,7 +74,7 @@ func TestFluxMigration(t *testing.T) {
 // fluxSourceControllerManifest is Flux's source-controller as `flux
 // install` lays it out.
 func fluxSourceControllerManifest() string {
-	return filepath.Join(env.deploy, "..", "e2e", "cluster", "manifests", "flux-source-controller.yaml")
+	return filepath.Join(env.Deploy, "..", "e2e", "cluster", "manifests", "flux-source-controller.yaml")
 }
 
 // fromFlux makes what every switch starts from: Flux's CRDs and
@@ -93,16 +94,16 @@ func fromFlux(t *testing.T, installFlux, removeHeadwater func()) *migration {
 	start := time.Now()
 	installFlux()
 	t.Cleanup(func() {
-		if out, err := env.c.Kubectl(context.Background(), "delete", "-f", manifest, "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
+		if out, err := env.C.Kubectl(context.Background(), "delete", "-f", manifest, "--ignore-not-found", "--wait=true", "--timeout=3m").Run(); err != nil {
 			t.Errorf("delete Flux's source-controller: %v\n%s", err, out)
 		}
 	})
-	if err := env.c.WaitRollout(ctx, "flux-system", "deployment/source-controller", 5*time.Minute); err != nil {
-		t.Fatalf("%v\n%s", err, diagnose())
+	if err := env.C.WaitRollout(ctx, "flux-system", "deployment/source-controller", 5*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, env.Diagnose(ns))
 	}
 	t.Logf("Flux's source-controller Ready in %s", time.Since(start).Round(100*time.Millisecond))
 	cl := fluxClient(t)
-	wcl, err := ctrlclient.NewWithWatch(env.c.Config, ctrlclient.Options{Scheme: fluxScheme(t)})
+	wcl, err := ctrlclient.NewWithWatch(env.C.Config, ctrlclient.Options{Scheme: fluxScheme(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,9 +116,9 @@ func fromFlux(t *testing.T, installFlux, removeHeadwater func()) *migration {
 		removeHeadwater()
 	})
 	t.Cleanup(func() { fluxLogsOnFailure(t) })
-	ensureNamespace(t, appsNamespace)
+	env.EnsureNamespace(t, appsNamespace)
 	t.Cleanup(func() {
-		_ = env.c.Client.CoreV1().Namespaces().Delete(context.Background(), appsNamespace, metav1.DeleteOptions{})
+		_ = env.C.Client.CoreV1().Namespaces().Delete(context.Background(), appsNamespace, metav1.DeleteOptions{})
 	})
 
 	// Flux alone: a GitRepository and a Kustomization of it, both with an
@@ -137,7 +138,7 @@ func fromFlux(t *testing.T, installFlux, removeHeadwater func()) *migration {
 	var gr sourcev1.GitRepository
 	var rev string
 	revision := func(context.Context) error { rev = gr.Status.Artifact.Revision; return nil }
-	eventuallyEvery(t, 3*time.Minute, fine, "both ConfigMaps applied from Flux's artifact", allOf(
+	kubetest.EventuallyEvery(t, 3*time.Minute, fine, "both ConfigMaps applied from Flux's artifact", allOf(
 		gitReadyAt(cl, key, head, &gr), revision, applied(cl, ks, &rev), configMapIs("one", "1"), configMapIs("two", "1")))
 	t.Logf("Flux: both ConfigMaps applied, Kustomization Ready at %s, %s after it was created; artifact %s %s",
 		rev, time.Since(start).Round(10*time.Millisecond), gr.Status.Artifact.URL, gr.Status.Artifact.Digest)
@@ -148,7 +149,7 @@ func fromFlux(t *testing.T, installFlux, removeHeadwater func()) *migration {
 // there: the cleanup of a test that may stop while Headwater serves.
 func removeDropIn(t *testing.T) {
 	t.Helper()
-	if out, err := env.c.Kubectl(context.Background(), "delete", "-k", deployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
+	if out, err := env.C.Kubectl(context.Background(), "delete", "-k", env.DeployPath("overlays/flux-system"), "--ignore-not-found", "--wait=true", "--timeout=5m").Run(); err != nil {
 		t.Errorf("delete the overlay: %v\n%s", err, out)
 	}
 }
@@ -183,8 +184,8 @@ func (m *migration) rebuiltByFlux(s *switchSeen) {
 // waitFluxRollout waits until Flux's source-controller is rolled out.
 func (m *migration) waitFluxRollout() {
 	m.t.Helper()
-	if err := env.c.WaitRollout(context.Background(), "flux-system", "deployment/source-controller", 5*time.Minute); err != nil {
-		m.t.Fatalf("%v\n%s", err, diagnose())
+	if err := env.C.WaitRollout(context.Background(), "flux-system", "deployment/source-controller", 5*time.Minute); err != nil {
+		m.t.Fatalf("%v\n%s", err, env.Diagnose(ns))
 	}
 }
 
@@ -206,7 +207,7 @@ type migration struct {
 // flux-system.
 func serviceIP(t *testing.T) string {
 	t.Helper()
-	svc, err := env.c.Client.CoreV1().Services("flux-system").Get(context.Background(), "source-controller", metav1.GetOptions{})
+	svc, err := env.C.Client.CoreV1().Services("flux-system").Get(context.Background(), "source-controller", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func serviceIP(t *testing.T) string {
 func withoutService(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	overlay, err := filepath.Rel(dir, deployPath("overlays/flux-system"))
+	overlay, err := filepath.Rel(dir, env.DeployPath("overlays/flux-system"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +278,7 @@ func (m *migration) state(ctx context.Context) (applyState, error) {
 		if len(parts) != 4 || parts[3] != "ConfigMap" {
 			continue
 		}
-		cm, err := env.c.Client.CoreV1().ConfigMaps(parts[0]).Get(ctx, parts[1], metav1.GetOptions{})
+		cm, err := env.C.Client.CoreV1().ConfigMaps(parts[0]).Get(ctx, parts[1], metav1.GetOptions{})
 		if err != nil {
 			return s, err
 		}
@@ -346,7 +347,7 @@ func (m *migration) switchTo(to string, do func(), check func(*switchSeen)) {
 	do()
 	switched := time.Since(start)
 	var gr sourcev1.GitRepository
-	eventuallyEvery(t, 5*time.Minute, fine, "the artifact served again at the same revision after the switch to "+to, func(ctx context.Context) error {
+	kubetest.EventuallyEvery(t, 5*time.Minute, fine, "the artifact served again at the same revision after the switch to "+to, func(ctx context.Context) error {
 		if err := isReadyAt(ctx, m.cl, m.key, commitOfRevision(before.artifact.Revision), &gr); err != nil {
 			return err
 		}
@@ -438,7 +439,7 @@ func (m *migration) newCommit(by, value string) {
 	requestReconcile(t, m.cl, &gr)
 	var rev string
 	revision := func(context.Context) error { rev = gr.Status.Artifact.Revision; return nil }
-	eventuallyEvery(t, 3*time.Minute, fine, "a new commit applied from "+by+"'s artifact", allOf(
+	kubetest.EventuallyEvery(t, 3*time.Minute, fine, "a new commit applied from "+by+"'s artifact", allOf(
 		gitReadyAt(m.cl, m.key, head, &gr), revision, applied(m.cl, m.ks, &rev), configMapIs("one", value), configMapIs("two", "1")))
 	t.Logf("%s: a new commit fetched and applied (Kustomization Ready at %s) %s after the reconcile request",
 		by, rev, time.Since(start).Round(10*time.Millisecond))
@@ -447,8 +448,8 @@ func (m *migration) newCommit(by, value string) {
 // waitGone waits until no pod of flux-system matches selector.
 func (m *migration) waitGone(selector string) {
 	m.t.Helper()
-	eventually(m.t, 3*time.Minute, "pods "+selector+" gone", func(ctx context.Context) error {
-		list, err := env.c.Client.CoreV1().Pods("flux-system").List(ctx, metav1.ListOptions{LabelSelector: selector})
+	kubetest.Eventually(m.t, 3*time.Minute, "pods "+selector+" gone", func(ctx context.Context) error {
+		list, err := env.C.Client.CoreV1().Pods("flux-system").List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return err
 		}

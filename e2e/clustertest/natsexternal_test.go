@@ -34,7 +34,7 @@ func TestExternalNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := natsserver.Start(natsserver.Options{Host: env.c.HostIP, Port: -1, StoreDir: t.TempDir(), Users: ids.Users})
+	srv, err := natsserver.Start(natsserver.Options{Host: env.C.HostIP, Port: -1, StoreDir: t.TempDir(), Users: ids.Users})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestExternalNATS(t *testing.T) {
 
 	// The operator's Secrets: each identity's seed, the public keys, and
 	// the server's URL.
-	ensureNamespace(t, ns)
+	env.EnsureNamespace(t, ns)
 	users := map[string]string{}
 	secrets := []*corev1.Secret{{
 		ObjectMeta: metav1.ObjectMeta{Name: "headwater-nats-external", Namespace: ns},
@@ -66,13 +66,13 @@ func TestExternalNATS(t *testing.T) {
 	}
 	secrets = append(secrets, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: natskeys.UsersSecret, Namespace: ns}, StringData: users})
 	for _, s := range secrets {
-		if _, err := env.c.Client.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+		if _, err := env.C.Client.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 
 	dir := t.TempDir()
-	deploy, err := filepath.Rel(dir, env.deploy)
+	deploy, err := filepath.Rel(dir, env.Deploy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestExternalNATS(t *testing.T) {
 		t.Errorf("pod %s runs with components/nats-external: the bundled NATS is not left out", list[0].Name)
 	}
 
-	cl := client(t)
+	cl := env.Client(t)
 	_, head := newRepo(t, "external-nats", map[string]string{"app.yaml": "on an existing NATS\n"})
 	gitRepository(t, cl, "default", "external-nats", "external-nats", time.Hour)
 	gr := readyAt(t, cl, "default", "external-nats", head, 3*time.Minute)

@@ -6,7 +6,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/rand"
-	"crypto/x509"
 	"encoding/base64"
 	"fmt"
 	"net"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -26,8 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/headwater-gitops/headwater/testsupport/miniotest"
-	"github.com/headwater-gitops/headwater/testsupport/testca"
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 // TestOverlays installs every other shipped overlay as shipped, with what
@@ -42,7 +39,7 @@ func TestOverlays(t *testing.T) {
 		{"overlays/single-node", nil},
 		{"overlays/rwx", nil},
 		{"overlays/s3", nil}, // its Secret comes late: see missingS3Secret
-		{"overlays/production", func(t *testing.T) { s3Secret(t); natsTLSSecrets(t) }},
+		{"overlays/production", func(t *testing.T) { env.S3Secret(t, ns); env.NATSTLSSecrets(t, ns) }},
 		// Flux's namespace, which `flux install` made: the artifacts are
 		// served as Flux's source-controller serves them.
 		{"overlays/flux-system", nil},
@@ -58,13 +55,13 @@ func TestOverlays(t *testing.T) {
 				fluxInstalled(t)
 			}
 			if o.prepare != nil {
-				ensureNamespace(t, ns)
+				env.EnsureNamespace(t, ns)
 				o.prepare(t)
 			}
 			if dir == "" {
 				dir = componentsDir
 			}
-			cl := client(t)
+			cl := env.Client(t)
 			if dir == "overlays/s3" {
 				missingS3Secret(t)
 			} else {
@@ -100,7 +97,7 @@ func httpSourceOnNode(t *testing.T, cl ctrlclient.Client) {
 	_, _ = tw.Write([]byte(body))
 	_ = tw.Close()
 	_ = gz.Close()
-	ln, err := net.Listen("tcp", net.JoinHostPort(env.c.HostIP, "0"))
+	ln, err := net.Listen("tcp", net.JoinHostPort(env.C.HostIP, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +120,7 @@ func httpSourceOnNode(t *testing.T, cl ctrlclient.Client) {
 	}
 	t.Cleanup(func() { _ = cl.Delete(context.Background(), obj) })
 	var art map[string]any
-	eventually(t, 3*time.Minute, "HTTPSource bundle Ready with an artifact", func(ctx context.Context) error {
+	kubetest.Eventually(t, 3*time.Minute, "HTTPSource bundle Ready with an artifact", func(ctx context.Context) error {
 		got := &unstructured.Unstructured{}
 		got.SetGroupVersionKind(gvk)
 		if err := cl.Get(ctx, types.NamespacedName{Namespace: "default", Name: "bundle"}, got); err != nil {
@@ -145,7 +142,7 @@ func httpSourceOnNode(t *testing.T, cl ctrlclient.Client) {
 	url, digest := fmt.Sprint(art["url"]), fmt.Sprint(art["digest"])
 	download(t, url, digest)
 	ea := &sourcev1.ExternalArtifact{}
-	eventually(t, time.Minute, "ExternalArtifact bundle", func(ctx context.Context) error {
+	kubetest.Eventually(t, time.Minute, "ExternalArtifact bundle", func(ctx context.Context) error {
 		if err := cl.Get(ctx, types.NamespacedName{Namespace: "default", Name: "bundle"}, ea); err != nil {
 			return err
 		}
@@ -165,63 +162,13 @@ func httpSourceOnNode(t *testing.T, cl ctrlclient.Client) {
 // CreateContainerConfigError, saying which Secret, and start by themselves
 // once it is made.
 func missingS3Secret(t *testing.T) {
-	kubectl(t, "apply", "-k", deployPath("overlays/s3"))
+	env.Kubectl(t, "apply", "-k", env.DeployPath("overlays/s3"))
 	t.Cleanup(func() { uninstall(t, "overlays/s3") })
 	p := waitPodWaiting(t, "fetcher", "CreateContainerConfigError")
 	ev := waitEvent(t, p.Name, "Failed", `secret "headwater-s3" not found`)
 	t.Logf("kubectl get pods: %s CreateContainerConfigError; Event Failed: %s", p.Name, ev.Message)
-	s3Secret(t)
+	env.S3Secret(t, ns)
 	waitPodsReady(t, 8*time.Minute)
-}
-
-// s3Secret starts a MinIO on the node's link, the "any S3" of
-// overlays/s3, and makes the Secret headwater-s3 the overlay reads.
-func s3Secret(t *testing.T) {
-	srv, err := miniotest.StartOn(t.TempDir(), env.c.HostIP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "headwater-s3", Namespace: ns},
-		StringData: map[string]string{
-			"endpoint": "http://" + srv.Endpoint, "bucket": "headwater",
-			"accesskey": srv.AccessKey, "secretkey": srv.SecretKey,
-		},
-	}
-	if _, err := env.c.Client.CoreV1().Secrets(ns).Create(context.Background(), secret, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// natsTLSSecrets makes the two Secrets components/nats-tls reads, as
-// cert-manager would: the server's and the clients' certificates with the
-// ca.crt that signs the other side.
-func natsTLSSecrets(t *testing.T) {
-	ca, err := testca.New("nats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"nats", "nats." + ns + ".svc", "nats." + ns + ".svc.cluster.local",
-		"*.nats-headless." + ns + ".svc", "*.nats-headless." + ns + ".svc.cluster.local"}
-	server, err := ca.Issue(x509.ExtKeyUsageServerAuth, "nats", func(c *x509.Certificate) { c.DNSNames = names })
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := ca.Issue(x509.ExtKeyUsageClientAuth, "headwater", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, issued := range map[string]*testca.Issued{"headwater-nats-tls": server, "headwater-nats-client-tls": client} {
-		s := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Type:       corev1.SecretTypeTLS,
-			Data:       map[string][]byte{"tls.crt": issued.CertPEM, "tls.key": issued.KeyPEM, "ca.crt": ca.CertPEM},
-		}
-		if _, err := env.c.Client.CoreV1().Secrets(ns).Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // componentsDir is a kustomization of the test's own: the default install
@@ -232,7 +179,7 @@ var componentsDir string
 func componentsInstall(t *testing.T) {
 	dir := t.TempDir()
 	// kustomize takes only relative paths to other kustomizations.
-	deploy, err := filepath.Rel(dir, env.deploy)
+	deploy, err := filepath.Rel(dir, env.Deploy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,9 +201,9 @@ components: [%q, %q, %q]
 // restarts.
 func TestStorageFull(t *testing.T) {
 	requireFull(t)
-	env.c.LimitVolume("headwater-artifacts", "24m")
-	defer env.c.LimitVolume("headwater-artifacts", "")
-	cl := client(t)
+	env.C.LimitVolume("headwater-artifacts", "24m")
+	defer env.C.LimitVolume("headwater-artifacts", "")
+	cl := env.Client(t)
 	install(t, "overlays/single-node")
 	_, head := newRepo(t, "small", map[string]string{"app.yaml": "small\n"})
 	gitRepository(t, cl, "default", "small", "small", time.Minute)
@@ -269,7 +216,7 @@ func TestStorageFull(t *testing.T) {
 	}
 	newRepo(t, "big", big)
 	gitRepository(t, cl, "default", "big", "big", time.Minute)
-	eventually(t, 3*time.Minute, "big source failing on a full volume", func(ctx context.Context) error {
+	kubetest.Eventually(t, 3*time.Minute, "big source failing on a full volume", func(ctx context.Context) error {
 		var msgs []string
 		for _, e := range events(t, "default", "big", "") {
 			msgs = append(msgs, e.Reason+": "+e.Message)
@@ -322,7 +269,7 @@ func randomText(n int) string {
 func fluxInstalled(t *testing.T) {
 	t.Helper()
 	useNamespace(t, "flux-system")
-	files, err := filepath.Glob(filepath.Join(env.deploy, "crds", "source.toolkit.fluxcd.io_*.yaml"))
+	files, err := filepath.Glob(filepath.Join(env.Deploy, "crds", "source.toolkit.fluxcd.io_*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("Flux's source CRDs in deploy/crds: %v (%d files)", err, len(files))
 	}
@@ -333,9 +280,9 @@ func fluxInstalled(t *testing.T) {
 		}
 		return append(a, more...)
 	}
-	kubectl(t, args("apply")...)
+	env.Kubectl(t, args("apply")...)
 	t.Cleanup(func() {
-		if out, err := env.c.Kubectl(context.Background(), args("delete", "--ignore-not-found", "--wait=true", "--timeout=3m")...).Run(); err != nil {
+		if out, err := env.C.Kubectl(context.Background(), args("delete", "--ignore-not-found", "--wait=true", "--timeout=3m")...).Run(); err != nil {
 			t.Errorf("delete the CRDs: %v\n%s", err, out)
 		}
 	})

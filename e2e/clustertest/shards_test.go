@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 // shardKey is the label of Flux's sharding docs.
@@ -31,11 +33,11 @@ const shardKey = "sharding.fluxcd.io/key"
 // by shard2 alone.
 func TestWatcherShardsOnNode(t *testing.T) {
 	requireFull(t)
-	cl := client(t)
+	cl := env.Client(t)
 	install(t, shardsInstall(t))
 
-	eventually(t, 2*time.Minute, "three watcher leases, each held", func(ctx context.Context) error {
-		out, err := env.c.Kubectl(ctx, "-n", ns, "get", "leases", "-o",
+	kubetest.Eventually(t, 2*time.Minute, "three watcher leases, each held", func(ctx context.Context) error {
+		out, err := env.C.Kubectl(ctx, "-n", ns, "get", "leases", "-o",
 			`jsonpath={range .items[*]}{.metadata.name}={.spec.holderIdentity}{"\n"}{end}`).Run()
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
@@ -98,7 +100,7 @@ func TestWatcherShardsOnNode(t *testing.T) {
 	// must be True again.
 	var notReady []string
 	errWatching := fmt.Errorf("watching the move")
-	err := pollEvery(context.Background(), 10*time.Second, 200*time.Millisecond, func(ctx context.Context) error {
+	err := kubetest.PollEvery(context.Background(), 10*time.Second, 200*time.Millisecond, func(ctx context.Context) error {
 		obj := &sourcev1.GitRepository{}
 		if err := cl.Get(ctx, types.NamespacedName{Namespace: "default", Name: "shard-one"}, obj); err != nil {
 			return err
@@ -148,7 +150,7 @@ func TestWatcherShardsOnNode(t *testing.T) {
 func shardsInstall(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	deploy, err := filepath.Rel(dir, env.deploy)
+	deploy, err := filepath.Rel(dir, env.Deploy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +169,7 @@ func labelledGitRepository(t *testing.T, cl ctrlclient.Client, name, shard strin
 	gr := &sourcev1.GitRepository{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: sourcev1.GitRepositorySpec{
-			URL:       env.git.RepoURL(name),
+			URL:       env.Git.RepoURL(name),
 			Interval:  metav1.Duration{Duration: time.Hour},
 			Reference: &sourcev1.GitRepositoryRef{Branch: "main"},
 		},
@@ -187,7 +189,7 @@ func storedByDeployment(t *testing.T, deployment, name string) int {
 	t.Helper()
 	n := 0
 	for _, p := range pods(t, deployment) {
-		logs := kubectl(t, "-n", ns, "logs", p.Name, "-c", "watcher")
+		logs := env.Kubectl(t, "-n", ns, "logs", p.Name, "-c", "watcher")
 		for _, line := range strings.Split(logs, "\n") {
 			var l struct {
 				Msg  string `json:"msg"`

@@ -19,6 +19,8 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 // source is what every Flux source kind has in common.
@@ -33,7 +35,7 @@ type source interface {
 func waitSourceReady(t *testing.T, cl ctrlclient.Client, obj source, timeout time.Duration) *fluxmeta.Artifact {
 	t.Helper()
 	key := ctrlclient.ObjectKeyFromObject(obj)
-	eventually(t, timeout, fmt.Sprintf("%T %s Ready", obj, key), func(ctx context.Context) error {
+	kubetest.Eventually(t, timeout, fmt.Sprintf("%T %s Ready", obj, key), func(ctx context.Context) error {
 		if err := cl.Get(ctx, key, obj); err != nil {
 			return err
 		}
@@ -57,7 +59,7 @@ func fetchArtifact(ctx context.Context, a *fluxmeta.Artifact) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	svc, err := env.c.ServiceURL(ctx, ns, "source-controller", "")
+	svc, err := env.C.ServiceURL(ctx, ns, "source-controller", "")
 	if err != nil {
 		return "", err
 	}
@@ -69,7 +71,7 @@ func fetchArtifact(ctx context.Context, a *fluxmeta.Artifact) (string, error) {
 	}
 	// A client of its own, its connection closed after the download: the
 	// tests that download every 100 ms leave no idle connections behind.
-	hc := env.c.HTTPClient()
+	hc := env.C.HTTPClient()
 	defer hc.CloseIdleConnections()
 	resp, err := hc.Do(req)
 	if err != nil {
@@ -92,17 +94,17 @@ func fetchArtifact(ctx context.Context, a *fluxmeta.Artifact) (string, error) {
 func inClusterS3(t *testing.T) (*minio.Client, string) {
 	t.Helper()
 	ctx := context.Background()
-	s, err := env.c.Client.CoreV1().Secrets(ns).Get(ctx, "headwater-s3", metav1.GetOptions{})
+	s, err := env.C.Client.CoreV1().Secrets(ns).Get(ctx, "headwater-s3", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := env.c.Client.CoreV1().Services(ns).Get(ctx, "minio", metav1.GetOptions{})
+	svc, err := env.C.Client.CoreV1().Services(ns).Get(ctx, "minio", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mc, err := minio.New(fmt.Sprintf("%s:9000", svc.Spec.ClusterIP), &minio.Options{
 		Creds:     credentials.NewStaticV4(string(s.Data["accesskey"]), string(s.Data["secretkey"]), ""),
-		Transport: &http.Transport{DialContext: env.c.DialContext},
+		Transport: &http.Transport{DialContext: env.C.DialContext},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +120,7 @@ func events(t *testing.T, namespace, name, reason string) []corev1.Event {
 	if reason != "" {
 		selector += ",reason=" + reason
 	}
-	list, err := env.c.Client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: selector})
+	list, err := env.C.Client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: selector})
 	if err != nil {
 		t.Fatal(err)
 	}

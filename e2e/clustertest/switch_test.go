@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
@@ -38,7 +39,7 @@ func TestFluxHelmSwitch(t *testing.T) {
 	requireFull(t)
 	manifest := fluxSourceControllerManifest()
 	h := newHelm(t, "flux-system")
-	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() {
+	m := fromFlux(t, func() { env.Kubectl(t, "apply", "-f", manifest) }, func() {
 		if _, err := action.NewStatus(h.cfg).Run(release); err == nil {
 			u := action.NewUninstall(h.cfg)
 			u.Wait = true
@@ -48,20 +49,20 @@ func TestFluxHelmSwitch(t *testing.T) {
 			}
 		}
 	})
-	chrt, err := loader.Load(filepath.Join(env.deploy, "..", "charts", "headwater"))
+	chrt, err := loader.Load(filepath.Join(env.Deploy, "..", "charts", "headwater"))
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	m.switchTo("Headwater (helm install)", func() {
-		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
+		env.Kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
 		m.waitGone("app=source-controller")
 		// Helm installs over an object only when it carries the
 		// release's marks: the release adopts Flux's Service, the same
 		// object with the same cluster IP.
-		kubectl(t, "-n", "flux-system", "annotate", "service", "source-controller",
+		env.Kubectl(t, "-n", "flux-system", "annotate", "service", "source-controller",
 			"meta.helm.sh/release-name="+release, "meta.helm.sh/release-namespace=flux-system")
-		kubectl(t, "-n", "flux-system", "label", "service", "source-controller", "app.kubernetes.io/managed-by=Helm")
+		env.Kubectl(t, "-n", "flux-system", "label", "service", "source-controller", "app.kubernetes.io/managed-by=Helm")
 		install := action.NewInstall(h.cfg)
 		install.ReleaseName = release
 		install.Namespace = "flux-system"
@@ -69,9 +70,9 @@ func TestFluxHelmSwitch(t *testing.T) {
 		install.WaitForJobs = true
 		install.Timeout = 8 * time.Minute
 		start := time.Now()
-		rel, err := install.RunWithContext(context.Background(), chrt, withTestServers(map[string]any{"fluxDropIn": map[string]any{"enabled": true}}))
+		rel, err := install.RunWithContext(context.Background(), chrt, env.WithTestServers(map[string]any{"fluxDropIn": map[string]any{"enabled": true}}))
 		if err != nil {
-			t.Fatalf("helm install -n flux-system --set fluxDropIn.enabled=true: %v\n%s", err, diagnose())
+			t.Fatalf("helm install -n flux-system --set fluxDropIn.enabled=true: %v\n%s", err, env.Diagnose(ns))
 		}
 		waitPodsReady(t, 2*time.Minute)
 		t.Logf("helm install: release %s revision %d %s, every pod Ready %s after the install began", rel.Name, rel.Version, rel.Info.Status,
@@ -97,7 +98,7 @@ func TestFluxHelmSwitch(t *testing.T) {
 		// is an atomic map, so the forced apply sets Flux's alone (a
 		// client-side apply would keep the key Helm's adoption added,
 		// which Flux's pods lack).
-		kubectl(t, "apply", "--server-side", "--force-conflicts", "-f", manifest)
+		env.Kubectl(t, "apply", "--server-side", "--force-conflicts", "-f", manifest)
 		m.waitFluxRollout()
 		fluxSelector(t)
 	}, m.rebuiltByFlux)
@@ -128,21 +129,21 @@ func TestFluxBootstrapSwitch(t *testing.T) {
 	var fleet *gitserver.Repo
 	m := fromFlux(t, func() {
 		fleet = bootstrapFleet(t)
-		kubectl(t, "apply", "-k", filepath.Join(fleet.Dir, "clusters", "test", "flux-system"))
+		env.Kubectl(t, "apply", "-k", filepath.Join(fleet.Dir, "clusters", "test", "flux-system"))
 	}, func() { removeDropIn(t) })
 	ctx := context.Background()
 	// Deleting the Kustomization flux-system at the end must not prune
 	// what it applied (Flux itself, or Headwater): the cleanups remove
 	// those, as for the other tests.
 	t.Cleanup(func() {
-		if out, err := env.c.Kubectl(ctx, "-n", "flux-system", "patch", "kustomization", "flux-system", "--type=merge", "-p", `{"spec":{"prune":false}}`).Run(); err != nil {
+		if out, err := env.C.Kubectl(ctx, "-n", "flux-system", "patch", "kustomization", "flux-system", "--type=merge", "-p", `{"spec":{"prune":false}}`).Run(); err != nil {
 			t.Logf("cleanup: keep what the Kustomization flux-system applied: %v\n%s", err, out)
 		}
 	})
 	gitops := fleetSync{t: t, cl: m.cl, repo: fleet}
 	gitops.applied("flux bootstrap")
 
-	rendered, err := env.c.Kubectl(ctx, "kustomize", deployPath("overlays/flux-system")).Run()
+	rendered, err := env.C.Kubectl(ctx, "kustomize", env.DeployPath("overlays/flux-system")).Run()
 	if err != nil || !strings.HasPrefix(rendered, "apiVersion: ") {
 		t.Fatalf("kubectl kustomize deploy/overlays/flux-system: %v\n%s", err, rendered)
 	}
@@ -202,7 +203,7 @@ spec:
   sourceRef:
     kind: GitRepository
     name: flux-system
-`, env.git.RepoURL("fleet"))
+`, env.Git.RepoURL("fleet"))
 	repo, _ := newRepo(t, "fleet", map[string]string{
 		"clusters/test/flux-system/gotk-components.yaml": string(components),
 		"clusters/test/flux-system/gotk-sync.yaml":       sync,
@@ -291,7 +292,7 @@ func (f fleetSync) applied(what string) {
 	var rev string
 	revision := func(context.Context) error { rev = gr.Status.Artifact.Revision; return nil }
 	ks := &kustomizev1.Kustomization{ObjectMeta: metav1.ObjectMeta{Namespace: "flux-system", Name: "flux-system"}}
-	eventuallyEvery(t, 5*time.Minute, fine, "the fleet's commit applied: "+what, allOf(
+	kubetest.EventuallyEvery(t, 5*time.Minute, fine, "the fleet's commit applied: "+what, allOf(
 		gitReadyAt(f.cl, key, head, &gr), revision, applied(f.cl, ks, &rev)))
 	t.Logf("%s: the Kustomization flux-system applied %s %s after the reconcile request", what, rev, time.Since(start).Round(10*time.Millisecond))
 }
@@ -312,7 +313,7 @@ func fluxSelector(t *testing.T) {
 // flux-system.
 func serviceSelector(t *testing.T) map[string]string {
 	t.Helper()
-	svc, err := env.c.Client.CoreV1().Services("flux-system").Get(context.Background(), "source-controller", metav1.GetOptions{})
+	svc, err := env.C.Client.CoreV1().Services("flux-system").Get(context.Background(), "source-controller", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,23 +329,23 @@ func serviceSelector(t *testing.T) map[string]string {
 func TestDropInBesideFlux(t *testing.T) {
 	requireFull(t)
 	manifest := fluxSourceControllerManifest()
-	m := fromFlux(t, func() { kubectl(t, "apply", "-f", manifest) }, func() { removeDropIn(t) })
+	m := fromFlux(t, func() { env.Kubectl(t, "apply", "-f", manifest) }, func() { removeDropIn(t) })
 	var flux sourcev1.GitRepository
 	if err := m.cl.Get(context.Background(), m.key, &flux); err != nil {
 		t.Fatal(err)
 	}
 
 	m.switchTo("Headwater (applied first, Flux scaled to 0 after)", func() {
-		kubectl(t, "apply", "-k", deployPath("overlays/flux-system"))
+		env.Kubectl(t, "apply", "-k", env.DeployPath("overlays/flux-system"))
 		const want = "Flux's source-controller Deployment is running in flux-system (1 replicas); scale it to 0"
 		var said string
-		eventually(t, 5*time.Minute, "the watcher's /readyz saying Flux's controller runs", func(ctx context.Context) error {
+		kubetest.Eventually(t, 5*time.Minute, "the watcher's /readyz saying Flux's controller runs", func(ctx context.Context) error {
 			list := pods(t, "watcher")
 			if len(list) == 0 {
 				return errors.New("no watcher pod")
 			}
 			for _, p := range list {
-				if podReady(&p) {
+				if kubetest.PodReady(&p) {
 					t.Fatalf("watcher pod %s is Ready while Flux's source-controller runs", p.Name)
 				}
 				if p.Status.PodIP == "" {
@@ -365,7 +366,7 @@ func TestDropInBesideFlux(t *testing.T) {
 		// Every other service is up, and the watcher has had its start:
 		// a reconcile would have written the source by now.
 		for _, name := range []string{"fetcher", "packager", "artifact-server"} {
-			eventually(t, 3*time.Minute, name+" Ready", func(context.Context) error {
+			kubetest.Eventually(t, 3*time.Minute, name+" Ready", func(context.Context) error {
 				if len(readyPods(t, name)) == 0 {
 					return fmt.Errorf("no %s pod Ready", name)
 				}
@@ -382,7 +383,7 @@ func TestDropInBesideFlux(t *testing.T) {
 		if list := events(t, "flux-system", m.key.Name, "ArtifactMissing"); len(list) > 0 {
 			t.Errorf("the waiting watcher recorded %s: %s", list[0].Reason, list[0].Message)
 		}
-		kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
+		env.Kubectl(t, "-n", "flux-system", "scale", "deployment/source-controller", "--replicas=0")
 		m.waitGone("app=source-controller,!app.kubernetes.io/part-of")
 		waitPodsReady(t, 5*time.Minute)
 	}, m.rebuiltByHeadwater)

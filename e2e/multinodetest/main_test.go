@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -26,7 +25,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
-	"github.com/headwater-gitops/headwater/testsupport/gitserver"
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 var verbose = flag.Bool("cluster-log", false, "Stream the nodes' components' output.")
@@ -34,11 +33,8 @@ var verbose = flag.Bool("cluster-log", false, "Stream the nodes' components' out
 // env is the cluster every test of the package shares, and the git server
 // its sources fetch from.
 var env struct {
-	c       *cluster.Cluster
-	git     *gitserver.Server
-	gitRoot string
-	deploy  string // the repository's deploy/ directory
-	skip    string // why the tests skip
+	*kubetest.Env
+	skip string // why the tests skip
 }
 
 func TestMain(m *testing.M) {
@@ -64,45 +60,15 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "multinodetest:", err)
 		return 1
 	}
-	if *verbose {
-		o.Log = os.Stderr
-	} else {
-		o.Log = progressOnly{}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	start := time.Now()
-	c, err := cluster.Start(ctx, o)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "multinodetest: start the cluster:", err)
-		return 1
-	}
-	defer c.Stop()
-	fmt.Fprintf(os.Stderr, "multinodetest: %d nodes Ready with cluster DNS in %s\n", nodes, time.Since(start).Round(100*time.Millisecond))
-	env.c = c
-	if err := c.ImportProbe(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "multinodetest:", err)
-		return 1
-	}
-	dir, err := os.MkdirTemp("", "headwater-multinodetest")
+	e, err := kubetest.Start(ctx, o, *verbose)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "multinodetest:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	env.gitRoot = filepath.Join(dir, "git")
-	env.git = &gitserver.Server{Root: env.gitRoot}
-	if err := env.git.Start(c.HostIP + ":0"); err != nil {
-		fmt.Fprintln(os.Stderr, "multinodetest:", err)
-		return 1
-	}
-	defer env.git.Stop()
-	wd, err := os.Getwd()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "multinodetest:", err)
-		return 1
-	}
-	env.deploy = filepath.Join(wd, "..", "..", "deploy")
+	defer e.Stop()
+	env.Env = e
 	return m.Run()
 }
 
@@ -112,16 +78,5 @@ func requireCluster(t *testing.T) *cluster.Cluster {
 	if env.skip != "" {
 		t.Skip(env.skip)
 	}
-	return env.c
-}
-
-// progressOnly prints the harness's own progress lines, not the
-// components' output.
-type progressOnly struct{}
-
-func (progressOnly) Write(p []byte) (int, error) {
-	if len(p) > 0 && p[0] != '[' {
-		os.Stderr.Write(p)
-	}
-	return len(p), nil
+	return env.C
 }

@@ -25,6 +25,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
@@ -58,7 +59,7 @@ func TestNodeLoss(t *testing.T) {
 		t.Skip("needs three nodes")
 	}
 	ctx := context.Background()
-	cl := client(t)
+	cl := env.Client(t)
 	installHA(t)
 	checkSpread(t)
 
@@ -93,7 +94,7 @@ func TestNodeLoss(t *testing.T) {
 	}
 	whole := watchWhole(lost.Name)
 	var newLeader string
-	eventually(t, 3*leaseDuration, "a new watcher leader", func(ctx context.Context) error {
+	kubetest.Eventually(t, 3*leaseDuration, "a new watcher leader", func(ctx context.Context) error {
 		holder, node, err := leaseHolder(ctx)
 		if err != nil {
 			return err
@@ -125,8 +126,8 @@ func TestNodeLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	back := time.Now()
-	eventually(t, 10*time.Minute, "every pod Ready with the node back", podsReady)
-	eventually(t, 5*time.Minute, "every stream in three current copies", streamsR3)
+	kubetest.Eventually(t, 10*time.Minute, "every pod Ready with the node back", podsReady)
+	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies", streamsR3)
 	t.Logf("streams back to three current copies %s after the node returned", time.Since(back).Round(100*time.Millisecond))
 	waitFor(t, back.Add(proxyGrace))
 	l.mark("node back")
@@ -145,9 +146,9 @@ func TestNodeLoss(t *testing.T) {
 	fresh = l.waitFresh(t, 10*time.Minute)
 	t.Logf("every source fresh at its newest commit %s after the drain began (NATS on two servers)", fresh.Sub(drainStart).Round(100*time.Millisecond))
 	l.mark("uncordoned")
-	kubectl(t, "uncordon", drained.Name)
-	eventually(t, 10*time.Minute, "every pod Ready after the uncordon", podsReady)
-	eventually(t, 5*time.Minute, "every stream in three current copies after the drain", streamsR3)
+	env.Kubectl(t, "uncordon", drained.Name)
+	kubetest.Eventually(t, 10*time.Minute, "every pod Ready after the uncordon", podsReady)
+	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies after the drain", streamsR3)
 
 	// The NATS quorum lost: two nodes of three stopped at once. Work
 	// waits, every source keeps its artifact, downloads go on from the
@@ -161,7 +162,7 @@ func TestNodeLoss(t *testing.T) {
 	}
 	wholeQuorum := watchWhole(lost.Name, drained.Name)
 	l.commitRound(t)
-	eventually(t, 3*time.Minute, "both nodes NotReady", func(ctx context.Context) error {
+	kubetest.Eventually(t, 3*time.Minute, "both nodes NotReady", func(ctx context.Context) error {
 		for _, n := range []*cluster.Node{lost, drained} {
 			if err := c.NodeReady(ctx, n.Name); err == nil {
 				return fmt.Errorf("%s still Ready", n.Name)
@@ -186,8 +187,8 @@ func TestNodeLoss(t *testing.T) {
 	quorumBack := time.Now()
 	fresh = l.waitFresh(t, 10*time.Minute)
 	t.Logf("every source fresh at its newest commit %s after the quorum returned", fresh.Sub(quorumBack).Round(100*time.Millisecond))
-	eventually(t, 10*time.Minute, "every pod Ready after the quorum returned", podsReady)
-	eventually(t, 5*time.Minute, "every stream in three current copies after the quorum returned", streamsR3)
+	kubetest.Eventually(t, 10*time.Minute, "every pod Ready after the quorum returned", podsReady)
+	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies after the quorum returned", streamsR3)
 	waitFor(t, quorumBack.Add(proxyGrace))
 	l.mark("quorum back")
 	l.waitDownloads(t, l.downloads()+50)
@@ -208,7 +209,7 @@ func TestNodeLoss(t *testing.T) {
 // condition to poll: the window the doc gives must have passed).
 func waitFor(t *testing.T, when time.Time) {
 	t.Helper()
-	eventually(t, time.Until(when)+time.Minute, "the clock", func(context.Context) error {
+	kubetest.Eventually(t, time.Until(when)+time.Minute, "the clock", func(context.Context) error {
 		if d := time.Until(when); d > 0 {
 			return fmt.Errorf("%s to go", d.Round(time.Second))
 		}
@@ -249,8 +250,8 @@ func checkSpread(t *testing.T) {
 			perNode[p.Spec.NodeName]++
 		}
 		t.Logf("%s per node: %v", app, perNode)
-		if len(perNode) != len(env.c.Nodes) {
-			t.Errorf("%s runs on %d nodes, want every one of %d: %v", app, len(perNode), len(env.c.Nodes), perNode)
+		if len(perNode) != len(env.C.Nodes) {
+			t.Errorf("%s runs on %d nodes, want every one of %d: %v", app, len(perNode), len(env.C.Nodes), perNode)
 		}
 	}
 }
@@ -284,7 +285,7 @@ func checkNATSApart(t *testing.T, drained string) {
 func watcherLeader(t *testing.T) (string, string) {
 	t.Helper()
 	var holder, node string
-	eventually(t, 2*time.Minute, "a watcher leader", func(ctx context.Context) error {
+	kubetest.Eventually(t, 2*time.Minute, "a watcher leader", func(ctx context.Context) error {
 		var err error
 		holder, node, err = leaseHolder(ctx)
 		return err
@@ -293,7 +294,7 @@ func watcherLeader(t *testing.T) (string, string) {
 }
 
 func leaseHolder(ctx context.Context) (string, string, error) {
-	l, err := env.c.Client.CoordinationV1().Leases(hwNamespace).Get(ctx, "headwater-watcher", metav1.GetOptions{})
+	l, err := env.C.Client.CoordinationV1().Leases(hwNamespace).Get(ctx, "headwater-watcher", metav1.GetOptions{})
 	if err != nil {
 		return "", "", err
 	}
@@ -301,7 +302,7 @@ func leaseHolder(ctx context.Context) (string, string, error) {
 		return "", "", fmt.Errorf("lease has no holder")
 	}
 	id := *l.Spec.HolderIdentity
-	pods, err := env.c.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=watcher"})
+	pods, err := env.C.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=watcher"})
 	if err != nil {
 		return "", "", err
 	}
@@ -322,7 +323,7 @@ func streamsR3From(n *cluster.Node) func(ctx context.Context) error {
 }
 
 func streamsR3(ctx context.Context, hc *http.Client) error {
-	pods, err := env.c.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nats"})
+	pods, err := env.C.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nats"})
 	if err != nil {
 		return err
 	}
@@ -388,7 +389,7 @@ func streamsR3(ctx context.Context, hc *http.Client) error {
 // one NewArtifact Event per source and commit, counted once.
 func checkNoDoubleWrites(t *testing.T) {
 	t.Helper()
-	evs, err := env.c.Client.CoreV1().Events(loadNamespace).List(context.Background(), metav1.ListOptions{})
+	evs, err := env.C.Client.CoreV1().Events(loadNamespace).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,13 +446,13 @@ type download struct {
 func newLoad(t *testing.T, cl ctrlclient.Client) *load {
 	t.Helper()
 	ctx := context.Background()
-	ensureNamespace(t, loadNamespace)
+	env.EnsureNamespace(t, loadNamespace)
 	l := &load{cl: cl, done: make(chan struct{}), heads: map[string]string{}, artifacts: map[string]meta.Artifact{}, phase: "steady"}
 	start := time.Now()
 	work := t.TempDir()
 	for i := range loadSources {
 		name := fmt.Sprintf("src-%03d", i)
-		r, err := gitserver.NewRepo(env.gitRoot, name, filepath.Join(work, name), "main")
+		r, err := gitserver.NewRepo(env.GitRoot, name, filepath.Join(work, name), "main")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -468,7 +469,7 @@ func newLoad(t *testing.T, cl ctrlclient.Client) *load {
 		gr := &sourcev1.GitRepository{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: loadNamespace},
 			Spec: sourcev1.GitRepositorySpec{
-				URL:       env.git.RepoURL(name),
+				URL:       env.Git.RepoURL(name),
 				Interval:  metav1.Duration{Duration: time.Minute},
 				Reference: &sourcev1.GitRepositoryRef{Branch: "main"},
 			},
@@ -479,7 +480,7 @@ func newLoad(t *testing.T, cl ctrlclient.Client) *load {
 	}
 	l.waitFresh(t, 10*time.Minute)
 	t.Logf("%d sources created and Ready in %s", loadSources, time.Since(start).Round(100*time.Millisecond))
-	svc, err := env.c.ServiceURL(ctx, hwNamespace, "source-controller", "http")
+	svc, err := env.C.ServiceURL(ctx, hwNamespace, "source-controller", "http")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -657,7 +658,7 @@ func (l *load) downloads() int {
 // waitDownloads waits until n downloads have been made.
 func (l *load) waitDownloads(t *testing.T, n int) {
 	t.Helper()
-	eventually(t, 2*time.Minute, fmt.Sprintf("%d downloads", n), func(context.Context) error {
+	kubetest.Eventually(t, 2*time.Minute, fmt.Sprintf("%d downloads", n), func(context.Context) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if len(l.results) < n {
@@ -677,7 +678,7 @@ func (l *load) waitFresh(t *testing.T, timeout time.Duration) time.Time {
 		want[k] = v
 	}
 	l.mu.Unlock()
-	eventually(t, timeout, "every source Ready at its newest commit", func(ctx context.Context) error {
+	kubetest.Eventually(t, timeout, "every source Ready at its newest commit", func(ctx context.Context) error {
 		var list sourcev1.GitRepositoryList
 		if err := l.cl.List(ctx, &list, ctrlclient.InNamespace(loadNamespace)); err != nil {
 			return err
@@ -793,17 +794,17 @@ func watchWhole(lost ...string) func(t *testing.T) time.Time {
 }
 
 func artifactServersWhole(ctx context.Context, lost []string) error {
-	d, err := env.c.Client.AppsV1().Deployments(hwNamespace).Get(ctx, "artifact-server", metav1.GetOptions{})
+	d, err := env.C.Client.AppsV1().Deployments(hwNamespace).Get(ctx, "artifact-server", metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
-	pods, err := env.c.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=artifact-server"})
+	pods, err := env.C.Client.CoreV1().Pods(hwNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=artifact-server"})
 	if err != nil {
 		return err
 	}
 	ready := 0
 	for _, p := range pods.Items {
-		if podReady(&p) && p.DeletionTimestamp == nil && !slices.Contains(lost, p.Spec.NodeName) {
+		if kubetest.PodReady(&p) && p.DeletionTimestamp == nil && !slices.Contains(lost, p.Spec.NodeName) {
 			ready++
 		}
 	}

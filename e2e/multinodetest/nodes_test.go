@@ -13,10 +13,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
+	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
 )
 
 // TestNodes proves the cluster is one: every node Ready, a pod on each,
@@ -45,7 +47,7 @@ func TestNodes(t *testing.T) {
 	}
 
 	const ns = "mesh"
-	kubectl(t, "create", "namespace", ns)
+	env.Kubectl(t, "create", "namespace", ns)
 	t.Cleanup(func() { _, _ = c.Kubectl(context.Background(), "delete", "namespace", ns, "--wait=false").Run() })
 	labels := map[string]string{"app": "mesh"}
 	ds := &appsv1.DaemonSet{
@@ -82,7 +84,7 @@ func TestNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 3*time.Minute, "a ready mesh pod on every node", func(ctx context.Context) error {
+	kubetest.Eventually(t, 3*time.Minute, "a ready mesh pod on every node", func(ctx context.Context) error {
 		d, err := c.Client.AppsV1().DaemonSets(ns).Get(ctx, "mesh", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -113,7 +115,7 @@ func TestNodes(t *testing.T) {
 	}
 	for _, n := range c.Nodes {
 		name := "check-" + n.Name
-		eventually(t, 3*time.Minute, name+" to finish", func(ctx context.Context) error {
+		kubetest.Eventually(t, 3*time.Minute, name+" to finish", func(ctx context.Context) error {
 			p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -153,7 +155,7 @@ func TestNodes(t *testing.T) {
 		// A new connection each time, so kube-proxy picks a pod each time.
 		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: n.DialContext, DisableKeepAlives: true}}
 		seen := map[string]bool{}
-		eventually(t, time.Minute, "the Service from "+n.Name+" to reach every node's pod", func(ctx context.Context) error {
+		kubetest.Eventually(t, time.Minute, "the Service from "+n.Name+" to reach every node's pod", func(ctx context.Context) error {
 			body, err := get(ctx, hc, url)
 			if err != nil {
 				return err
@@ -171,7 +173,7 @@ func TestNodes(t *testing.T) {
 // shared with others.
 func tiny() corev1.ResourceRequirements {
 	return corev1.ResourceRequirements{Requests: corev1.ResourceList{
-		corev1.ResourceCPU: resourceQuantity("5m"), corev1.ResourceMemory: resourceQuantity("16Mi")}}
+		corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("16Mi")}}
 }
 
 func podLog(ctx context.Context, c *cluster.Cluster, ns, name string) string {
