@@ -32,8 +32,8 @@ type Options struct {
 	// Copied, when set, counts every file the copy operations of a Build
 	// write (copied, extracted or merged) against its limits, and is
 	// shared by every Build given it: one ArtifactGenerator job's outputs
-	// together. Its bytes are charged as they are written, so a build
-	// over it stops there.
+	// together. Each file is charged before a byte of it is written, so
+	// a build over it stops there.
 	Copied *Budget
 }
 
@@ -124,19 +124,6 @@ func flagNote(flag string) string {
 		return ""
 	}
 	return " (" + flag + ")"
-}
-
-// budgetWriter charges what it writes to a budget before writing it.
-type budgetWriter struct {
-	w io.Writer
-	b *Budget
-}
-
-func (bw budgetWriter) Write(p []byte) (int, error) {
-	if err := bw.b.grow(int64(len(p))); err != nil {
-		return 0, err
-	}
-	return bw.w.Write(p)
 }
 
 // FormatSize writes a size in bytes as a limit is usually given: in MiB
@@ -304,11 +291,17 @@ func (b *builder) file(src, dest string, mode fs.FileMode) error {
 		return err
 	}
 	defer in.Close()
-	return b.write(target, dest, in, mode)
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	return b.write(target, dest, in, mode, fi.Size())
 }
 
-// write writes r to target (dest, below the output's root, for errors).
-func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode) error {
+// write writes r, size bytes, to target (dest, below the output's root,
+// for errors). The job's copy budget is charged before a byte is
+// written, and no more than size bytes are.
+func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode, size int64) error {
 	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 		return buildErr("cannot create the directory of %q: a file is in the way", dest)
 	}
@@ -318,9 +311,12 @@ func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode) erro
 	}
 	if err != nil {
 		// A new file: one more entry of the job's.
-		if err := b.opts.Copied.take(0); err != nil {
-			return fmt.Errorf("write %s: %w", dest, err)
-		}
+		err = b.opts.Copied.take(size)
+	} else {
+		err = b.opts.Copied.grow(size)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", dest, err)
 	}
 	perm := fs.FileMode(0o644)
 	if mode.Perm()&0o111 != 0 {
@@ -330,16 +326,12 @@ func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode) erro
 	if err != nil {
 		return err
 	}
-	var src io.Reader = r
-	if max := b.opts.MaxFileSize; max > 0 {
-		src = io.LimitReader(r, max+1)
+	limit := size
+	if max := b.opts.MaxFileSize; max > 0 && max+1 < limit {
+		limit = max + 1
 	}
-	var dst io.Writer = f
-	if b.opts.Copied != nil {
-		// Charged as written: a copy over the budget stops there.
-		dst = budgetWriter{w: f, b: b.opts.Copied}
-	}
-	n, err := io.Copy(dst, src)
+	// Copied from file to file, the kernel copies (copy_file_range).
+	n, err := io.Copy(f, io.LimitReader(r, limit))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -403,7 +395,7 @@ func (b *builder) extract(src, dest string) error {
 			}
 			continue
 		}
-		if err := b.write(target, rel, tr, fs.FileMode(h.Mode)); err != nil {
+		if err := b.write(target, rel, tr, fs.FileMode(h.Mode), h.Size); err != nil {
 			return err
 		}
 	}

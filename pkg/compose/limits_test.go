@@ -191,7 +191,7 @@ func fileCount(t *testing.T, dir string) int {
 
 // TestBuildCopyLimits: the pathological generator, thousands of copies
 // of one tree (GiBs if written), stops at the job's copy budget, charged
-// as the bytes are written: no more than the limit reaches the disk, the
+// before each file is written: no more than the limit reaches the disk, the
 // error names the limit and its flag, and the outputs of a job share the
 // budget.
 func TestBuildCopyLimits(t *testing.T) {
@@ -209,7 +209,7 @@ func TestBuildCopyLimits(t *testing.T) {
 		// 100 empty files copied 10,000 times: a million files.
 		{"entries", 100, 0, []swv1beta1.OutputArtifact{manyCopies("out", 10_000)},
 			"copied entries exceed the limit of 500 (-max-unpack-entries)"},
-		// One file larger than the limit: stopped within it, not after.
+		// One file larger than the limit: refused before a byte of it is written.
 		{"one large file", 1, 5 << 20, []swv1beta1.OutputArtifact{manyCopies("out", 1)},
 			"copied size exceeds the limit of 4 MiB (-max-unpack-size)"},
 		// Two outputs of 3 MiB each: the second goes over.
@@ -234,7 +234,7 @@ func TestBuildCopyLimits(t *testing.T) {
 			if !errors.Is(err, ErrLimit) || !errors.Is(err, ErrBuild) || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("error %v, want ErrLimit and ErrBuild saying %q", err, tc.wantErr)
 			}
-			if got := diskUsage(t, work); got > limits.MaxSize {
+			if got := diskUsage(t, work); got > limits.MaxSize || tc.name == "one large file" && got != 0 {
 				t.Errorf("%d bytes written, over the limit of %d", got, limits.MaxSize)
 			}
 			if got := fileCount(t, work); got > limits.MaxEntries {
