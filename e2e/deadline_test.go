@@ -33,14 +33,16 @@ const (
 
 // startDeadlineEnv starts an Env of the test's own with one slot in the
 // fetcher and one in the packager, so that a job that held its slot would
-// hold every tenant's work, and short job deadlines.
+// hold every tenant's work, and short job deadlines. The packager's
+// limits are off, so the deadline is what stops the heavy generator (the
+// copy limit stopping it first is TestLockdown's).
 func startDeadlineEnv(t *testing.T) *privateEnv {
 	t.Helper()
 	return startPrivateEnv(t, "deadline", func(cfg *harness.Config) {
 		cfg.ExtraArgs[harness.Fetcher] = append(cfg.ExtraArgs[harness.Fetcher], "-concurrency", "1",
 			"-job-timeout", "10s", "-max-job-timeout", deadlineFetchCap.String())
 		cfg.ExtraArgs[harness.Packager] = append(cfg.ExtraArgs[harness.Packager], "-concurrency", "1",
-			"-job-timeout", deadlinePackage.String())
+			"-job-timeout", deadlinePackage.String(), "-max-unpack-size", "0", "-max-unpack-entries", "0")
 	})
 }
 

@@ -97,7 +97,9 @@ func (e *privateEnv) waitGeneratorIn(t *testing.T, key client.ObjectKey, status 
 // Subscription naming the victim's namespace is refused, and one naming
 // none hears of the attacker's own source only; the victim's source
 // stays Ready with the same artifact, and a plain generator of the
-// victim's own namespace is served.
+// victim's own namespace is served; a generator of the attacker's
+// copying its own tree into many destinations fails naming the limit
+// (lockdownCopies), and the victim's stay served.
 func TestLockdown(t *testing.T) {
 	requireEnv(t)
 	t.Parallel()
@@ -274,4 +276,76 @@ func TestLockdown(t *testing.T) {
 		}
 	}
 
+	lockdownCopies(t, e, attacker)
+	now = e.get(t, victim)
+	if !apimeta.IsStatusConditionTrue(now.Status.Conditions, meta.ReadyCondition) || now.Status.Artifact.Revision != revision(c2) {
+		t.Errorf("victim after the copies: %+v, want Ready with %s", now.Status, revision(c2))
+	}
+	e.waitGeneratorIn(t, client.ObjectKeyFromObject(plain), metav1.ConditionTrue, meta.SucceededReason)
+}
+
+// lockdownCopies is the attacker's generator of TestLockdown that copies
+// its own tree (256 KiB) into many destinations: two copies are served;
+// two hundred (50 MiB if written) fail BuildFailed naming the limit and
+// its flag, with a Warning Event, and the output keeps its artifact.
+func lockdownCopies(t *testing.T, e *privateEnv, ns string) {
+	t.Helper()
+	ctx := t.Context()
+	files := map[string]string{}
+	for i := range 8 {
+		files[fmt.Sprintf("base/f%d.yaml", i)] = strings.Repeat(fmt.Sprintf("# line %d\n", i), 32<<10/9)
+	}
+	e.newRepo(t, "lockdown-a-tree", files)
+	tree := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tree"},
+		Spec: sourcev1.GitRepositorySpec{URL: e.Git.RepoURL("lockdown-a-tree"), Interval: metav1.Duration{Duration: time.Hour},
+			Reference: &sourcev1.GitRepositoryRef{Branch: branch}},
+	}
+	if err := e.Client.Create(ctx, tree); err != nil {
+		t.Fatal(err)
+	}
+	copies := func(n int) []swv1beta1.CopyOperation {
+		var ops []swv1beta1.CopyOperation
+		for i := range n {
+			ops = append(ops, swv1beta1.CopyOperation{From: "@repo/base/**", To: fmt.Sprintf("@artifact/env-%d/", i)})
+		}
+		return ops
+	}
+	copier := &swv1beta1.ArtifactGenerator{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "copier"},
+		Spec: swv1beta1.ArtifactGeneratorSpec{
+			Sources:         []swv1beta1.SourceReference{{Alias: "repo", Kind: sourcev1.GitRepositoryKind, Name: "tree"}},
+			OutputArtifacts: []swv1beta1.OutputArtifact{{Name: "copies", Copy: copies(2)}},
+		},
+	}
+	if err := e.Client.Create(ctx, copier); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(copier)
+	e.waitGeneratorIn(t, key, metav1.ConditionTrue, meta.SucceededReason)
+	out := &sourcev1.ExternalArtifact{}
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "copies"}, out); err != nil || out.Status.Artifact == nil {
+		t.Fatalf("ExternalArtifact copies: %v %+v", err, out.Status)
+	}
+	before := out.Status.Artifact.DeepCopy()
+
+	if err := e.Client.Get(ctx, key, copier); err != nil {
+		t.Fatal(err)
+	}
+	copier.Spec.OutputArtifacts[0].Copy = copies(200)
+	if err := e.Client.Update(ctx, copier); err != nil {
+		t.Fatal(err)
+	}
+	const limit = "copied size exceeds the limit of 1 MiB (-max-unpack-size)"
+	ready := e.waitGeneratorIn(t, key, metav1.ConditionFalse, meta.BuildFailedReason)
+	if !strings.Contains(ready.Message, limit) {
+		t.Errorf("copier: Ready message %q, want %q", ready.Message, limit)
+	}
+	e.waitWarning(t, ns, copier.Name, meta.BuildFailedReason, limit)
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "copies"}, out); err != nil {
+		t.Fatal(err)
+	}
+	if a := out.Status.Artifact; a == nil || a.Digest != before.Digest || a.Revision != before.Revision {
+		t.Errorf("ExternalArtifact copies after the failure: %+v, want %+v kept", a, before)
+	}
 }

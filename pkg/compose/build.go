@@ -29,6 +29,12 @@ type Options struct {
 	// Limits bound each unpack: one source's Unpack, and the tarballs one
 	// Build extracts (all of them together).
 	Limits Limits
+	// Copied, when set, counts every file the copy operations of a Build
+	// write (copied, extracted or merged) against its limits, and is
+	// shared by every Build given it: one ArtifactGenerator job's outputs
+	// together. Each file is charged before a byte of it is written, so
+	// a build over it stops there.
+	Copied *Budget
 }
 
 // Limits bound what one unpack writes to disk, so that a small gzip bomb
@@ -40,6 +46,10 @@ type Limits struct {
 	// MaxEntries, when positive, bounds the files and directories
 	// written.
 	MaxEntries int
+	// SizeFlag and EntriesFlag, when set, name the flags that set
+	// MaxSize and MaxEntries in the error of an operation over them, so
+	// the user reading a condition knows what to raise.
+	SizeFlag, EntriesFlag string
 }
 
 // Default limits of an unpack: Flux's 100 MiB (fluxcd/pkg/tar's
@@ -53,32 +63,67 @@ const (
 // DefaultLimits are the limits of an unpack when none are configured.
 var DefaultLimits = Limits{MaxSize: DefaultMaxUnpackSize, MaxEntries: DefaultMaxUnpackEntries}
 
-// ErrLimit is wrapped (with ErrBuild) by the error of an unpack that hit
-// one of its Limits; the message names the limit.
-var ErrLimit = errors.New("unpack limit exceeded")
+// ErrLimit is wrapped (with ErrBuild) by the error of an unpack, or of
+// a job's copy operations, that hit one of its Limits; the message names
+// the limit.
+var ErrLimit = errors.New("limit exceeded")
 
-// budget counts what one unpack has written against its Limits.
-type budget struct {
-	limits  Limits
+// Budget counts what one unpack, or the copy operations of one job,
+// have written against their Limits. It is not safe for concurrent use.
+type Budget struct {
+	limits Limits
+	// what names the writes in errors: "extracted", "copied".
+	what    string
 	size    int64
 	entries int
 }
 
+// NewBudget is a budget of limits for the copy operations of one job:
+// its errors say "copied size exceeds the limit of ...".
+func NewBudget(limits Limits) *Budget {
+	return &Budget{limits: limits, what: "copied"}
+}
+
+// newUnpackBudget is the budget of one unpack.
+func newUnpackBudget(limits Limits) *Budget {
+	return &Budget{limits: limits, what: "extracted"}
+}
+
 // take accounts for one more entry of size bytes (0 for a directory)
 // before it is written, and fails when it would go over a limit.
-func (b *budget) take(size int64) error {
+func (b *Budget) take(size int64) error {
 	if b == nil {
 		return nil
 	}
 	if max := b.limits.MaxEntries; max > 0 && b.entries+1 > max {
-		return fmt.Errorf("%w: %w: extracted entries exceed the limit of %d", ErrBuild, ErrLimit, max)
+		return fmt.Errorf("%w: %w: %s entries exceed the limit of %d%s", ErrBuild, ErrLimit, b.what, max, flagNote(b.limits.EntriesFlag))
 	}
-	if max := b.limits.MaxSize; max > 0 && b.size+size > max {
-		return fmt.Errorf("%w: %w: extracted size exceeds the limit of %s", ErrBuild, ErrLimit, FormatSize(max))
+	if err := b.grow(size); err != nil {
+		return err
 	}
 	b.entries++
-	b.size += size
 	return nil
+}
+
+// grow accounts for n more bytes before they are written, and fails
+// when they would go over the size limit.
+func (b *Budget) grow(n int64) error {
+	if b == nil {
+		return nil
+	}
+	if max := b.limits.MaxSize; max > 0 && b.size+n > max {
+		return fmt.Errorf("%w: %w: %s size exceeds the limit of %s%s", ErrBuild, ErrLimit, b.what, FormatSize(max), flagNote(b.limits.SizeFlag))
+	}
+	b.size += n
+	return nil
+}
+
+// flagNote names the flag of a limit in an error, when it has one.
+func flagNote(flag string) string {
+	if flag == "" {
+		return ""
+	}
+	return " (" + flag + ")"
 }
 
 // FormatSize writes a size in bytes as a limit is usually given: in MiB
@@ -103,7 +148,7 @@ func Build(ctx context.Context, dir string, srcs map[string]string, art swv1beta
 	for a := range srcs {
 		aliases[a] = true
 	}
-	extracted := &budget{limits: o.Limits}
+	extracted := newUnpackBudget(o.Limits)
 	for i, c := range art.Copy {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -128,7 +173,7 @@ type builder struct {
 	op       *op
 	opts     Options
 	// extracted counts what the build's Extract operations wrote.
-	extracted *budget
+	extracted *Budget
 }
 
 func buildErr(format string, args ...any) error {
@@ -238,7 +283,7 @@ func (b *builder) file(src, dest string, mode fs.FileMode) error {
 	target := filepath.Join(b.out, filepath.FromSlash(dest))
 	if b.op.strategy == swv1beta1.MergeStrategy {
 		if fi, err := os.Stat(target); err == nil && fi.Mode().IsRegular() {
-			return merge(target, src, dest)
+			return merge(target, src, dest, b.opts.Copied)
 		}
 	}
 	in, err := os.Open(src)
@@ -246,16 +291,32 @@ func (b *builder) file(src, dest string, mode fs.FileMode) error {
 		return err
 	}
 	defer in.Close()
-	return b.write(target, dest, in, mode)
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	return b.write(target, dest, in, mode, fi.Size())
 }
 
-// write writes r to target (dest, below the output's root, for errors).
-func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode) error {
+// write writes r, size bytes, to target (dest, below the output's root,
+// for errors). The job's copy budget is charged before a byte is
+// written, and no more than size bytes are.
+func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode, size int64) error {
 	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 		return buildErr("cannot create the directory of %q: a file is in the way", dest)
 	}
-	if fi, err := os.Lstat(target); err == nil && fi.IsDir() {
+	fi, err := os.Lstat(target)
+	if err == nil && fi.IsDir() {
 		return buildErr("cannot write the file %q: a directory is in the way", dest)
+	}
+	if err != nil {
+		// A new file: one more entry of the job's.
+		err = b.opts.Copied.take(size)
+	} else {
+		err = b.opts.Copied.grow(size)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", dest, err)
 	}
 	perm := fs.FileMode(0o644)
 	if mode.Perm()&0o111 != 0 {
@@ -265,11 +326,12 @@ func (b *builder) write(target, dest string, r io.Reader, mode fs.FileMode) erro
 	if err != nil {
 		return err
 	}
-	var src io.Reader = r
-	if max := b.opts.MaxFileSize; max > 0 {
-		src = io.LimitReader(r, max+1)
+	limit := size
+	if max := b.opts.MaxFileSize; max > 0 && max+1 < limit {
+		limit = max + 1
 	}
-	n, err := io.Copy(f, src)
+	// Copied from file to file, the kernel copies (copy_file_range).
+	n, err := io.Copy(f, io.LimitReader(r, limit))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -325,20 +387,24 @@ func (b *builder) extract(src, dest string) error {
 			return fmt.Errorf("tarball %s: %w", path.Base(src), err)
 		}
 		if h.Typeflag == tar.TypeDir {
+			if err := b.opts.Copied.take(0); err != nil {
+				return fmt.Errorf("tarball %s: %w", path.Base(src), err)
+			}
 			if err := os.MkdirAll(target, 0o755); err != nil {
 				return buildErr("cannot create the directory %q: a file is in the way", rel)
 			}
 			continue
 		}
-		if err := b.write(target, rel, tr, fs.FileMode(h.Mode)); err != nil {
+		if err := b.write(target, rel, tr, fs.FileMode(h.Mode), h.Size); err != nil {
 			return err
 		}
 	}
 }
 
 // merge merges the YAML file src into the YAML file target (dest below
-// the output's root), as Helm merges values files.
-func merge(target, src, dest string) error {
+// the output's root), as Helm merges values files; copied (nil: none)
+// is charged for the merged file before it is written.
+func merge(target, src, dest string, copied *Budget) error {
 	if !isYAML(dest) || !isYAML(src) {
 		return buildErr("strategy Merge takes YAML files (.yaml, .yml), not %q", dest)
 	}
@@ -352,6 +418,9 @@ func merge(target, src, dest string) error {
 	}
 	out, err := yaml.Marshal(MergeValues(base, over))
 	if err != nil {
+		return fmt.Errorf("merge into %q: %w", dest, err)
+	}
+	if err := copied.grow(int64(len(out))); err != nil {
 		return fmt.Errorf("merge into %q: %w", dest, err)
 	}
 	return os.WriteFile(target, out, 0o644)
@@ -470,7 +539,7 @@ func UnpackWith(ctx context.Context, r io.Reader, dir string, o Options, keep fu
 	if err != nil {
 		return buildErr("not a gzip-compressed tarball: %v", err)
 	}
-	written := &budget{limits: o.Limits}
+	written := newUnpackBudget(o.Limits)
 	tr := tar.NewReader(zr)
 	for {
 		if err := ctx.Err(); err != nil {

@@ -84,7 +84,9 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 		return generateFailure(failure.Transient, meta.BuildFailedReason, "work directory: %v", err)
 	}
 	defer os.RemoveAll(work)
-	srcs, dirs, err := p.unpackSources(ctx, r, pattern, filepath.Join(work, "src"))
+	// One budget for what the copy operations of every output write.
+	copts := p.opts.compose()
+	srcs, dirs, err := p.unpackSources(ctx, r, pattern, filepath.Join(work, "src"), copts)
 	if err != nil {
 		return err
 	}
@@ -103,7 +105,7 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return generateFailure(failure.Transient, meta.BuildFailedReason, "work directory: %v", err)
 		}
-		out, err := p.buildOutput(ctx, r, a.OutputArtifact, dir, srcs, previous)
+		out, err := p.buildOutput(ctx, r, a.OutputArtifact, dir, srcs, previous, copts)
 		if err != nil {
 			return err
 		}
@@ -146,7 +148,7 @@ func (p *Packager) generate(ctx context.Context, r *events.GenerateRequested) er
 // With a pattern, it also returns the directories of the pattern's
 // source's tree (all of them, unpacked or not).
 func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequested, pattern *compose.Pattern,
-	dir string) (map[string]string, compose.Dirs, error) {
+	dir string, copts compose.Options) (map[string]string, compose.Dirs, error) {
 	// Only what the copy operations read is written to disk: a
 	// generator of one app of a monorepo unpacks that app.
 	needed := compose.Needed(r.Artifacts, pattern)
@@ -183,7 +185,7 @@ func (p *Packager) unpackSources(ctx context.Context, r *events.GenerateRequeste
 		}
 		var readErr error
 		in := archive.OnReadError(obj, func(err error) { readErr = err })
-		err = compose.UnpackWith(ctx, in, d, p.opts.compose(), keep)
+		err = compose.UnpackWith(ctx, in, d, copts, keep)
 		_ = obj.Close()
 		switch {
 		case readErr != nil:
@@ -232,11 +234,12 @@ func expand(r *events.GenerateRequested, pattern *compose.Pattern, dirs compose.
 	return outs, nil
 }
 
-// buildOutput builds one output into dir, and stores it unless its
-// content is its previous artifact's.
+// buildOutput builds one output into dir with copts (whose copy budget
+// the job's outputs share), and stores it unless its content is its
+// previous artifact's.
 func (p *Packager) buildOutput(ctx context.Context, r *events.GenerateRequested, a swv1beta1.OutputArtifact, dir string,
-	srcs map[string]string, previous map[string]events.GeneratedOutput) (events.GeneratedOutput, error) {
-	if err := compose.Build(ctx, dir, srcs, a, p.opts.compose()); err != nil {
+	srcs map[string]string, previous map[string]events.GeneratedOutput, copts compose.Options) (events.GeneratedOutput, error) {
+	if err := compose.Build(ctx, dir, srcs, a, copts); err != nil {
 		if errors.Is(err, compose.ErrInvalid) {
 			return events.GeneratedOutput{}, generateFailure(failure.Stalling, validationFailedReason, "%v", err)
 		}

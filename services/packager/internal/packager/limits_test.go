@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -110,5 +111,42 @@ func TestGenerateNoCrossNamespaceRefs(t *testing.T) {
 		Sources: []events.GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "apps", Name: "mono", Artifact: own}}})
 	if out := h.nextOutcome(events.TypePackaged, j.ID); len(out.Outputs) != 1 {
 		t.Errorf("outputs %+v, want one", out.Outputs)
+	}
+}
+
+// TestGenerateCopyLimit: a generator copying its tree hundreds of times
+// into two outputs goes over -max-unpack-size in what its copies write
+// together (each copy is within it): the job fails BuildFailed naming
+// the limit and the flag, stores nothing, and leaves nothing in the work
+// directory.
+func TestGenerateCopyLimit(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	opts := defaultOptions()
+	opts.MaxUnpackSize = 64 << 10
+	h := newHarness(t, harnessOptions{opts: opts})
+	src := h.storeSource("gitrepository/apps/tree/1.tar.gz", map[string]string{
+		"apps/a/one.yaml": strings.Repeat("x", 4<<10), "apps/a/two.yaml": strings.Repeat("y", 4<<10)})
+	var copies []swv1beta1.CopyOperation
+	for i := range 500 {
+		copies = append(copies, swv1beta1.CopyOperation{From: "@repo/apps/**", To: "@artifact/" + strconv.Itoa(i) + "/"})
+	}
+	j := generatorJob("copies")
+	h.send(events.TypeGenerateRequested, j, &events.GenerateRequested{Job: j,
+		Sources: []events.GeneratorSource{{Alias: "repo", Kind: "GitRepository", Namespace: "apps", Name: "tree", Artifact: src}},
+		Artifacts: []swv1beta1.OutputArtifact{
+			{Name: "first", Copy: copies[:4]}, // 32 KiB: within the limit alone
+			{Name: "second", Copy: copies}}})
+	out := h.nextOutcome(events.TypePackageFailed, j.ID)
+	want := `artifact "second" copy[4] from "@repo/apps/**": write 4/a/one.yaml: artifact build failed: limit exceeded: ` +
+		"copied size exceeds the limit of 64 KiB (-max-unpack-size)"
+	if out.Failure == nil || out.Failure.Reason != meta.BuildFailedReason || out.Failure.Stalled || out.Failure.Message != want {
+		t.Errorf("failure = %+v, want BuildFailed %q", out.Failure, want)
+	}
+	if left, err := os.ReadDir(tmp); err != nil || len(left) != 0 {
+		t.Errorf("work directory left over: %v %v", left, err)
+	}
+	if objs, _ := h.store.List(t.Context(), "externalartifact/apps/second"); len(objs) != 0 {
+		t.Errorf("a failed job stored %v", objs)
 	}
 }

@@ -30,7 +30,8 @@ type Options struct {
 	MaxFileSize int64
 	// MaxUnpackSize and MaxUnpackEntries, when positive, bound what one
 	// unpack of an ArtifactGenerator job writes to disk: each source's
-	// tree, and the tarballs one output extracts (compose.Limits).
+	// tree, and the tarballs one output extracts (compose.Limits); and
+	// what the copy operations of all the job's outputs write together.
 	MaxUnpackSize    int64
 	MaxUnpackEntries int
 	// NoCrossNamespaceRefs refuses an ArtifactGenerator job naming a
@@ -61,9 +62,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxFileSize, "max-file-size", 0,
 		"The largest file, in bytes, an artifact may contain; 0 means no limit.")
 	fs.Int64Var(&o.MaxUnpackSize, "max-unpack-size", compose.DefaultMaxUnpackSize,
-		"The most bytes one unpack of an ArtifactGenerator job (a source's tree, the tarballs an output extracts) may write; 0 means no limit.")
+		"The most bytes one unpack of an ArtifactGenerator job (a source's tree, the tarballs an output extracts), and the copy operations of all its outputs together, may write; 0 means no limit.")
 	fs.IntVar(&o.MaxUnpackEntries, "max-unpack-entries", compose.DefaultMaxUnpackEntries,
-		"The most files and directories one unpack of an ArtifactGenerator job may write; 0 means no limit.")
+		"The most files and directories one unpack of an ArtifactGenerator job, and the copy operations of all its outputs together, may write; 0 means no limit.")
 	fs.BoolVar(&o.NoCrossNamespaceRefs, "no-cross-namespace-refs", false,
 		"When set to true, an ArtifactGenerator job may copy sources of the generator's own namespace only (AccessDenied otherwise), as Flux's flag; see docs/security.md.")
 	fs.DurationVar(&o.ContentCacheTTL, "content-cache-ttl", time.Hour,
@@ -103,9 +104,12 @@ func (o Options) Algorithm() digest.Algorithm {
 	return digest.Algorithm(o.DigestAlgo)
 }
 
-// compose is what bounds an ArtifactGenerator job's builds and unpacks.
+// compose is what bounds an ArtifactGenerator job's builds and unpacks,
+// with a copy budget of its own: each job takes one.
 func (o Options) compose() compose.Options {
-	return compose.Options{MaxFileSize: o.MaxFileSize, Limits: compose.Limits{MaxSize: o.MaxUnpackSize, MaxEntries: o.MaxUnpackEntries}}
+	limits := compose.Limits{MaxSize: o.MaxUnpackSize, MaxEntries: o.MaxUnpackEntries,
+		SizeFlag: "-max-unpack-size", EntriesFlag: "-max-unpack-entries"}
+	return compose.Options{MaxFileSize: o.MaxFileSize, Limits: limits, Copied: compose.NewBudget(limits)}
 }
 
 // Retention is the garbage collection policy of the options.
