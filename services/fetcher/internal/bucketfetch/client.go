@@ -112,14 +112,14 @@ func checkSTS(spec *sourcev1.BucketSpec) error {
 // read (see secrets.Fingerprint), which names the access in the content
 // identity.
 func (s *Source) open(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account) (store, string, error) {
-	if account != nil && spec.Provider != sourcev1.BucketProviderAmazon {
+	if account != nil && spec.Provider != sourcev1.BucketProviderAmazon && spec.Provider != sourcev1.BucketProviderGoogle {
 		return nil, "", source.StalledError(source.UnsupportedProviderReason,
 			"object-level workload identity (service account '%s') with Bucket provider '%s' is not supported yet: "+
-				"use provider 'aws', or remove serviceAccountName to authenticate with the fetcher's own identity", account, spec.Provider)
+				"use provider 'aws' or 'gcp', or remove serviceAccountName to authenticate with the fetcher's own identity", account, spec.Provider)
 	}
 	switch spec.Provider {
 	case sourcev1.BucketProviderGoogle:
-		return s.newGCSStore(ctx, namespace, spec)
+		return s.newGCSStore(ctx, namespace, spec, account)
 	case sourcev1.BucketProviderAzure:
 		return s.newAzureStore(ctx, namespace, spec)
 	}

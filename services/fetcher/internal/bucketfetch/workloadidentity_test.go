@@ -1,0 +1,140 @@
+package bucketfetch
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/headwater-gitops/headwater/pkg/failure"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
+	"github.com/headwater-gitops/headwater/testsupport/cloudid"
+	"github.com/headwater-gitops/headwater/testsupport/fakegcstest"
+)
+
+// startAPIServer starts a real API server (envtest's, whose service
+// account issuer signs TokenRequest tokens) and returns an admin client.
+func startAPIServer(t *testing.T) client.Client {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
+	}
+	env := &envtest.Environment{}
+	cfg, err := env.Start()
+	if err != nil {
+		_ = env.Stop()
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme := runtime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	must(t, err)
+	return c
+}
+
+// TestGCPBucketObjectLevelWorkloadIdentity: with the gate on, a Bucket with
+// provider gcp and spec.serviceAccountName lists and downloads with its
+// ServiceAccount's Google identity: the TokenRequest token for the GKE
+// pool, exchanged at the test STS of the fetcher's environment (which
+// checks its audience and subject), impersonating the Google service
+// account of iam.gke.io/gcp-service-account. The bucket (fake-gcs-server
+// behind a proxy) accepts only the tokens that STS and IAM Credentials
+// issued. Then the bad-input rows: impersonation refused, a token the pool
+// does not trust, STS answering 500.
+func TestGCPBucketObjectLevelWorkloadIdentity(t *testing.T) {
+	c := startAPIServer(t)
+	for name, annotations := range map[string]map[string]string{
+		"reader":           {workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount},
+		"federated":        nil,
+		"not-impersonator": {workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount},
+		"untrusted":        nil,
+	} {
+		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))
+	}
+	metadata := &cloudid.GCPMetadata{}
+	must(t, metadata.Start())
+	t.Cleanup(func() { _ = metadata.Close() })
+	sts := &cloudid.GCPSTS{Audience: cloudid.GCPAudience,
+		Trust:         cloudid.PoolTrust(cloudid.GCPPool, "default/reader", "default/federated", "default/not-impersonator"),
+		Impersonators: map[string][]string{cloudid.GCPServiceAccount: {"default/reader"}}}
+	must(t, sts.Start())
+	t.Cleanup(func() { _ = sts.Close() })
+	env := map[string]string{"GCE_METADATA_HOST": metadata.Host(),
+		providertoken.EnvGCPSTSEndpoint: sts.URL(), providertoken.EnvGCPIAMCredentialsEndpoint: sts.URL()}
+
+	srv := fakegcstest.New(t)
+	srv.MakeBucket(t, "bkt")
+	srv.Put(t, "bkt", "app/config.yaml", "replicas: 3\n")
+	bucket := newGCSFaults(t, srv.Endpoint)
+	// The bucket takes only the tokens the test STS issued.
+	bucket.inject(func(r *http.Request) int {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || !sts.ValidLogin("oauth2accesstoken", token) {
+			return http.StatusUnauthorized
+		}
+		return 0
+	})
+
+	for _, tc := range []struct {
+		name, sa    string
+		status      int // STS's answer
+		impersonate bool
+		handling    failure.Handling
+		message     string
+	}{
+		{name: "impersonation", sa: "reader", impersonate: true},
+		{name: "federated token", sa: "federated"},
+		{name: "impersonation refused", sa: "not-impersonator", handling: failure.Final,
+			message: "Permission 'iam.serviceAccounts.getAccessToken' denied"},
+		{name: "token not trusted by the pool", sa: "untrusted", handling: failure.Final,
+			message: "system:serviceaccount:default:untrusted"},
+		{name: "STS answers 500", sa: "reader", status: http.StatusInternalServerError, handling: failure.Transient,
+			message: "status code 500"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sts.FailWith(tc.status)
+			defer sts.FailWith(0)
+			before := sts.Impersonations()
+			src := &Source{Concurrency: 1, gcsBackoff: time.Millisecond, Tokens: providertoken.NewCache(0, nil),
+				Getenv:   func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+				Accounts: &workloadidentity.Accounts{Client: c, Enabled: true}}
+			spec := sourcev1.BucketSpec{Provider: sourcev1.BucketProviderGoogle, BucketName: "bkt", Endpoint: bucket.hostPort(),
+				Insecure: true, ServiceAccountName: tc.sa}
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			res, err := src.Resolve(ctx, request(spec))
+			if tc.message != "" {
+				sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, tc.handling, tc.message)
+				return
+			}
+			must(t, err)
+			dir := t.TempDir()
+			if _, err := res.Download(ctx, dir); err != nil {
+				t.Fatalf("download: %v", err)
+			}
+			b, err := os.ReadFile(dir + "/app/config.yaml")
+			if err != nil || string(b) != "replicas: 3\n" {
+				t.Fatalf("app/config.yaml: %q, %v", b, err)
+			}
+			if got := sts.Impersonations() - before; (got > 0) != tc.impersonate {
+				t.Errorf("impersonations: %d, want impersonation %v", got, tc.impersonate)
+			}
+		})
+	}
+	if n := metadata.Minted(); n != 0 {
+		t.Errorf("the metadata server minted %d tokens of the fetcher's own identity, want 0", n)
+	}
+}
