@@ -7,7 +7,11 @@
 //     GetAuthorizationToken (JSON 1.1, its Signature Version 4 verified
 //     against the credentials STS issued, its region checked);
 //   - GCP: the metadata server's token endpoint (Metadata-Flavor and the
-//     scopes checked);
+//     scopes checked) and GKE cluster attributes; STS's token exchange
+//     (every field, the audience, and the subject token against the
+//     pool's trust) and IAM Credentials' generateAccessToken (the
+//     federated principal checked against the service account's
+//     impersonators);
 //   - Azure: ACR's /oauth2/exchange (the Entra ID access token checked
 //     against the tokens a tokenserver.EntraID issued, and the registry
 //     named as the service), on the Registry front.

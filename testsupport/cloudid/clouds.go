@@ -33,12 +33,16 @@ const (
 // Clouds are the three clouds' identity endpoints, a front of one registry
 // for each, and the environment of a fetcher whose identity they trust.
 type Clouds struct {
-	AWS           *AWS
-	GCP           *GCPMetadata
+	AWS *AWS
+	GCP *GCPMetadata
+	// GCPSTS is Google's STS and IAM Credentials, for a ServiceAccount's
+	// workload identity; it trusts no token until its Trust is set.
+	GCPSTS        *GCPSTS
 	Entra         *tokenserver.EntraID
 	ECR, ACR, GAR *Registry
 	// Env is the fetcher's environment: IRSA's, the Azure workload
-	// identity's, GCE_METADATA_HOST, and the STS and ECR endpoints.
+	// identity's, GCE_METADATA_HOST, and the STS (AWS's and Google's), ECR
+	// and IAM Credentials endpoints.
 	Env map[string]string
 	// Roots trust Entra ID and the fronts.
 	Roots *x509.CertPool
@@ -60,6 +64,9 @@ func New(tb testing.TB, backend *registry.Server) *Clouds {
 	tb.Cleanup(func() { _ = c.AWS.Close() })
 	must(c.GCP.Start())
 	tb.Cleanup(func() { _ = c.GCP.Close() })
+	c.GCPSTS = &GCPSTS{Audience: GCPAudience}
+	must(c.GCPSTS.Start())
+	tb.Cleanup(func() { _ = c.GCPSTS.Close() })
 	must(c.Entra.Start("127.0.0.1:0"))
 	tb.Cleanup(func() { _ = c.Entra.Stop() })
 	front := func(accept func(string, string) bool, service string) *Registry {
@@ -68,7 +75,7 @@ func New(tb testing.TB, backend *registry.Server) *Clouds {
 		tb.Cleanup(func() { _ = r.Close() })
 		return r
 	}
-	c.ECR, c.GAR, c.ACR = front(c.AWS.ValidLogin, ECRName), front(c.GCP.ValidLogin, GARName), front(nil, ACRName)
+	c.ECR, c.GAR, c.ACR = front(c.AWS.ValidLogin, ECRName), front(func(u, p string) bool { return c.GCP.ValidLogin(u, p) || c.GCPSTS.ValidLogin(u, p) }, GARName), front(nil, ACRName)
 	c.Roots = x509.NewCertPool()
 	for _, pem := range [][]byte{c.Entra.CACert(), c.CACerts()} {
 		if !c.Roots.AppendCertsFromPEM(pem) {
@@ -80,8 +87,9 @@ func New(tb testing.TB, backend *registry.Server) *Clouds {
 	c.Env = map[string]string{
 		"AWS_ROLE_ARN": RoleARN, "AWS_WEB_IDENTITY_TOKEN_FILE": tokenFile,
 		"AWS_ENDPOINT_URL_STS": c.AWS.URL(), "AWS_ENDPOINT_URL_ECR": c.AWS.URL(),
-		"GCE_METADATA_HOST": c.GCP.Host(),
-		"AZURE_CLIENT_ID":   ClientID, "AZURE_TENANT_ID": TenantID,
+		"GCE_METADATA_HOST":          c.GCP.Host(),
+		"HEADWATER_GCP_STS_ENDPOINT": c.GCPSTS.URL(), "HEADWATER_GCP_IAM_CREDENTIALS_ENDPOINT": c.GCPSTS.URL(),
+		"AZURE_CLIENT_ID": ClientID, "AZURE_TENANT_ID": TenantID,
 		"AZURE_FEDERATED_TOKEN_FILE": tokenFile, "AZURE_AUTHORITY_HOST": c.Entra.AuthorityHost(),
 	}
 	return c

@@ -17,6 +17,10 @@ const cloudPlatform = "https://www.googleapis.com/auth/cloud-platform"
 //	GET /computeMetadata/v1/instance/service-accounts/default/token?scopes=...
 //	    Metadata-Flavor: Google   200 {"access_token", "expires_in", "token_type"}
 //
+// and the GKE cluster's attributes a workload identity's audience is made
+// of (project/project-id, instance/attributes/cluster-location and
+// cluster-name: GCPProject, GCPLocation and GCPCluster).
+//
 // It refuses a request without the Metadata-Flavor header (403, as the
 // real server) and one whose scopes lack cloud-platform (400).
 type GCPMetadata struct {
@@ -53,6 +57,15 @@ func (g *GCPMetadata) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Header.Get("Metadata-Flavor") != "Google" {
 		http.Error(w, "Missing required header: Metadata-Flavor", http.StatusForbidden)
+		return
+	}
+	if v, ok := map[string]string{
+		"/computeMetadata/v1/project/project-id":                   GCPProject,
+		"/computeMetadata/v1/instance/attributes/cluster-location": GCPLocation,
+		"/computeMetadata/v1/instance/attributes/cluster-name":     GCPCluster,
+	}[r.URL.Path]; ok && r.Method == http.MethodGet {
+		w.Header().Set("Content-Type", "application/text")
+		_, _ = w.Write([]byte(v))
 		return
 	}
 	if r.Method != http.MethodGet || r.URL.Path != "/computeMetadata/v1/instance/service-accounts/default/token" {

@@ -64,3 +64,21 @@ func ServiceAccountTrust(audience string, trusts map[string]string) func(identit
 		return nil
 	}
 }
+
+// PoolTrust is a workload identity pool's trust for GCPSTS.Trust: it
+// accepts the token of any of accounts (namespace/name) for audience, the
+// pool's, whatever STS audience it is exchanged for.
+func PoolTrust(audience string, accounts ...string) func(stsAudience, token string) error {
+	return func(_, token string) error {
+		var err error
+		for _, a := range accounts {
+			if err = ServiceAccountTrust(audience, map[string]string{"": a})("", token); err == nil {
+				return nil
+			}
+		}
+		if err == nil {
+			err = fmt.Errorf("no service account is trusted")
+		}
+		return err
+	}
+}

@@ -13,14 +13,17 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/cloud"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/bloberror"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // Secret keys Flux reads for an azure Bucket.
@@ -61,9 +64,15 @@ var _ store = (*azureStore)(nil)
 // anonymously. Without a secretRef it uses the pod's environment, workload
 // identity or managed identity. A proxy comes from spec.proxySecretRef.
 //
+// With account (object-level workload identity, no secretRef) the token is
+// the ServiceAccount's Entra ID token: the application of its
+// azure.workload.identity annotations, its TokenRequest token as client
+// assertion, at the fetcher's authority (AZURE_AUTHORITY_HOST), through
+// the fetcher's token cache, as Flux's azure provider gives it.
+//
 // Bearer tokens are only sent over HTTPS (azcore refuses otherwise), so an
 // http:// endpoint (an emulator) takes an account key or a SAS token.
-func (s *Source) newAzureStore(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (store, string, error) {
+func (s *Source) newAzureStore(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account) (store, string, error) {
 	endpoint, err := url.Parse(strings.TrimSpace(spec.Endpoint))
 	if err == nil && (endpoint.Scheme != "http" && endpoint.Scheme != "https" || endpoint.Host == "" || endpoint.User != nil) {
 		err = errors.New("want the account's blob service URL, https://<account>.blob.core.windows.net")
@@ -101,12 +110,60 @@ func (s *Source) newAzureStore(ctx context.Context, namespace string, spec *sour
 	if spec.SecretRef != nil {
 		name = spec.SecretRef.Name
 	}
-	client, err := azureClient(endpoint, name, data, opts)
+	var client *azblob.Client
+	if account != nil && data == nil {
+		client, err = s.azureAccountClient(ctx, endpoint, account, proxy, opts)
+	} else {
+		client, err = azureClient(endpoint, name, data, opts)
+	}
 	if err != nil {
 		return nil, "", err
 	}
 	return &azureStore{container: client.ServiceClient().NewContainerClient(spec.BucketName), pageSize: s.listPageSize},
 		secrets.Fingerprint(data, proxyData), nil
+}
+
+// azureStorageScope is the scope of Azure Storage's tokens.
+const azureStorageScope = "https://storage.azure.com/.default"
+
+// azureAccountClient is the client of endpoint with account's Entra ID
+// identity. The token is minted here first, so that a refusal is the
+// authentication's, with its handling (workloadidentity.Handling).
+func (s *Source) azureAccountClient(ctx context.Context, endpoint *url.URL, account *workloadidentity.Account, proxy *url.URL,
+	opts *azblob.ClientOptions) (*azblob.Client, error) {
+	const format = "failed to create workload identity credential for service account: %w"
+	id, err := account.Azure(s.Getenv)
+	if err != nil {
+		return nil, source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+	}
+	// The authority is the operator's: through the Bucket's proxy, as
+	// Flux's, and the host limits.
+	cred := &accountCredential{id: id, client: &http.Client{Transport: s.cloudTransport(proxy)}, cache: s.Tokens}
+	if _, err := cred.GetToken(ctx, policy.TokenRequestOptions{Scopes: []string{azureStorageScope}}); err != nil {
+		return nil, source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+	}
+	u := strings.TrimSuffix(endpoint.String(), "/")
+	return newAzure(azblob.NewClient(u, cred, opts))
+}
+
+// accountCredential is the azcore credential of a ServiceAccount's
+// Entra ID identity, through the fetcher's token cache.
+type accountCredential struct {
+	id     *providertoken.AzureWorkloadIdentity
+	client *http.Client
+	cache  *providertoken.Cache
+}
+
+// GetToken returns the cached or a new token for the one scope asked.
+func (c *accountCredential) GetToken(ctx context.Context, opts policy.TokenRequestOptions) (azcore.AccessToken, error) {
+	if len(opts.Scopes) != 1 {
+		return azcore.AccessToken{}, fmt.Errorf("want one scope, got %q", opts.Scopes)
+	}
+	t, err := c.id.Token(ctx, c.client, c.cache, opts.Scopes[0])
+	if err != nil {
+		return azcore.AccessToken{}, err
+	}
+	return azcore.AccessToken{Token: t.Value, ExpiresOn: t.ExpiresAt}, nil
 }
 
 // azureClient picks the credential, in Flux's order (see newAzureStore).

@@ -17,6 +17,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -103,6 +104,10 @@ type Source struct {
 	// stsRoundTripper, when set, carries the requests to STS endpoints
 	// (tests reach a test STS server by AWS's host name with it).
 	stsRoundTripper http.RoundTripper
+	// rootCAs, when set, replace the system's certificate authorities in
+	// the Google Cloud Storage and Azure transports (tests trust their
+	// Entra ID and blob fronts with it).
+	rootCAs *x509.CertPool
 
 	mu         sync.Mutex
 	transports map[bool]http.RoundTripper // shared S3 transports, by secure

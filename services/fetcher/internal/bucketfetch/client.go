@@ -112,16 +112,11 @@ func checkSTS(spec *sourcev1.BucketSpec) error {
 // read (see secrets.Fingerprint), which names the access in the content
 // identity.
 func (s *Source) open(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account) (store, string, error) {
-	if account != nil && spec.Provider != sourcev1.BucketProviderAmazon {
-		return nil, "", source.StalledError(source.UnsupportedProviderReason,
-			"object-level workload identity (service account '%s') with Bucket provider '%s' is not supported yet: "+
-				"use provider 'aws', or remove serviceAccountName to authenticate with the fetcher's own identity", account, spec.Provider)
-	}
 	switch spec.Provider {
 	case sourcev1.BucketProviderGoogle:
-		return s.newGCSStore(ctx, namespace, spec)
+		return s.newGCSStore(ctx, namespace, spec, account)
 	case sourcev1.BucketProviderAzure:
-		return s.newAzureStore(ctx, namespace, spec)
+		return s.newAzureStore(ctx, namespace, spec, account)
 	}
 	if err := s3utils.CheckValidBucketName(spec.BucketName); err != nil {
 		return nil, "", source.StalledError(sourcev1.BucketOperationFailedReason, "invalid bucket name '%s': %w", spec.BucketName, err)
@@ -441,6 +436,7 @@ func (s *Source) cloudTransport(proxy *url.URL) http.RoundTripper {
 		if s.cloud == nil {
 			t := http.DefaultTransport.(*http.Transport).Clone()
 			t.MaxIdleConnsPerHost = 16
+			s.withRootCAs(t)
 			s.cloud = t
 		}
 		return hostlimit.Wrap(s.cloud, s.Limiter)
@@ -448,7 +444,15 @@ func (s *Source) cloudTransport(proxy *url.URL) http.RoundTripper {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.IdleConnTimeout = customIdleTimeout
 	t.Proxy = http.ProxyURL(proxy)
+	s.withRootCAs(t)
 	return hostlimit.Wrap(t, s.Limiter)
+}
+
+// withRootCAs makes t trust s.rootCAs instead of the system's, when set.
+func (s *Source) withRootCAs(t *http.Transport) {
+	if s.rootCAs != nil {
+		t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: s.rootCAs}
+	}
 }
 
 // awsCredentials finds credentials with the AWS chain minio-go provides:

@@ -9,14 +9,17 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	"github.com/go-logr/logr"
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
 
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/secrets"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/source"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 )
 
 // keyServiceAccount is the Secret key Flux reads a Google service account
@@ -54,7 +57,12 @@ func validGCSBucketName(name string) bool {
 // anonymous access. Only keys of type service_account are accepted: other
 // credential configurations (external accounts) can make the fetcher read
 // its own files or call arbitrary URLs, so a Secret must not choose them.
-func (s *Source) newGCSStore(ctx context.Context, namespace string, spec *sourcev1.BucketSpec) (store, string, error) {
+//
+// With account (object-level workload identity, no secretRef) the token is
+// the ServiceAccount's Google identity (workloadidentity's GCP: Google's
+// STS exchange and the impersonation its annotation names), from the
+// fetcher's token cache, as Flux's gcp provider gives it.
+func (s *Source) newGCSStore(ctx context.Context, namespace string, spec *sourcev1.BucketSpec, account *workloadidentity.Account) (store, string, error) {
 	endpoint, err := gcsEndpoint(spec)
 	if err != nil {
 		return nil, "", err
@@ -96,6 +104,22 @@ func (s *Source) newGCSStore(ctx context.Context, namespace string, spec *source
 				"failed to create Google credentials from secret: invalid '%s' secret data: %w", spec.SecretRef.Name, err)
 		}
 		tokens = creds.TokenSource
+	case account != nil:
+		const format = "failed to get credential from gcp: %w"
+		id, err := account.GCP(s.Getenv)
+		if err != nil {
+			return nil, "", source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+		}
+		// The identity endpoints are the operator's: through the Bucket's
+		// proxy, as Flux's, and the host limits.
+		tokenClient := &http.Client{Transport: s.cloudTransport(proxy)}
+		// Minted before the listing, so a refusal is the authentication's.
+		first, err := id.AccessToken(ctx, tokenClient, s.Tokens, namespace)
+		if err != nil {
+			return nil, "", source.FailedWith(workloadidentity.Handling(err), sourcev1.AuthenticationFailedReason, format, err)
+		}
+		tokens = oauth2.ReuseTokenSource(&oauth2.Token{AccessToken: first.Value, TokenType: "Bearer", Expiry: first.ExpiresAt},
+			&federatedTokens{ctx: context.WithoutCancel(ctx), id: id, client: tokenClient, cache: s.Tokens, scope: namespace})
 	default:
 		creds, err := google.FindDefaultCredentials(tokenCtx, gcsScopeReadOnly)
 		switch {
@@ -162,4 +186,29 @@ func checkServiceAccountKey(key []byte) error {
 		return fmt.Errorf("'%s' is not a service account key: type '%s', want '%s'", keyServiceAccount, k.Type, google.ServiceAccount)
 	}
 	return nil
+}
+
+// federatedTokenTimeout bounds a mint of federatedTokens, which runs
+// detached from the fetch that asked (oauth2.TokenSource has no context).
+const federatedTokenTimeout = 30 * time.Second
+
+// federatedTokens is the oauth2.TokenSource of a ServiceAccount's Google
+// identity, through the fetcher's token cache.
+type federatedTokens struct {
+	ctx    context.Context
+	id     *providertoken.GCPFederation
+	client *http.Client
+	cache  *providertoken.Cache
+	scope  string
+}
+
+// Token returns the cached or a new access token.
+func (f *federatedTokens) Token() (*oauth2.Token, error) {
+	ctx, cancel := context.WithTimeout(f.ctx, federatedTokenTimeout)
+	defer cancel()
+	t, err := f.id.AccessToken(ctx, f.client, f.cache, f.scope)
+	if err != nil {
+		return nil, err
+	}
+	return &oauth2.Token{AccessToken: t.Value, TokenType: "Bearer", Expiry: t.ExpiresAt}, nil
 }

@@ -88,4 +88,30 @@ func TestFetchChartOCIDefaultServiceAccount(t *testing.T) {
 	// does not trust.
 	_, err = source("").Resolve(context.Background(), request(sourcev1.HelmChartSpec{Chart: "podinfo"}, repo))
 	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Final, "AccessDenied")
+
+	// provider gcp: the default ServiceAccount's token for the GKE pool,
+	// exchanged at Google's STS, impersonating its Google service account,
+	// pulls from GAR; the fetcher's own (metadata server) token is never
+	// asked for.
+	for _, name := range []string{"tenant-gcp", "tenant-gcp-2"} {
+		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+			Annotations: map[string]string{workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount}}}))
+	}
+	clouds.GCPSTS.Trust = cloudid.PoolTrust(cloudid.GCPPool, "default/tenant-gcp", "default/tenant-gcp-2")
+	clouds.GCPSTS.Impersonators = map[string][]string{cloudid.GCPServiceAccount: {"default/tenant-gcp"}}
+	gar := &events.ChartSource{Kind: sourcev1.HelmRepositoryKind, Name: "oci", HelmRepository: &sourcev1.HelmRepositorySpec{
+		URL: "oci://" + clouds.GAR.Host() + "/charts", Type: sourcev1.HelmRepositoryTypeOCI, Provider: "gcp",
+		CertSecretRef: &meta.LocalObjectReference{Name: "fronts-ca"}}}
+	fetchChart(t, source("tenant-gcp"), request(sourcev1.HelmChartSpec{Chart: "podinfo"}, gar), "podinfo", "6.1.0",
+		"pulled 'podinfo' chart with version '6.1.0'")
+	if n := clouds.GCPSTS.Impersonations(); n != 1 {
+		t.Errorf("impersonations: %d, want 1", n)
+	}
+	if n := clouds.GCP.Minted(); n != 0 {
+		t.Errorf("the metadata server minted %d tokens of the fetcher's own identity, want 0", n)
+	}
+	// Impersonation refused: the Google service account does not let this
+	// ServiceAccount's principal impersonate it.
+	_, err = source("tenant-gcp-2").Resolve(context.Background(), request(sourcev1.HelmChartSpec{Chart: "podinfo"}, gar))
+	sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Final, "iam.serviceAccounts.getAccessToken' denied")
 }

@@ -116,8 +116,6 @@ func TestObjectLevelWorkloadIdentity(t *testing.T) {
 			message: "the specified default service account does not exist in the object namespace"},
 		{name: "STS answers 500", provider: "aws", sa: "tenant-aws", front: f.ECR, status: http.StatusInternalServerError,
 			reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient, message: "StatusCode: 500"},
-		{name: "gcp is not supported yet", provider: "gcp", sa: "bare", front: f.GAR,
-			reason: sourcev1.AuthenticationFailedReason, handling: failure.Stalling, message: "object-level workload identity with provider gcp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f.AWS.FailWith(tc.status)
@@ -170,5 +168,86 @@ func TestObjectLevelCacheKey(t *testing.T) {
 	}
 	if err := resolve("b"); failure.As(err) == nil {
 		t.Fatalf("fetch as default/b with a's cached login: %v, want STS's refusal", err)
+	}
+}
+
+// TestGCPObjectLevelWorkloadIdentity: with the gate on, an OCIRepository
+// with provider gcp and spec.serviceAccountName pulls from GAR as its
+// ServiceAccount, as Flux's fluxcd/pkg/auth/gcp does: a TokenRequest token
+// for the GKE workload identity pool (<project>.svc.id.goog, read from the
+// metadata server), exchanged at Google's STS for the audience
+// identitynamespace:<pool>:<cluster URL>, and, with
+// iam.gke.io/gcp-service-account, impersonating that Google service
+// account; the registry login is oauth2accesstoken with the resulting
+// token. STS and IAM Credentials are the test servers of the fetcher's
+// environment, which check every field and the token's subject.
+func TestGCPObjectLevelWorkloadIdentity(t *testing.T) {
+	c := startAPIServer(t)
+	ctx := t.Context()
+	const otherProvider = "projects/123456/locations/global/workloadIdentityPools/other/providers/headwater"
+	accounts := map[string]map[string]string{
+		"tenant-gcp":       nil,
+		"tenant-gcp-imp":   {workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount},
+		"not-impersonator": {workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount},
+		"untrusted":        nil,
+		"bad-email":        {workloadidentity.AnnotationGCPServiceAccount: "fetcher@example.com"},
+		"other-provider":   {workloadidentity.AnnotationGCPWorkloadIdentityProvider: otherProvider},
+		"bad-provider":     {workloadidentity.AnnotationGCPWorkloadIdentityProvider: "pools/x"},
+	}
+	for name, annotations := range accounts {
+		must(t, c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))
+	}
+	f := newCloudFixture(t)
+	f.GCPSTS.Trust = cloudid.PoolTrust(cloudid.GCPPool, "default/tenant-gcp", "default/tenant-gcp-imp", "default/not-impersonator",
+		"default/other-provider")
+	f.GCPSTS.Impersonators = map[string][]string{cloudid.GCPServiceAccount: {"default/tenant-gcp-imp"}}
+
+	for _, tc := range []struct {
+		name, sa    string
+		status      int // STS's answer
+		impersonate bool
+		reason      string
+		handling    failure.Handling
+		message     string
+	}{
+		{name: "federated token", sa: "tenant-gcp"},
+		{name: "impersonation", sa: "tenant-gcp-imp", impersonate: true},
+		{name: "impersonation refused", sa: "not-impersonator", reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "status code 403: {\"error\":\"PERMISSION_DENIED\",\"error_description\":\"Permission 'iam.serviceAccounts.getAccessToken' denied"},
+		{name: "token not trusted by the pool", sa: "untrusted", reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "subject \\\"system:serviceaccount:default:untrusted\\\""},
+		{name: "wrong audience", sa: "other-provider", reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "invalid_target"},
+		{name: "invalid service account email", sa: "bad-email", reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "invalid iam.gke.io/gcp-service-account annotation: 'fetcher@example.com'"},
+		{name: "invalid workload identity provider", sa: "bad-provider", reason: sourcev1.AuthenticationFailedReason, handling: failure.Final,
+			message: "invalid gcp.auth.fluxcd.io/workload-identity-provider annotation: 'pools/x'"},
+		{name: "STS answers 500", sa: "tenant-gcp", status: http.StatusInternalServerError,
+			reason: sourcev1.AuthenticationFailedReason, handling: failure.Transient, message: "status code 500"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.GCPSTS.FailWith(tc.status)
+			defer f.GCPSTS.FailWith(0)
+			before := f.GCPSTS.Impersonations()
+			src := f.kubeSource(t, c, providertoken.NewCache(0, nil), "")
+			spec := cloudSpec(f.GAR, sourcev1.GoogleOCIProvider)
+			spec.ServiceAccountName = tc.sa
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err := src.Resolve(rctx, request(spec))
+			if tc.reason != "" {
+				sourcetest.CheckFailure(t, err, tc.reason, tc.handling, tc.message)
+				return
+			}
+			if err != nil {
+				t.Fatalf("resolve: %v", err)
+			}
+			if got := f.GCPSTS.Impersonations() - before; (got == 1) != tc.impersonate {
+				t.Errorf("impersonations: %d, want impersonation %v", got, tc.impersonate)
+			}
+		})
+	}
+	if n := f.GCP.Minted(); n != 0 {
+		t.Errorf("the metadata server minted %d tokens of the fetcher's own identity, want 0: every login is the ServiceAccount's", n)
 	}
 }

@@ -96,3 +96,31 @@ func (g *GCPMetadata) mint(ctx context.Context, client *http.Client) (Token, err
 	}
 	return Token{Value: body.AccessToken, ExpiresAt: start.Add(expiresIn)}, nil
 }
+
+// get reads a value of the metadata server (path under
+// /computeMetadata/v1/), as the compute metadata client does.
+func (g *GCPMetadata) get(ctx context.Context, client *http.Client, path string) (string, error) {
+	endpoint := "http://" + g.Host + "/computeMetadata/v1/" + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Metadata-Flavor", "Google")
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("failed to reach the GCP metadata server at %s (the fetcher must run on GKE with Workload Identity, or set %s): %w",
+			g.Host, EnvGCEMetadataHost, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return "", fmt.Errorf("reading the answer of the GCP metadata server: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", &ResponseError{Method: http.MethodGet, URL: endpoint, StatusCode: resp.StatusCode, Message: firstLine(strings.TrimSpace(string(b))),
+			format: func(e *ResponseError) string {
+				return fmt.Sprintf("compute: Received %d `%s` from %s", e.StatusCode, e.Message, e.URL)
+			}}
+	}
+	return strings.TrimSpace(string(b)), nil
+}

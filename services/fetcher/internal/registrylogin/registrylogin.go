@@ -15,8 +15,10 @@
 //     oauth2accesstoken.
 //
 // With a source's ServiceAccount (object-level workload identity, package
-// workloadidentity), aws and azure log in with its identity instead: the
-// role or application its annotations name, trusting its token.
+// workloadidentity), they log in with its identity instead: the role or
+// application its annotations name trusting its token (aws, azure), or
+// its token exchanged at Google's STS, impersonating the Google service
+// account its annotation names (gcp).
 //
 // The registry's host must match the cloud's registry names (Flux's
 // patterns), which also give the region of ECR. Logins are kept in the
@@ -132,11 +134,7 @@ func (l *Login) Credentials(ctx context.Context, provider, namespace, registry s
 	case Azure:
 		login, err = l.azure(ctx, identity, exchange, namespace, registry, name, account)
 	case GCP:
-		if account != nil {
-			return authn.AuthConfig{}, fmt.Errorf("%w: object-level workload identity with provider gcp (service account '%s'): "+
-				"remove serviceAccountName to log in with the fetcher's own identity", ErrUnsupported, account)
-		}
-		login, err = l.gcp(ctx, identity, namespace, name)
+		login, err = l.gcp(ctx, identity, namespace, name, account)
 	default:
 		return authn.AuthConfig{}, invalidf("unknown provider '%s'", provider)
 	}
@@ -188,12 +186,22 @@ func (l *Login) azure(ctx context.Context, identity, exchange *http.Client, name
 	return id.ACRLogin(ctx, identity, exchange, l.Tokens, namespace, "https://"+registry, name)
 }
 
-// gcp takes the metadata server's token.
-func (l *Login) gcp(ctx context.Context, client *http.Client, namespace, name string) (providertoken.Login, error) {
+// gcp takes the metadata server's token, or with account its federated
+// (or impersonated) token.
+func (l *Login) gcp(ctx context.Context, client *http.Client, namespace, name string, account *workloadidentity.Account) (providertoken.Login, error) {
 	if !gcpRegistry.MatchString(name) {
 		return providertoken.Login{}, invalidf("invalid GCP registry: '%s'. must match %s", name, gcpRegistryPattern)
 	}
-	t, err := providertoken.GCPMetadataFromEnv(l.Getenv).Token(ctx, client, l.Tokens, namespace)
+	var t providertoken.Token
+	var err error
+	if account != nil {
+		var id *providertoken.GCPFederation
+		if id, err = account.GCP(l.Getenv); err == nil {
+			t, err = id.AccessToken(ctx, client, l.Tokens, namespace)
+		}
+	} else {
+		t, err = providertoken.GCPMetadataFromEnv(l.Getenv).Token(ctx, client, l.Tokens, namespace)
+	}
 	if err != nil {
 		return providertoken.Login{}, err
 	}

@@ -12,7 +12,13 @@
 //     <name>.<namespace>.<region>.fluxcd.io;
 //   - azure: audience api://AzureADTokenExchange; an Entra ID client
 //     assertion for the application of the annotations
-//     azure.workload.identity/client-id and azure.workload.identity/tenant-id.
+//     azure.workload.identity/client-id and azure.workload.identity/tenant-id;
+//   - gcp: audience the workload identity provider of the annotation
+//     gcp.auth.fluxcd.io/workload-identity-provider, else on GKE the
+//     cluster's workload identity pool (<project>.svc.id.goog); Google's
+//     STS token exchange, then, when the annotation
+//     iam.gke.io/gcp-service-account names a Google service account, its
+//     impersonation (IAM Credentials' generateAccessToken).
 //
 // The ServiceAccount is always in the source's namespace: a tenant can
 // only borrow an identity of its own. Service account tokens are asked for
@@ -44,9 +50,22 @@ import (
 // Annotations of a ServiceAccount that name its cloud identity, as the
 // clouds' own webhooks read them and Flux does.
 const (
-	AnnotationAWSRoleARN    = "eks.amazonaws.com/role-arn"
-	AnnotationAzureClientID = "azure.workload.identity/client-id"
-	AnnotationAzureTenantID = "azure.workload.identity/tenant-id"
+	AnnotationAWSRoleARN                  = "eks.amazonaws.com/role-arn"
+	AnnotationAzureClientID               = "azure.workload.identity/client-id"
+	AnnotationAzureTenantID               = "azure.workload.identity/tenant-id"
+	AnnotationGCPServiceAccount           = "iam.gke.io/gcp-service-account"
+	AnnotationGCPWorkloadIdentityProvider = "gcp.auth.fluxcd.io/workload-identity-provider"
+)
+
+// Flux's patterns of the gcp annotations.
+const (
+	gcpEmailPattern    = `^[a-zA-Z0-9-]{1,100}@[a-zA-Z0-9-]{1,100}\.iam\.gserviceaccount\.com$`
+	gcpProviderPattern = `^projects/\d{1,30}/locations/global/workloadIdentityPools/[^/]{1,100}/providers/[^/]{1,100}$`
+)
+
+var (
+	gcpEmail    = regexp.MustCompile(gcpEmailPattern)
+	gcpProvider = regexp.MustCompile(gcpProviderPattern)
 )
 
 // Audiences of the service account tokens each cloud accepts, as Flux
@@ -212,6 +231,33 @@ func (a *Account) Azure(lookup func(string) (string, bool)) (*providertoken.Azur
 		return nil, identityErrorf(a, "%s", err.Error())
 	}
 	id.Assertion, id.Subject = a.tokenFor(AudienceAzure), a.String()
+	return id, nil
+}
+
+// GCP is the Google Cloud identity of the ServiceAccount (Workload
+// Identity Federation): its token exchanged at Google's STS and, with the
+// annotation iam.gke.io/gcp-service-account, that service account
+// impersonated. The audience is the provider of the annotation
+// gcp.auth.fluxcd.io/workload-identity-provider, else the GKE cluster's
+// (from the metadata server). The STS, IAM Credentials and metadata
+// endpoints are the fetcher's (HEADWATER_GCP_STS_ENDPOINT,
+// HEADWATER_GCP_IAM_CREDENTIALS_ENDPOINT and GCE_METADATA_HOST through
+// lookup, else Google's).
+func (a *Account) GCP(lookup func(string) (string, bool)) (*providertoken.GCPFederation, error) {
+	id := providertoken.GCPEndpointsFromEnv(lookup)
+	if email := a.Annotations[AnnotationGCPServiceAccount]; email != "" {
+		if !gcpEmail.MatchString(email) {
+			return nil, identityErrorf(a, "invalid %s annotation: '%s'. must match %s", AnnotationGCPServiceAccount, email, gcpEmailPattern)
+		}
+		id.Email = email
+	}
+	if wip := a.Annotations[AnnotationGCPWorkloadIdentityProvider]; wip != "" {
+		if !gcpProvider.MatchString(wip) {
+			return nil, identityErrorf(a, "invalid %s annotation: '%s'. must match %s", AnnotationGCPWorkloadIdentityProvider, wip, gcpProviderPattern)
+		}
+		id.Provider = "//iam.googleapis.com/" + wip
+	}
+	id.Token, id.Subject = a.Token, a.String()
 	return id, nil
 }
 
