@@ -76,7 +76,8 @@ type Worker struct {
 	// worker terminates the last one whatever its error, so JetStream and
 	// the worker agree on which attempt is the last.
 	Consumer jetstream.Consumer
-	// Concurrency bounds the messages handled at once (and fetched ahead).
+	// Concurrency bounds the messages handled at once. The worker pulls
+	// only for its free slots: it fetches none ahead.
 	Concurrency int
 	// Heartbeat is how often InProgress is sent; default 10s (a third of
 	// the default AckWait).
@@ -123,11 +124,12 @@ type Worker struct {
 	// once, rather than after two missed heartbeats.
 	Conn *Conn
 
-	mu sync.Mutex // guards consumer and iter once Run has started
-	// consumer and iter are the consumer and the iterator in use, which
-	// rejoin replaces.
-	consumer jetstream.Consumer
-	iter     jetstream.MessagesContext
+	mu sync.Mutex // guards consumer and cancelPull once Run has started
+	// consumer is the consumer in use, which rejoin replaces; cancelPull
+	// ends the pull request in flight, if any, so that the next is made
+	// on the consumer in use.
+	consumer   jetstream.Consumer
+	cancelPull context.CancelFunc
 	// joining serializes rejoin, which both the pull loop and the
 	// reconnection watch call.
 	joining sync.Mutex
@@ -142,34 +144,33 @@ type Worker struct {
 const pullHeartbeat = 15 * time.Second
 
 // pullExpiry is how long one pull request waits for messages before the
-// worker makes the next (nats.go's default). Longer would save a request
+// worker makes the next: nats.go's default, which a pull that a context
+// can end (jetstream.FetchContext) always has. Longer would save a request
 // a minute per idle consumer, but a pull request outlives a worker that
 // is killed for as long as anyone on the server has interest in its reply
 // subject (a subscriber to ">", as the e2e tests' bus tap): the messages
 // handed to it wait out their AckWait, so a longer pull would delay jobs
 // after a crash for longer.
-const pullExpiry = 30 * time.Second
+const pullExpiry = jetstream.DefaultExpires
+
+// pullPause is how long the worker waits before pulling again after a
+// pull that failed, or that ended at once with nothing (a server refusing
+// pull requests): at most one request a second, never a busy loop.
+const pullPause = time.Second
 
 // Run handles messages until ctx is cancelled, then waits for the handlers
 // in flight to finish (their context is cancelled too).
+//
+// The worker pulls only for its free slots: it asks JetStream for as many
+// messages as it has slots free, and makes no request while every slot is
+// busy. A message therefore never waits in a busy replica's buffer while
+// another replica has a free slot: JetStream hands it to a replica that
+// can start it now (docs/design.md, "Fair share between namespaces").
 func (w *Worker) Run(ctx context.Context) error {
 	n := max(w.Concurrency, 1)
-	it, err := w.consume(w.Consumer)
-	if err != nil {
-		return err
-	}
 	w.mu.Lock()
-	w.consumer, w.iter = w.Consumer, it
+	w.consumer = w.Consumer
 	w.mu.Unlock()
-	// On shutdown, Drain stops pulling but keeps the messages already
-	// buffered readable, so each is handed back (Nak) to another replica at
-	// once instead of waiting out its AckWait.
-	stop := context.AfterFunc(ctx, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.iter.Drain()
-	})
-	defer stop()
 
 	slots := make(chan struct{}, n)
 	var wg sync.WaitGroup
@@ -182,66 +183,121 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer cancel()
 		wg.Go(func() { w.watchReconnects(wctx) })
 	}
-	for {
-		slots <- struct{}{}
-		msg, err := it.Next()
-		if err != nil {
-			<-slots
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				// A rejoin after a reconnection replaced the iterator;
-				// otherwise the connection is closed.
-				if next := w.current(); next != it {
-					it = next
-					continue
-				}
-				return nil
-			}
-			if errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, jetstream.ErrConsumerDeleted) {
-				w.rejoin(ctx)
-				it = w.current()
-				continue
-			}
-			w.Log.Error(err, "reading from consumer")
-			continue
-		}
+	start := func(msg jetstream.Msg) {
 		if ctx.Err() != nil {
+			// Shutting down: hand the message to another replica at once.
 			_ = msg.Nak()
 			<-slots
-			continue
+			return
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			defer func() { <-slots }()
 			w.handle(ctx, msg)
-		}()
+		})
+	}
+	for {
+		// Wait for a free slot, then take every other one free now.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		free := 1
+	take:
+		for free < n {
+			select {
+			case slots <- struct{}{}:
+				free++
+			default:
+				break take
+			}
+		}
+		began := time.Now()
+		got, err := w.pull(ctx, free, start)
+		for range free - got {
+			<-slots
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case err == nil && (got > 0 || time.Since(began) >= pullPause):
+			continue
+		case err == nil, errors.Is(err, context.Canceled):
+			// Ended at once with nothing, or cut short by a rejoin (the
+			// next pull is made on the consumer created again).
+			if err == nil {
+				w.pause(ctx)
+			}
+			continue
+		case errors.Is(err, nats.ErrConnectionClosed):
+			return nil
+		case errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, jetstream.ErrConsumerDeleted):
+			if !w.rejoin(ctx) {
+				w.pause(ctx)
+			}
+			continue
+		default:
+			w.Log.Error(err, "reading from consumer")
+			w.pause(ctx)
+		}
 	}
 }
 
-// current returns the iterator in use.
-func (w *Worker) current() jetstream.MessagesContext {
+// pull makes one pull request for up to free messages on the consumer in
+// use and hands each message it brings to start, which owns one of the
+// free slots from then on. It returns how many messages it brought and
+// what ended the request early (nil when it was filled or expired). A
+// cancelled ctx, or a rejoin, ends the request; the messages that had
+// already arrived are still handed to start.
+func (w *Worker) pull(ctx context.Context, free int, start func(jetstream.Msg)) (int, error) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.mu.Lock()
+	cons := w.consumer
+	w.cancelPull = cancel
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.cancelPull = nil
+		w.mu.Unlock()
+	}()
+	// A pull request that a context can end waits pullExpiry (nats.go's
+	// default; jetstream.FetchMaxWait and FetchContext exclude each other).
+	batch, err := cons.Fetch(free, jetstream.FetchContext(pctx), jetstream.FetchHeartbeat(pullHeartbeat))
+	if err != nil {
+		return 0, fmt.Errorf("%s: pull: %w", w.Service, err)
+	}
+	got := 0
+	for msg := range batch.Messages() {
+		got++
+		start(msg)
+	}
+	return got, batch.Error()
+}
+
+// pause waits pullPause, or until ctx ends.
+func (w *Worker) pause(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(pullPause):
+	}
+}
+
+// restartPull ends the pull request in flight, if any, so that the next
+// is made on the consumer in use.
+func (w *Worker) restartPull() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.iter
-}
-
-// consume starts pulling from cons.
-func (w *Worker) consume(cons jetstream.Consumer) (jetstream.MessagesContext, error) {
-	it, err := cons.Messages(jetstream.PullMaxMessages(max(w.Concurrency, 1)), jetstream.PullExpiry(pullExpiry),
-		jetstream.PullHeartbeat(pullHeartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true))
-	if err != nil {
-		return nil, fmt.Errorf("%s: consume: %w", w.Service, err)
+	if w.cancelPull != nil {
+		w.cancelPull()
 	}
-	return it, nil
 }
 
 // rejoin checks the consumer (after a reconnection, missed heartbeats, or
 // the consumer's deletion) and, if JetStream no longer knows it and Rejoin
-// is set, creates it again and makes the iterator pulling from it the
-// current one, stopping the old. It reports whether the check was made: false
+// is set, creates it again and makes it the one in use, ending the pull
+// request made on the old. It reports whether the check was made: false
 // when JetStream did not answer (it may still be starting).
 func (w *Worker) rejoin(ctx context.Context) bool {
 	if w.Rejoin == nil {
@@ -263,20 +319,10 @@ func (w *Worker) rejoin(ctx context.Context) bool {
 		w.Log.Error(err, "creating the lost consumer again; retrying at the next missed heartbeat")
 		return true
 	}
-	it, err := w.consume(cons)
-	if err != nil {
-		w.Log.Error(err, "pulling from the consumer created again")
-		return true
-	}
 	w.mu.Lock()
-	old := w.iter
-	w.consumer, w.iter = cons, it
+	w.consumer = cons
 	w.mu.Unlock()
-	old.Stop()
-	if ctx.Err() != nil {
-		// Run is stopping: the drain may have missed the new iterator.
-		it.Drain()
-	}
+	w.restartPull()
 	return true
 }
 
@@ -306,6 +352,10 @@ func (w *Worker) watchReconnects(ctx context.Context) {
 			case <-time.After(min(Backoff(attempt), maxConnectWait)):
 			}
 		}
+		// A server that restarted has forgotten the pull request in
+		// flight too: make the next one now rather than after two
+		// missed heartbeats.
+		w.restartPull()
 	}
 }
 

@@ -87,7 +87,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	o.secrets.BindFlags(fs)
 	fs.StringVar(&o.workDir, "work-dir", filepath.Join(os.TempDir(), "headwater-fetcher"),
 		"Directory for the scratch data of jobs (clones, downloads); a process works in a directory of its own in it and, starting, removes those of processes that died.")
-	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once (and pulled ahead from the bus).")
+	fs.IntVar(&o.concurrency, "concurrency", 4, "Jobs handled at once; the fetcher pulls a job from the bus only for a free worker.")
 	fs.IntVar(&o.maxAttempts, "max-attempts", events.DefaultMaxDeliver, "Attempts of a job that keeps failing transiently before its failure is final.")
 	fs.DurationVar(&o.jobTimeout, "job-timeout", bus.DefaultJobTimeout,
 		"The least deadline of one job; a source whose spec.timeout is longer has that plus a minute, up to -max-job-timeout. Past it the job fails with DeadlineExceeded and its slot serves the next.")

@@ -22,8 +22,8 @@ import (
 // watcher, where they are published fairly as the fetchers take jobs,
 // rather than first come on the stream. A namespace with nothing in flight
 // passes the gate, so a tenant's first job meets a stream of at most
-// FetchBacklog jobs (and the fetchers' own fetch-ahead) whatever the other
-// tenants have due.
+// FetchBacklog jobs whatever the other tenants have due (the fetchers
+// pull a job only for a free worker, so none waits pulled ahead either).
 //
 // The watcher cannot see a fetcher take a job; it reads the consumer's
 // state (one JetStream API request, $JS.API.CONSUMER.INFO) while jobs are
@@ -32,9 +32,8 @@ import (
 // they came), and each fetcher's pull request waiting for jobs (the
 // consumer's NumWaiting) counts against the backlog, since it takes at
 // least one job at once: so a gate never slows fetchers that have room,
-// and holds jobs back only while every fetcher's fetch-ahead is full. The
-// backlog
-// is the larger of two counts: the consumer's NumPending (every
+// and holds jobs back only while every fetcher's workers are busy. The
+// backlog is the larger of two counts: the consumer's NumPending (every
 // publisher's jobs, but the server updates it a moment after a message is
 // stored, so under load a reading misses the jobs just published), plus
 // the jobs published since; and the queue's own jobs beyond the consumer's
@@ -49,13 +48,14 @@ const FetchBacklogFlag = "fair-share-fetch-backlog"
 // took the small tenant's wait off the fetch stream but not its time to
 // Ready, while it hides a flood from the fetch consumer's num_pending,
 // which the KEDA example scales the fetchers on. 1 is the value to try:
-// one job left undelivered keeps the fetchers busy (each replica pulls
-// -concurrency jobs ahead of its workers, and the gate is read again
-// within gatePoll of a fetcher taking jobs).
+// one job left undelivered keeps the fetchers busy (a worker that frees
+// takes it at once, and the gate is read again within gatePoll of a
+// fetcher taking jobs).
 const DefaultFetchBacklog = 0
 
 // gatePoll is how often a closed gate reads its consumer's backlog again:
-// short against a fetch (a fetcher has -concurrency jobs pulled ahead),
+// short against a fetch (a freed worker takes the job left undelivered,
+// and the next is published within gatePoll),
 // and 20 requests a second per fetch consumer at most, only while jobs
 // are held.
 const gatePoll = 50 * time.Millisecond
