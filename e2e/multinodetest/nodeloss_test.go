@@ -176,6 +176,7 @@ func TestNodeLoss(t *testing.T) {
 	t.Logf("without the quorum, the artifact-servers whole again %s after the nodes stopped", quorumWhole.Sub(quorumLost).Round(100*time.Millisecond))
 	waitFor(t, quorumWhole.Add(proxyGrace))
 	l.checkArtifacts(t)
+	l.waitBusUnavailable(t)
 	t.Logf("without the quorum: %s", l.sample(t))
 	quorumReturning := time.Now()
 	l.mark("quorum back, settling")
@@ -233,6 +234,36 @@ func (l *load) sample(t *testing.T) string {
 		fmt.Fprintf(&b, "%s=%s %s %q; ", c.Type, c.Status, c.Reason, c.Message)
 	}
 	return b.String()
+}
+
+// waitBusUnavailable waits, without the NATS quorum, until a source
+// whose fetch job the bus refused says so (FetchFailed and Ready False,
+// reason BusUnavailable) while every source keeps its artifact.
+func (l *load) waitBusUnavailable(t *testing.T) {
+	t.Helper()
+	kubetest.Eventually(t, 3*time.Minute, "a source says BusUnavailable without the quorum", func(ctx context.Context) error {
+		var list sourcev1.GitRepositoryList
+		if err := l.cl.List(ctx, &list, ctrlclient.InNamespace(loadNamespace)); err != nil {
+			return err
+		}
+		saying := 0
+		for i := range list.Items {
+			gr := &list.Items[i]
+			if gr.Status.Artifact == nil {
+				return fmt.Errorf("%s has no artifact without the quorum", gr.Name)
+			}
+			failed := apimeta.FindStatusCondition(gr.Status.Conditions, sourcev1.FetchFailedCondition)
+			ready := apimeta.FindStatusCondition(gr.Status.Conditions, meta.ReadyCondition)
+			if failed != nil && failed.Reason == "BusUnavailable" && ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == "BusUnavailable" {
+				saying++
+			}
+		}
+		if saying == 0 {
+			return fmt.Errorf("none of %d sources says BusUnavailable", len(list.Items))
+		}
+		t.Logf("without the quorum, %d of %d sources say BusUnavailable, each with its artifact", saying, len(list.Items))
+		return nil
+	})
 }
 
 // checkSpread checks the scheduler did what components/ha asks: a NATS
