@@ -19,13 +19,9 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
@@ -37,27 +33,6 @@ import (
 	"github.com/headwater-gitops/headwater/testsupport/tokenserver"
 )
 
-// startAPIServer starts a real API server (envtest's, whose service
-// account issuer signs TokenRequest tokens) and returns an admin client.
-func startAPIServer(t *testing.T) client.Client {
-	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
-	}
-	env := &envtest.Environment{}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = env.Stop()
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme := runtime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	must(t, err)
-	return c
-}
-
 // TestGCPBucketObjectLevelWorkloadIdentity: with the gate on, a Bucket with
 // provider gcp and spec.serviceAccountName lists and downloads with its
 // ServiceAccount's Google identity: the TokenRequest token for the GKE
@@ -68,7 +43,7 @@ func startAPIServer(t *testing.T) client.Client {
 // issued. Then the bad-input rows: impersonation refused, a token the pool
 // does not trust, STS answering 500.
 func TestGCPBucketObjectLevelWorkloadIdentity(t *testing.T) {
-	c := startAPIServer(t)
+	c := sourcetest.StartAPIServer(t)
 	for name, annotations := range map[string]map[string]string{
 		"reader":           {workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount},
 		"federated":        nil,
@@ -164,7 +139,7 @@ func TestGCPBucketObjectLevelWorkloadIdentity(t *testing.T) {
 // lock). Then the bad-input rows: a ServiceAccount the application does
 // not trust, missing annotations, Entra ID answering 500.
 func TestAzureBucketObjectLevelWorkloadIdentity(t *testing.T) {
-	c := startAPIServer(t)
+	c := sourcetest.StartAPIServer(t)
 	app := map[string]string{workloadidentity.AnnotationAzureClientID: cloudid.ClientID, workloadidentity.AnnotationAzureTenantID: cloudid.TenantID}
 	for name, annotations := range map[string]map[string]string{"reader": app, "untrusted": app, "bare": nil} {
 		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))

@@ -2,20 +2,16 @@ package gitfetch
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 	"github.com/headwater-gitops/headwater/testsupport/cloudid"
 )
@@ -29,20 +25,7 @@ import (
 // does; the fetcher has no workload identity of its own. Another
 // ServiceAccount of the same application is refused.
 func TestAzureObjectLevelIdentity(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
-	}
-	env := &envtest.Environment{}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = env.Stop()
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme := runtime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	must(t, err)
+	c := sourcetest.StartAPIServer(t)
 
 	f := newEntraFixture(t)
 	for _, name := range []string{"git-reader", "other"} {
@@ -73,6 +56,6 @@ func TestAzureObjectLevelIdentity(t *testing.T) {
 	if n := f.tenant.Minted(); n != 1 {
 		t.Errorf("Entra ID minted %d tokens, want 1", n)
 	}
-	err = resolve("other")
+	err := resolve("other")
 	checkProviderFailure(t, err, sourcev1.AuthenticationFailedReason, failure.Final, "AADSTS700211")
 }

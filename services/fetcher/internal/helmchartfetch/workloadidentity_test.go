@@ -12,10 +12,6 @@ import (
 	"helm.sh/helm/v3/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/failure"
@@ -36,20 +32,7 @@ import (
 // never as the fetcher (whose own token STS refuses here); where the
 // default ServiceAccount does not exist, Flux's lockdown message.
 func TestFetchChartOCIDefaultServiceAccount(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
-	}
-	kube := &envtest.Environment{}
-	cfg, err := kube.Start()
-	if err != nil {
-		_ = kube.Stop()
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = kube.Stop() })
-	scheme := runtime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	must(t, err)
+	c := sourcetest.StartAPIServer(t)
 	must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "tenant-default",
 		Annotations: map[string]string{workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN}}}))
 

@@ -3,7 +3,6 @@ package ocifetch
 import (
 	"context"
 	"net/http"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -12,10 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
@@ -24,27 +20,6 @@ import (
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/workloadidentity"
 	"github.com/headwater-gitops/headwater/testsupport/cloudid"
 )
-
-// startAPIServer starts a real API server (envtest's, whose service
-// account issuer signs TokenRequest tokens) and returns an admin client.
-func startAPIServer(t *testing.T) client.Client {
-	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which builds kube-apiserver and etcd")
-	}
-	env := &envtest.Environment{}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = env.Stop()
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme := runtime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	must(t, err)
-	return c
-}
 
 // kubeSource is an OCIRepository source reading its Secrets and
 // ServiceAccounts from the API server of c, whose identities Accounts
@@ -66,7 +41,7 @@ func (f *cloudFixture) kubeSource(t *testing.T, c client.Client, cache *provider
 // clouds' test servers check as a trust policy does; each failure has a
 // clear condition.
 func TestObjectLevelWorkloadIdentity(t *testing.T) {
-	c := startAPIServer(t)
+	c := sourcetest.StartAPIServer(t)
 	ctx := t.Context()
 	const otherRole = "arn:aws:iam::123456789012:role/other"
 	accounts := map[string]map[string]string{
@@ -144,7 +119,7 @@ func TestObjectLevelWorkloadIdentity(t *testing.T) {
 // another's, even with the same role in the same namespace, and a second
 // fetch as the same ServiceAccount reuses it.
 func TestObjectLevelCacheKey(t *testing.T) {
-	c := startAPIServer(t)
+	c := sourcetest.StartAPIServer(t)
 	for _, name := range []string{"a", "b"} {
 		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
 			Annotations: map[string]string{workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN}}}))
@@ -182,7 +157,7 @@ func TestObjectLevelCacheKey(t *testing.T) {
 // token. STS and IAM Credentials are the test servers of the fetcher's
 // environment, which check every field and the token's subject.
 func TestGCPObjectLevelWorkloadIdentity(t *testing.T) {
-	c := startAPIServer(t)
+	c := sourcetest.StartAPIServer(t)
 	ctx := t.Context()
 	const otherProvider = "projects/123456/locations/global/workloadIdentityPools/other/providers/headwater"
 	accounts := map[string]map[string]string{
