@@ -66,9 +66,11 @@ type takeoverShard struct {
 // defaults spec.timeout to "60s", the Go type writes it back as "1m0s").
 // For both, every version the API server serves during the move is Ready
 // (the new shard's progress mark keeps the stored artifact's Ready), the
-// move costs one fetch job (the main shard's), shard1 writes nothing once
-// the label moved (the API server's audit log names every writer), and a
-// job shard1 made before the move is written by the main shard.
+// move costs one fetch job at most (the main shard's), shard1 writes
+// nothing once the label moved (the API server's audit log names every
+// writer), and a job shard1 made before the move is written by the main
+// shard. A third source moves while the main shard is down: the outcome
+// of shard1's job in flight, which shard1 alone receives, is not written.
 func TestShardTakeover(t *testing.T) {
 	if s := os.Getenv(takeoverChildEnv); s != "" {
 		runTakeoverChild(t, s)
@@ -108,12 +110,13 @@ func TestShardTakeover(t *testing.T) {
 	if err := os.WriteFile(jobKey, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	shards := map[string]*takeoverChild{}
 	for _, s := range []takeoverShard{
 		{User: "shard-main", Selector: "!" + shardKey},
 		{User: "shard-1", Selector: shardKey + " in (shard1)"},
 	} {
 		s.Kubeconfig, s.NATS, s.JobKey = kubeconfigs[s.User], ns.ClientURL(), jobKey
-		startTakeoverChild(t, dir, s)
+		shards[s.User] = startTakeoverChild(t, dir, s)
 	}
 
 	// Two sources of shard1, Ready with an artifact.
@@ -260,27 +263,86 @@ func TestShardTakeover(t *testing.T) {
 		}
 	}
 
+	// The outcome of shard1's job in flight when the label moved, while
+	// the main shard is down: shard1 receives it alone and must not write
+	// it (the main shard's durable consumer would, once back).
+	stranded := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: "stranded", Namespace: "default", Labels: map[string]string{shardKey: "shard1"}},
+		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/stranded.git", Interval: metav1.Duration{Duration: time.Hour},
+			Reference: &sourcev1.GitRepositoryRef{Branch: "master"}},
+	}
+	if err := e.k8s.Create(ctx, stranded); err != nil {
+		t.Fatal(err)
+	}
+	storeArtifact(t, e, fetchJobsFor(t, fetchJobs, []string{"stranded"})["stranded"].Job, "sha256:stranded")
+	waitSource(t, e.k8s, "stranded", func(g *sourcev1.GitRepository) error {
+		if !conditions.IsReady(g) || g.Status.Artifact == nil {
+			return fmt.Errorf("Ready %v, artifact %v", conditions.Get(g, meta.ReadyCondition), g.Status.Artifact)
+		}
+		return nil
+	})
+	if err := e.k8s.Patch(ctx, stranded, client.RawPatch(types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"`+meta.ReconcileRequestAnnotation+`":"`+token+`"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	held := fetchJobsFor(t, fetchJobs, []string{"stranded"})["stranded"]
+	shards["shard-main"].stop()
+	strandedVersions := watchVersions(t, cfg, scheme, []string{"stranded"})
+	if err := e.k8s.Patch(ctx, stranded, client.RawPatch(types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"`+shardKey+`":null}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	moves["stranded"] = stranded.ResourceVersion
+	// A new artifact, so that applying it would be a write.
+	storeArtifact(t, e, held.Job, "sha256:stranded-2")
+	stream, err := conn.JS.Stream(ctx, events.EventStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := info.State.LastSeq
+	eventually(t, "shard1 handled the outcome of its job in flight", func() bool {
+		c, err := conn.JS.Consumer(ctx, events.EventStream, shards["shard-1"].consumer)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(ctx)
+		return err == nil && ci.AckFloor.Stream >= published
+	})
+	var got sourcev1.GitRepository
+	if err := e.k8s.Get(ctx, client.ObjectKeyFromObject(stranded), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Artifact == nil || got.Status.Artifact.Digest != "sha256:stranded" || got.Status.LastHandledReconcileAt == token {
+		t.Errorf("stranded after its former shard got its outcome: artifact %v, lastHandledReconcileAt %q; want it as it was",
+			got.Status.Artifact, got.Status.LastHandledReconcileAt)
+	}
+	seen["stranded"] = strandedVersions.stop(t)["stranded"]
+
 	// Who wrote what after the move: the main shard alone.
+	// (A write is after the move when the watch served its version after
+	// the move's.)
 	writes := auditedWrites(t, auditLog)
+	byMain := map[string]int{}
+	for _, w := range writes {
+		versions := seen[w.name]
+		i := slices.IndexFunc(versions, func(v sourceVersion) bool { return v.resourceVersion == w.resourceVersion })
+		j := slices.IndexFunc(versions, func(v sourceVersion) bool { return v.resourceVersion == moves[w.name] })
+		if i < 0 || j < 0 || i <= j {
+			continue
+		}
+		switch w.user {
+		case "shard-main":
+			byMain[w.name]++
+		case "shard-1":
+			t.Errorf("%s: shard1 wrote %s at resourceVersion %s after the label moved away", w.name, w.what, w.resourceVersion)
+		}
+	}
 	for _, name := range names {
-		after := func(rv string) bool {
-			i := slices.IndexFunc(seen[name], func(v sourceVersion) bool { return v.resourceVersion == rv })
-			j := slices.IndexFunc(seen[name], func(v sourceVersion) bool { return v.resourceVersion == moves[name] })
-			return i >= 0 && j >= 0 && i > j
-		}
-		byMain := 0
-		for _, w := range writes {
-			if w.name != name || !after(w.resourceVersion) {
-				continue
-			}
-			switch w.user {
-			case "shard-main":
-				byMain++
-			case "shard-1":
-				t.Errorf("%s: shard1 wrote %s at resourceVersion %s after the label moved away", name, w.what, w.resourceVersion)
-			}
-		}
-		if byMain == 0 {
+		if byMain[name] == 0 {
 			t.Errorf("%s: no write by the main shard after the move in the audit log (%d writes audited)", name, len(writes))
 		}
 	}
@@ -336,10 +398,18 @@ rules:
 	return cfg, paths
 }
 
-// startTakeoverChild runs shard s in a child process until the test ends,
-// its output in dir (logged if the test fails), and waits until its
-// consumer of the outcomes is on the bus.
-func startTakeoverChild(t *testing.T, dir string, s takeoverShard) {
+// takeoverChild is a shard's child process.
+type takeoverChild struct {
+	// consumer is the shard's consumer of the outcomes.
+	consumer string
+	// stop kills the process and waits for it; it may be called again.
+	stop func()
+}
+
+// startTakeoverChild runs shard s in a child process until the test ends
+// or it is stopped, its output in dir (logged if the test fails), and
+// waits until its consumer of the outcomes is on the bus.
+func startTakeoverChild(t *testing.T, dir string, s takeoverShard) *takeoverChild {
 	t.Helper()
 	settings, err := json.Marshal(s)
 	if err != nil {
@@ -356,9 +426,10 @@ func startTakeoverChild(t *testing.T, dir string, s takeoverShard) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); _ = cmd.Wait() }) }
 	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
+		stop()
 		_ = out.Close()
 		if t.Failed() {
 			if b, err := os.ReadFile(out.Name()); err == nil {
@@ -381,10 +452,12 @@ func startTakeoverChild(t *testing.T, dir string, s takeoverShard) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	consumer := events.WatcherShardConsumer(sh.ID)
 	eventually(t, s.User+"'s consumer of the outcomes", func() bool {
-		_, err := nc.JS.Consumer(ctx, events.EventStream, events.WatcherShardConsumer(sh.ID))
+		_, err := nc.JS.Consumer(ctx, events.EventStream, consumer)
 		return err == nil
 	})
+	return &takeoverChild{consumer: consumer, stop: stop}
 }
 
 // runTakeoverChild is a child process of TestShardTakeover: the watcher as
