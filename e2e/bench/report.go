@@ -440,7 +440,7 @@ func bytesString(n uint64) string {
 }
 
 // writeShards lists what each watcher shard's process used, in total and
-// per source it owns, and the sum over the shards.
+// per source it owns, and with several shards their sum.
 func writeShards(w io.Writer, m *Measurement) {
 	if len(m.Shards) == 0 {
 		return
@@ -474,7 +474,9 @@ func writeShards(w io.Writer, m *Measurement) {
 		}
 		sources += sh.Sources
 	}
-	fmt.Fprintf(w, "  - the %d shards together (%d sources): %s\n", len(m.Shards), sources, shardCost(sum, sumReqs, sources))
+	if len(m.Shards) > 1 {
+		fmt.Fprintf(w, "  - the %d shards together (%d sources): %s\n", len(m.Shards), sources, shardCost(sum, sumReqs, sources))
+	}
 }
 
 // shardCost is one shard's (or the shards' sum's) CPU, memory, API

@@ -121,4 +121,11 @@ func TestWriteShards(t *testing.T) {
 			t.Errorf("missing %q in:\n%s", want, out)
 		}
 	}
+
+	m.Shards, m.Usage = shardTable(1000, 1), m.Usage[:1]
+	b.Reset()
+	writeShards(&b, m)
+	if n := strings.Count(b.String(), "\n"); n != 1 || strings.Contains(b.String(), "together") {
+		t.Errorf("one shard: want its one line and no sum, got:\n%s", b.String())
+	}
 }
