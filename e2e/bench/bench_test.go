@@ -33,7 +33,11 @@ var (
 	fairSmall       = flag.Int("fair-small", 10, "GitRepositories of scenario f's small tenant.")
 	fairDelay       = flag.Duration("fair-delay", 3*time.Second, "Time between the big tenant's first create and the small tenant's in scenario f.")
 	fairStages      = flag.Bool("fair-stages", false, "Trace scenario f on Headwater and print where the small tenant's sources spent their time (tracing on: its times are not the scenario's figures).")
-	steadyWindow    = flag.Duration("steady-window", 0,
+	shards          = flag.Int("shards", 0,
+		"Run Headwater's GitRepository scenarios (a, b, e) with this many watcher shards instead of one watcher: shard i selects "+
+			ShardKey+"=shard<i>, the sources are labelled round-robin, the fetcher, packager and artifact-server are shared; "+
+			"the details then give each shard's costs. 0: one unsharded watcher.")
+	steadyWindow = flag.Duration("steady-window", 0,
 		"Measure this long in the steady-state scenarios (d, d15, g's d) instead of their own window, for a short trial; the table then says so.")
 )
 
@@ -146,6 +150,7 @@ func BenchmarkSources(b *testing.B) {
 		}
 	}
 	git := func(o Options, load GitLoad) func(System) ([]*Measurement, error) {
+		load.Shards = *shards
 		return func(sys System) ([]*Measurement, error) {
 			created, requested, err := ManyGit(b.Context(), o, sys, load)
 			return []*Measurement{created, requested}, err
@@ -258,6 +263,9 @@ func BenchmarkSources(b *testing.B) {
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)
+	}
+	if *shards > 0 {
+		fmt.Printf("\nNOT the default configuration: Headwater's scenarios a, b and e ran with %d watcher shards (-shards)\n", *shards)
 	}
 	if *steadyWindow > 0 {
 		fmt.Printf("\nNOT the default windows: the steady-state scenarios measured %s each (-steady-window)\n", *steadyWindow)
