@@ -35,7 +35,11 @@ var (
 	fairSameHost    = flag.Bool("fair-same-host", false, "Serve scenario f's small tenant from the big tenant's git host, so that both share one host's rate limit (-rate-limits), instead of a host of its own.")
 	fairUntilSmall  = flag.Bool("fair-until-small", false, "End scenario f once the small tenant's loaded round is Ready, instead of waiting for every source of the big tenant (for -fair-big 10000).")
 	fairStages      = flag.Bool("fair-stages", false, "Trace scenario f on Headwater and print where the small tenant's sources spent their time (tracing on: its times are not the scenario's figures).")
-	steadyWindow    = flag.Duration("steady-window", 0,
+	shards          = flag.Int("shards", 0,
+		"Run Headwater's GitRepository scenarios (a, b, e) with this many watcher shards instead of one watcher: shard i selects "+
+			ShardKey+"=shard<i>, the sources are labelled round-robin, the fetcher, packager and artifact-server are shared; "+
+			"the details then give each shard's costs. 0: one unsharded watcher.")
+	steadyWindow = flag.Duration("steady-window", 0,
 		"Measure this long in the steady-state scenarios (d, d15, g's d) instead of their own window, for a short trial; the table then says so.")
 )
 
@@ -148,6 +152,7 @@ func BenchmarkSources(b *testing.B) {
 		}
 	}
 	git := func(o Options, load GitLoad) func(System) ([]*Measurement, error) {
+		load.Shards = *shards
 		return func(sys System) ([]*Measurement, error) {
 			created, requested, err := ManyGit(b.Context(), o, sys, load)
 			return []*Measurement{created, requested}, err
@@ -260,6 +265,9 @@ func BenchmarkSources(b *testing.B) {
 	WriteTable(os.Stdout, rows)
 	if *serviceArgs != "" {
 		fmt.Printf("\nNOT the default configuration: services ran with these added flags: %s\n", *serviceArgs)
+	}
+	if *shards > 0 {
+		fmt.Printf("\nNOT the default configuration: Headwater's scenarios a, b and e ran with %d watcher shards (-shards)\n", *shards)
 	}
 	if *steadyWindow > 0 {
 		fmt.Printf("\nNOT the default windows: the steady-state scenarios measured %s each (-steady-window)\n", *steadyWindow)

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,6 +57,11 @@ type Usage struct {
 	// process's samples (smaps_rollup), for the system's processes only
 	// (RoleService); 0 when not sampled.
 	PeakPSS, PeakAnon uint64
+	// Bus is what the process sent to NATS (In) and NATS delivered to it
+	// (Out) over its connections, NATS's /connz counters (acknowledgements
+	// and JetStream API requests included); nil when not counted (NATS
+	// embedded, or not a service).
+	Bus *BusTraffic
 }
 
 // JobStat sums one service's handling of one CloudEvent type.
@@ -86,8 +94,15 @@ type Measurement struct {
 	// Usage has one entry per measured process.
 	Usage []Usage
 	// APIRequests are the watcher's Kubernetes API requests by HTTP
-	// method and status code, "PATCH/200" (its client-go metrics).
+	// method and status code, "PATCH/200" (its client-go metrics); with
+	// several watcher processes (shards, replicas) their sum.
 	APIRequests map[string]float64
+	// APIRequestsByProcess are the same requests of each controller
+	// process (watcher, watcher-2, ...), by its name.
+	APIRequestsByProcess map[string]map[string]float64
+	// Shards are the watcher shards the scenario ran (GitLoad.Shards);
+	// nil for one unsharded watcher.
+	Shards []Shard
 	// Jobs are the bus messages handled by service and type.
 	Jobs map[string]map[string]JobStat
 	// JobResults are the non-success results by service, type and result.
@@ -235,6 +250,9 @@ type measuredProc struct {
 	peakReset bool
 	metrics   string // telemetry address, for services
 	before    samples
+	// controller tells the processes that reconcile the sources: the
+	// watcher and its replicas or shards, or Flux's source-controller.
+	controller bool
 }
 
 // meter measures one scenario on an Env.
@@ -252,6 +270,10 @@ type meter struct {
 	// start.
 	natsMonitor string
 	bus0        BusTraffic
+	// conns0 are NATS's client connections at the start, for each
+	// process's traffic; natsPort is the port they connect to.
+	conns0   map[uint64]natsConn
+	natsPort int
 	// applied holds, from markApplied, the control plane's CPU and the
 	// controller's requests when the apply ended.
 	applied *appliedMark
@@ -265,19 +287,29 @@ type appliedMark struct {
 }
 
 // controllerRequests are the API requests by method and code of the
-// system's controller (the watcher, or Flux's source-controller), from its
-// metrics.
+// system's controllers (the watcher processes, or Flux's
+// source-controller) together, from their metrics.
 func (m *meter) controllerRequests(ctx context.Context) (map[string]float64, error) {
+	var out map[string]float64
 	for _, p := range m.procs {
-		if p.metrics != "" && (p.name == harness.Watcher || p.name == FluxSourceController) {
-			ss, err := scrape(ctx, p.metrics)
-			if err != nil {
-				return nil, err
-			}
-			return ss.sumBy("rest_client_requests_total", "method", "code"), nil
+		if p.metrics == "" || !p.controller {
+			continue
+		}
+		ss, err := scrape(ctx, p.metrics)
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = map[string]float64{}
+		}
+		for k, v := range ss.sumBy("rest_client_requests_total", "method", "code") {
+			out[k] += v
 		}
 	}
-	return nil, errors.New("no controller with metrics")
+	if out == nil {
+		return nil, errors.New("no controller with metrics")
+	}
+	return out, nil
 }
 
 // markApplied reads the control plane's CPU and the controller's requests
@@ -337,7 +369,8 @@ func (m *meter) afterApply(ctx context.Context, end time.Time) (*AfterApply, err
 func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
 	m := &meter{auditLog: env.AuditLogPath, natsMonitor: env.NATSMonitorAddr}
 	for _, s := range env.Services() {
-		m.procs = append(m.procs, &measuredProc{name: s.Name, role: RoleService, pid: s.Pid(), metrics: s.TelemetryAddr})
+		m.procs = append(m.procs, &measuredProc{name: s.Name, role: RoleService, pid: s.Pid(), metrics: s.TelemetryAddr,
+			controller: filepath.Base(s.Path) == harness.Watcher || s.Name == FluxSourceController})
 	}
 	children, err := childrenByName("kube-apiserver", "etcd")
 	if err != nil {
@@ -366,6 +399,12 @@ func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
 		if m.bus0, err = natsVarz(ctx, m.natsMonitor); err != nil {
 			return nil, err
 		}
+		if m.natsPort, err = urlPort(env.NATSURL); err != nil {
+			return nil, err
+		}
+		if m.conns0, err = natsConnz(ctx, m.natsMonitor); err != nil {
+			return nil, err
+		}
 	}
 	// CPU last, so the scrapes above are not counted.
 	for _, p := range m.procs {
@@ -391,11 +430,12 @@ func startMeter(ctx context.Context, env *harness.Env) (*meter, error) {
 // awaited state was reached.
 func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 	out := &Measurement{
-		Wall:        end.Sub(m.start),
-		APIRequests: map[string]float64{},
-		Jobs:        map[string]map[string]JobStat{},
-		JobResults:  map[string]float64{},
-		Notes:       m.notes,
+		Wall:                 end.Sub(m.start),
+		APIRequests:          map[string]float64{},
+		APIRequestsByProcess: map[string]map[string]float64{},
+		Jobs:                 map[string]map[string]JobStat{},
+		JobResults:           map[string]float64{},
+		Notes:                m.notes,
 	}
 	var errs []error
 	after, err := m.afterApply(ctx, end)
@@ -454,10 +494,12 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if p.name == harness.Watcher || p.name == FluxSourceController {
-			for method, n := range diff(p.before.sumBy("rest_client_requests_total", "method", "code"), after.sumBy("rest_client_requests_total", "method", "code")) {
-				out.APIRequests[method] = n
+		if p.controller {
+			own := diff(p.before.sumBy("rest_client_requests_total", "method", "code"), after.sumBy("rest_client_requests_total", "method", "code"))
+			for method, n := range own {
+				out.APIRequests[method] += n
 			}
+			out.APIRequestsByProcess[p.name] = own
 		}
 		counts := diff(p.before.sumBy("headwater_job_duration_seconds_count", "type"), after.sumBy("headwater_job_duration_seconds_count", "type"))
 		sums := diff(p.before.sumBy("headwater_job_duration_seconds_sum", "type"), after.sumBy("headwater_job_duration_seconds_sum", "type"))
@@ -473,6 +515,9 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 				out.JobResults[p.name+" "+shortType(typ)+" "+result] += n
 			}
 		}
+	}
+	if err := m.busByProcess(ctx, out); err != nil {
+		errs = append(errs, err)
 	}
 	if m.auditLog != "" {
 		if out.APIRequestsByAgent, err = auditRequests(m.auditLog, m.start, end); err != nil {
@@ -494,4 +539,50 @@ func shortType(t string) string {
 		t = t[:i]
 	}
 	return t
+}
+
+// busByProcess sets each service's Usage.Bus from NATS's connections,
+// when NATS runs in a process of its own.
+func (m *meter) busByProcess(ctx context.Context, out *Measurement) error {
+	if m.natsMonitor == "" {
+		return nil
+	}
+	conns, err := natsConnz(ctx, m.natsMonitor)
+	if err != nil {
+		return err
+	}
+	var pids []int
+	for _, p := range m.procs {
+		if p.role == RoleService && p.name != harness.NATS {
+			pids = append(pids, p.pid)
+		}
+	}
+	byPid, err := busByProcess(m.conns0, conns, pids, m.natsPort)
+	if err != nil {
+		return fmt.Errorf("bus by process: %w", err)
+	}
+	for i := range out.Usage {
+		for _, p := range m.procs {
+			if p.name != out.Usage[i].Name {
+				continue
+			}
+			if t, ok := byPid[p.pid]; ok {
+				out.Usage[i].Bus = &t
+			}
+		}
+	}
+	return nil
+}
+
+// urlPort is the port of a URL such as nats://127.0.0.1:4222.
+func urlPort(raw string) (int, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return 0, fmt.Errorf("port of %q: %w", raw, err)
+	}
+	p, err := strconv.Atoi(u.Port())
+	if err != nil {
+		return 0, fmt.Errorf("port of %q: %w", raw, err)
+	}
+	return p, nil
 }

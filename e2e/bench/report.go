@@ -307,8 +307,13 @@ func writeDetails(w io.Writer, scenario string, m *Measurement) {
 			j := m.Jobs[u.Name][typ]
 			line += fmt.Sprintf("; %s %.0f jobs, busy %.1f s (mean %s)", typ, j.Count, j.Busy.Seconds(), meanString(j))
 		}
+		if b := u.Bus; b != nil {
+			line += fmt.Sprintf("; bus: sent %d messages (%s), received %d (%s)",
+				b.InMsgs, bytesString(uint64(max(b.InBytes, 0))), b.OutMsgs, bytesString(uint64(max(b.OutBytes, 0))))
+		}
 		fmt.Fprintln(w, "  - "+line)
 	}
+	writeShards(w, m)
 	if cp.CPU > 0 {
 		fmt.Fprintf(w, "  - kube-apiserver + etcd: CPU %.1f s, peak RSS %.0f MiB\n", cp.CPU.Seconds(), float64(cp.PeakRSS)/mib)
 	}
@@ -432,4 +437,62 @@ func bytesString(n uint64) string {
 		return fmt.Sprintf("%.3g GiB", float64(n)/(1<<30))
 	}
 	return fmt.Sprintf("%.3g MiB", float64(n)/mib)
+}
+
+// writeShards lists what each watcher shard's process used, in total and
+// per source it owns, and with several shards their sum.
+func writeShards(w io.Writer, m *Measurement) {
+	if len(m.Shards) == 0 {
+		return
+	}
+	var sum Usage
+	sumReqs := map[string]float64{}
+	var sumBus BusTraffic
+	sources := 0
+	for _, sh := range m.Shards {
+		var u Usage
+		for _, v := range m.Usage {
+			if v.Name == sh.Process {
+				u = v
+			}
+		}
+		reqs := m.APIRequestsByProcess[sh.Process]
+		fmt.Fprintf(w, "  - shard %s (%s, -watch-label-selector=%s, %d sources): %s\n",
+			sh.Name, sh.Process, sh.Selector, sh.Sources, shardCost(u, reqs, sh.Sources))
+		sum.CPU += u.CPU
+		sum.PeakRSS += u.PeakRSS
+		sum.PeakPSS += u.PeakPSS
+		if u.Bus != nil {
+			sumBus.InMsgs += u.Bus.InMsgs
+			sumBus.OutMsgs += u.Bus.OutMsgs
+			sumBus.InBytes += u.Bus.InBytes
+			sumBus.OutBytes += u.Bus.OutBytes
+			sum.Bus = &sumBus
+		}
+		for k, v := range reqs {
+			sumReqs[k] += v
+		}
+		sources += sh.Sources
+	}
+	if len(m.Shards) > 1 {
+		fmt.Fprintf(w, "  - the %d shards together (%d sources): %s\n", len(m.Shards), sources, shardCost(sum, sumReqs, sources))
+	}
+}
+
+// shardCost is one shard's (or the shards' sum's) CPU, memory, API
+// requests and bus messages, in total and per source of n.
+func shardCost(u Usage, reqs map[string]float64, n int) string {
+	per := func(v float64) float64 { return v / float64(max(n, 1)) }
+	var total float64
+	for _, v := range reqs {
+		total += v
+	}
+	line := fmt.Sprintf("CPU %.2f s (%.2f ms per source), peak RSS %.0f MiB, peak PSS %.0f MiB; API requests %.0f (%.2f per source: %s)",
+		u.CPU.Seconds(), per(u.CPU.Seconds()*1000), float64(u.PeakRSS)/mib, float64(u.PeakPSS)/mib, total, per(total), apiRequestsString(reqs))
+	if b := u.Bus; b != nil {
+		line += fmt.Sprintf("; bus: sent %d messages (%.2f per source, %s), received %d (%.2f per source, %s)",
+			b.InMsgs, per(float64(b.InMsgs)), bytesString(uint64(max(b.InBytes, 0))),
+			b.OutMsgs, per(float64(b.OutMsgs)), bytesString(uint64(max(b.OutBytes, 0))))
+	}
+	return line
 }

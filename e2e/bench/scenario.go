@@ -62,6 +62,12 @@ type GitLoad struct {
 	// Request, when set, follows with a reconcile request to every source
 	// (`flux reconcile`: the unchanged path) measured on its own.
 	Request bool
+	// Shards, when above 0, runs Headwater with that many watcher shards
+	// instead of its one watcher, the sources labelled round-robin, one
+	// shard per label (shardWatchers, shardLabels); the fetcher, packager
+	// and artifact-server stay shared. Flux runs as without it (its
+	// sources carry the labels, which it ignores).
+	Shards int
 }
 
 // ManyGit runs a GitLoad on sys: the GitRepositories are created at once
@@ -69,6 +75,11 @@ type GitLoad struct {
 // gets a reconcile request and the requests are awaited handled (the
 // remote is listed, nothing is cloned).
 func ManyGit(ctx context.Context, o Options, sys System, load GitLoad) (created, requested *Measurement, err error) {
+	var shards []Shard
+	if load.Shards > 0 && sys == Headwater {
+		shardWatchers(&o.Harness, load.Shards)
+		shards = shardTable(load.Sources, load.Shards)
+	}
 	env, stop, err := startEnv(ctx, o, "many-git-"+load.Name, sys)
 	if err != nil {
 		return nil, nil, err
@@ -93,9 +104,14 @@ func ManyGit(ctx context.Context, o Options, sys System, load GitLoad) (created,
 	o.progress("%s (%s): creating %d GitRepositories over %d repositories", load.Name, sys, load.Sources, load.Repos)
 	created, err = measure(sctx, o, load.Name, env, c, readyWithArtifact[*sourcev1.GitRepository], len(names), func(ctx context.Context) error {
 		return forEach(ctx, names, func(ctx context.Context, i int, name string) error {
-			return c.Create(ctx, gitRepository(name, urls[i%len(urls)], smallInterval))
+			src := gitRepository(name, urls[i%len(urls)], smallInterval)
+			src.Labels = shardLabels(i, load.Shards)
+			return c.Create(ctx, src)
 		})
 	})
+	if created != nil {
+		created.Shards = shards
+	}
 	if err != nil || !load.Request {
 		return created, nil, wrapScenario(load.Name, err)
 	}
@@ -112,6 +128,9 @@ func ManyGit(ctx context.Context, o Options, sys System, load GitLoad) (created,
 			return c.Patch(ctx, &sourcev1.GitRepository{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}, patch)
 		})
 	})
+	if requested != nil {
+		requested.Shards = shards
+	}
 	return created, requested, wrapScenario(load.Name+"'", err)
 }
 

@@ -466,7 +466,8 @@ func testLifecycle(t *testing.T, e *env) {
 
 	// A new generation of a reconciled object is marked in progress
 	// before its job, as Flux does, and its job is a forced rebuild only
-	// if content-affecting fields changed (the interval is not one).
+	// if content-affecting fields changed (the interval is not one). It
+	// stays Ready with the artifact it has (Flux's ProgressiveStatus).
 	patch = client.MergeFrom(got.DeepCopy())
 	got.Spec.Interval = metav1.Duration{Duration: 10 * time.Minute}
 	if err := e.k8s.Patch(ctx, &got, patch); err != nil {
@@ -483,8 +484,9 @@ func testLifecycle(t *testing.T, e *env) {
 		c.Message != "processing object: new generation 1 -> 2" {
 		t.Errorf("Reconciling = %+v", c)
 	}
-	if r := conditions.Get(&got, meta.ReadyCondition); r == nil || r.Status != metav1.ConditionUnknown {
-		t.Errorf("Ready = %+v, want Unknown while progressing", r)
+	if r := conditions.Get(&got, meta.ReadyCondition); r == nil || r.Status != metav1.ConditionTrue ||
+		r.Message != "stored artifact for revision '"+rev+"'" {
+		t.Errorf("Ready = %+v, want True with the stored artifact while progressing", r)
 	}
 
 	// A failure keeps the artifact and warns.

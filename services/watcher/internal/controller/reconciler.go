@@ -136,7 +136,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, con
 
 // Reconcile runs, in order: deletion (finalize), the finalizer, suspend,
 // then publishes a fetch job and requeues after the jittered interval.
-// Conditions: Reconciling and Ready (Unknown) when a new generation starts;
+// Conditions: Reconciling when a new generation starts, with Ready Unknown
+// unless the source is Ready with its stored artifact, which it stays (as
+// Flux's ProgressiveStatus);
 // FetchFailed and Ready=False (BusUnavailable) with Reconciling
 // (ProgressingWithRetry) when the bus does not take the job (unpublished);
 // everything else is written when the job's outcome arrives.

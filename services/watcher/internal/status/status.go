@@ -6,9 +6,11 @@
 //
 //   - Ready (summary; normal polarity): False with the reason and message
 //     of Stalled, or of the first failing one of the kind's Conditions (in
-//     the kind's order); else Unknown/Progressing while a new
-//     generation is processed (Reconciling); else True with
-//     ArtifactInStorage's reason and message.
+//     the kind's order); else, while a new generation is processed
+//     (Reconciling), Unknown/Progressing unless the object was Ready with
+//     its artifact in storage, which stays Ready (Flux's
+//     ProgressiveStatus); else True with ArtifactInStorage's reason and
+//     message.
 //   - ArtifactInStorage (normal polarity): True once an artifact is stored
 //     (Apply); False when a failed job found the stored one gone or
 //     corrupt.
@@ -95,7 +97,9 @@ func ProgressingMessage(observed, current int64) string {
 const NewRevisionReason = sourcekind.NewRevisionReason
 
 // MarkProgressing records that the object's current generation is being
-// processed: Reconciling=True, reason Progressing (so Ready is Unknown).
+// processed: Reconciling=True, reason Progressing. Ready (Summarize) then
+// reads Unknown, but for an object that was Ready with its artifact in
+// storage: that one stays Ready, as with Flux.
 func MarkProgressing(obj sourcekind.Object, st sourcekind.Status) {
 	msg := ProgressingMessage(*st.ObservedGeneration, obj.GetGeneration())
 	conditions.MarkReconciling(obj, meta.ProgressingReason, "%s", msg)
@@ -160,12 +164,23 @@ func Summarize(kind sourcekind.Kind, obj sourcekind.Object) {
 			return
 		}
 	}
-	if conditions.IsReconciling(obj) {
+	stored := conditions.Get(obj, sourcev1.ArtifactInStorageCondition)
+	if stored != nil && stored.Status != metav1.ConditionTrue {
+		stored = nil
+	}
+	// A new generation in progress makes Ready Unknown, but for an object
+	// that was Ready with its artifact in storage: that artifact is still
+	// served and is what consumers use until the new generation's outcome
+	// says otherwise, so it stays Ready, as Flux's ProgressiveStatus keeps
+	// a Ready=True (fluxcd/pkg runtime/reconcile). A spec written back in
+	// another form (a typed client turns spec.timeout "60s" into "1m0s")
+	// is a new generation too: it must not read as an outage.
+	if conditions.IsReconciling(obj) && (stored == nil || !conditions.IsTrue(obj, meta.ReadyCondition)) {
 		conditions.MarkUnknown(obj, meta.ReadyCondition, meta.ProgressingReason, "reconciliation in progress")
 		return
 	}
-	if c := conditions.Get(obj, sourcev1.ArtifactInStorageCondition); c != nil && c.Status == metav1.ConditionTrue {
-		from(c, metav1.ConditionTrue)
+	if stored != nil {
+		from(stored, metav1.ConditionTrue)
 		return
 	}
 	conditions.Delete(obj, meta.ReadyCondition)
