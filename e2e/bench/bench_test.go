@@ -32,6 +32,8 @@ var (
 	fairBig         = flag.Int("fair-big", 1000, "GitRepositories of scenario f's big tenant, each of its own repository (issue 30 speaks of 10,000; 1000 runs in a few minutes on 2 cores).")
 	fairSmall       = flag.Int("fair-small", 10, "GitRepositories of scenario f's small tenant.")
 	fairDelay       = flag.Duration("fair-delay", 3*time.Second, "Time between the big tenant's first create and the small tenant's in scenario f.")
+	fairSameHost    = flag.Bool("fair-same-host", false, "Serve scenario f's small tenant from the big tenant's git host, so that both share one host's rate limit (-rate-limits), instead of a host of its own.")
+	fairUntilSmall  = flag.Bool("fair-until-small", false, "End scenario f once the small tenant's loaded round is Ready, instead of waiting for every source of the big tenant (for -fair-big 10000).")
 	fairStages      = flag.Bool("fair-stages", false, "Trace scenario f on Headwater and print where the small tenant's sources spent their time (tracing on: its times are not the scenario's figures).")
 	shards          = flag.Int("shards", 0,
 		"Run Headwater's GitRepository scenarios (a, b, e) with this many watcher shards instead of one watcher: shard i selects "+
@@ -207,7 +209,7 @@ func BenchmarkSources(b *testing.B) {
 		rows = append(rows, s3Rows(b, headwaterOnly, byName)...)
 	}
 	// f: fair share between tenants (issue 30).
-	fair := FairLoad{Big: *fairBig, Small: *fairSmall, Delay: *fairDelay, Stages: *fairStages}
+	fair := FairLoad{Big: *fairBig, Small: *fairSmall, Delay: *fairDelay, SameHost: *fairSameHost, UntilSmall: *fairUntilSmall, Stages: *fairStages}
 	compare(o, "f", []string{fair.Name()}, []Target{targetF}, func(sys System) ([]*Measurement, error) {
 		m, err := FairShare(b.Context(), o, sys, fair)
 		return []*Measurement{m}, err

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/otlpreceiver"
 )
 
@@ -28,9 +29,27 @@ const (
 // measured is the small tenant's time to Ready under that load against its
 // time on the idle system, measured first in the same run (over other
 // repositories of its own, so that no cache serves the second).
+//
+// The small tenant's repositories are served from a host of their own (the
+// same git server's repositories on another loopback address) unless
+// SameHost: the fetchers' polite limit (-rate-limits, 20 requests a second
+// per host by default) is a budget per host, shared on purpose by every
+// tenant of that host, and on one host it, not the queues, sets how fast
+// either tenant is served (docs/design.md, "Fair share between
+// namespaces").
 type FairLoad struct {
 	Big, Small int
 	Delay      time.Duration
+	// SameHost serves both tenants from one git host, so that they share
+	// its rate limit.
+	SameHost bool
+	// UntilSmall ends the measurement once the small tenant's loaded round
+	// is Ready rather than when the big tenant's last source is: what a
+	// big tenant of 10,000 does to the small one is known long before its
+	// last source is. The measurement's wall, CPU and requests are then
+	// those of that window (and the settling after it), and it notes how
+	// many of the big tenant's sources were Ready.
+	UntilSmall bool
 	// Stages, on Headwater, exports every service's spans to the
 	// benchmark and notes where the small tenant's sources spent their
 	// time, in each round (stages.go). Tracing costs CPU of its own: the
@@ -40,8 +59,16 @@ type FairLoad struct {
 
 // Name is the scenario's row.
 func (l FairLoad) Name() string {
-	return fmt.Sprintf("f. fair share: %d GitRepositories of a small tenant %s after %d of a big one (over %d distinct repositories)",
-		l.Small, l.Delay, l.Big, l.Big+2*l.Small)
+	hosts := "the small tenant's on a git host of its own"
+	if l.SameHost {
+		hosts = "both tenants' on one git host"
+	}
+	until := ""
+	if l.UntilSmall {
+		until = ", measured until the small tenant is Ready"
+	}
+	return fmt.Sprintf("f. fair share: %d GitRepositories of a small tenant %s after %d of a big one (over %d distinct repositories, %s%s)",
+		l.Small, l.Delay, l.Big, l.Big+2*l.Small, hosts, until)
 }
 
 // Fairness is what scenario f measured: the small tenant's time to Ready
@@ -88,6 +115,19 @@ func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Me
 	if err != nil {
 		return nil, err
 	}
+	if !load.SameHost {
+		// The same repositories on another loopback address: another
+		// host to the fetchers' limits (the egress policy of the Env lets
+		// every service reach 127.0.0.0/8).
+		own := &gitserver.Server{Root: env.GitRoot}
+		if err := own.Start(smallTenantHost + ":0"); err != nil {
+			return nil, fmt.Errorf("scenario f: the small tenant's git host: %w", err)
+		}
+		defer func() { err = errors.Join(err, own.Stop()) }()
+		if err := moveHost(urls[load.Big:], env.Git.URL(), own.URL()); err != nil {
+			return nil, fmt.Errorf("scenario f: %w", err)
+		}
+	}
 	c, err := benchClient(ctx, env)
 	if err != nil {
 		return nil, err
@@ -112,11 +152,23 @@ func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Me
 	o.progress("f (%s): the big tenant's %d, the small tenant's %d %s later", sys, load.Big, load.Small, load.Delay)
 	big := newTracker(c, bigTenant, load.Big, func() client.ObjectList { return &sourcev1.GitRepositoryList{} },
 		readyWithArtifact[*sourcev1.GitRepository])
-	m, err = measureKind(sctx, o, "f", env, big, load.Big, func(ctx context.Context) error {
+	// What the measurement waits for: the big tenant's every source, or
+	// with UntilSmall the small tenant's loaded round.
+	measured, want := big, load.Big
+	if load.UntilSmall {
+		measured, want = newTracker(c, smallTenant, load.Small, func() client.ObjectList { return &sourcev1.GitRepositoryList{} },
+			func(o *sourcev1.GitRepository) bool {
+				return strings.HasPrefix(o.Name, "loaded-") && readyWithArtifact(o)
+			}), load.Small
+	}
+	var bigReady int
+	m, err = measureKind(sctx, o, "f", env, measured, want, func(ctx context.Context) error {
 		names := sourceNames("big", load.Big)
+		cctx, stopCreating := context.WithCancel(ctx)
+		defer stopCreating()
 		created := make(chan error, 1)
 		go func() {
-			created <- forEach(ctx, names, func(ctx context.Context, i int, name string) error {
+			created <- forEach(cctx, names, func(ctx context.Context, i int, name string) error {
 				return c.Create(ctx, gitRepositoryIn(bigTenant, name, urls[i]))
 			})
 		}()
@@ -125,6 +177,14 @@ func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Me
 		}
 		var err error
 		loaded, err = tenantReady(ctx, c, smallTenant, "loaded", urls[load.Big+load.Small:])
+		if load.UntilSmall && err == nil {
+			bigReady, err = countReady(ctx, c, bigTenant)
+			stopCreating()
+			if cerr := <-created; cerr != nil && !errors.Is(cerr, context.Canceled) {
+				err = cerr
+			}
+			return err
+		}
 		return errors.Join(err, <-created)
 	})
 	if err != nil {
@@ -132,6 +192,10 @@ func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Me
 	}
 	m.Fairness = &Fairness{Idle: idle.ready.Sub(idle.start), Loaded: loaded.ready.Sub(loaded.start)}
 	m.Notes = append(m.Notes, "small tenant's time to Ready: "+m.Fairness.String())
+	if load.UntilSmall {
+		m.Notes = append(m.Notes, fmt.Sprintf("measured until the small tenant was Ready: the big tenant's sources Ready then, %d of %d "+
+			"(its creates stopped there); wall, CPU and requests are that window's and its settling's", bigReady, load.Big))
+	}
 	if traces != nil {
 		// The services export every 500 ms: wait for the last spans.
 		if !sleep(ctx, 3*time.Second) {
@@ -148,6 +212,38 @@ func FairShare(ctx context.Context, o Options, sys System, load FairLoad) (m *Me
 		m.Notes = append(m.Notes, "run with -stages (tracing on): its times are not the scenario's figures")
 	}
 	return m, nil
+}
+
+// smallTenantHost is the loopback address of the small tenant's git host
+// (the big tenant's is 127.0.0.1).
+const smallTenantHost = "127.0.0.2"
+
+// moveHost points every url of base from at base to, in place; each must
+// start with from.
+func moveHost(urls []string, from, to string) error {
+	for i, u := range urls {
+		rest, ok := strings.CutPrefix(u, from+"/")
+		if !ok {
+			return fmt.Errorf("repository URL %s is not on %s", u, from)
+		}
+		urls[i] = to + "/" + rest
+	}
+	return nil
+}
+
+// countReady is how many GitRepositories of ns are Ready with an artifact.
+func countReady(ctx context.Context, c client.Client, ns string) (int, error) {
+	var list sourcev1.GitRepositoryList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return 0, fmt.Errorf("list %s: %w", ns, err)
+	}
+	n := 0
+	for i := range list.Items {
+		if readyWithArtifact(&list.Items[i]) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // round is a tenant's round of creates: when it started, when its

@@ -801,11 +801,31 @@ func TestKEDAExample(t *testing.T) {
 		if so.Spec.MinReplicaCount == nil || *so.Spec.MinReplicaCount < 1 {
 			t.Errorf("ScaledObject for %s may scale to zero: a pending job would wait for the first poll", target)
 		}
-		if len(so.Spec.Triggers) != 1 || so.Spec.Triggers[0].Type != "nats-jetstream" {
-			t.Errorf("ScaledObject for %s: want one nats-jetstream trigger", target)
+		var jetstream, waiting []map[string]string
+		for _, tr := range so.Spec.Triggers {
+			switch tr.Type {
+			case "nats-jetstream":
+				jetstream = append(jetstream, tr.Metadata)
+			case "prometheus":
+				waiting = append(waiting, tr.Metadata)
+			default:
+				t.Errorf("ScaledObject for %s: trigger of type %q", target, tr.Type)
+			}
+		}
+		// The watcher's backlog gate (on by default) holds a flood of
+		// fetch jobs in the watcher, where num_pending does not see it:
+		// the fetchers scale on the watcher's waiting jobs too.
+		if target == "fetcher" && (len(waiting) != 1 || !strings.Contains(waiting[0]["query"], "headwater_fairshare_waiting_jobs")) {
+			t.Errorf("ScaledObject for the fetcher: want one prometheus trigger on headwater_fairshare_waiting_jobs, got %v", waiting)
+		}
+		if target != "fetcher" && len(waiting) != 0 {
+			t.Errorf("ScaledObject for %s: a prometheus trigger; only the fetchers' jobs wait in the watcher", target)
+		}
+		if len(jetstream) != 1 {
+			t.Errorf("ScaledObject for %s: want one nats-jetstream trigger, got %d", target, len(jetstream))
 			continue
 		}
-		md := so.Spec.Triggers[0].Metadata
+		md := jetstream[0]
 		if md["stream"] != w[0] || md["consumer"] != w[1] {
 			t.Errorf("ScaledObject for %s: stream/consumer %s/%s, want %s/%s", target, md["stream"], md["consumer"], w[0], w[1])
 		}

@@ -66,7 +66,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.FetchBacklog, FetchBacklogFlag, DefaultFetchBacklog,
 		"Fetch jobs left on the fetch stream undelivered at which a namespace that already has jobs in flight holds its next ones in the watcher, "+
 			"published fairly as the fetchers take jobs, so that another namespace's first job is not queued behind them on the stream (docs/design.md). "+
-			"0, the default, turns the gate off (the per-namespace slots alone); 1 is the value to try. Needs -"+MaxInFlightFlag+" above 0.")
+			"0 turns the gate off (the per-namespace slots alone, and the fetch consumer's num_pending shows every job due). Needs -"+MaxInFlightFlag+" above 0.")
 }
 
 // Publisher publishes jobs on the bus (a *bus.Publisher).
