@@ -66,6 +66,10 @@ func TestNodeLoss(t *testing.T) {
 	l := newLoad(t, cl)
 	l.start()
 	defer l.stop()
+	// Every status write to the sources and every holder of the
+	// watcher's Lease, from here to the end.
+	writes := watchWrites(t)
+	defer writes.stop()
 
 	// The node to lose holds the watcher's leader; the one to drain is
 	// another; the downloads start on the third, which neither touches.
@@ -85,6 +89,11 @@ func TestNodeLoss(t *testing.T) {
 	l.downloadFrom(downloader)
 	streamsR3 := streamsR3From(downloader)
 	l.waitDownloads(t, 20)
+	// What the node to lose holds when it stops: its NATS server's
+	// streams, and the sources' revisions, all stale by its return.
+	hc := downloader.HTTPClient()
+	staleSeqs := lastSeqOn(t, hc, lost.Name)
+	revsAtStop := l.revisions(t)
 
 	// A node lost.
 	stopped := time.Now()
@@ -116,10 +125,13 @@ func TestNodeLoss(t *testing.T) {
 	wholeAgain := whole(t)
 	t.Logf("the artifact-servers whole again (the lost one replaced and Ready) %s after the node stopped", wholeAgain.Sub(stopped).Round(100*time.Millisecond))
 
-	// The node comes back with the state it had: NATS's server rejoins
-	// and catches up, the streams have three current copies again.
-	// Downloads may fail from its link's return until 30 s after it is
-	// Ready (docs/operating.md).
+	// The node comes back with the state it had, stale: every source
+	// has moved on since it stopped. NATS's server rejoins and catches
+	// up, the streams have three current copies again, and nothing done
+	// is fetched again. Downloads may fail from its link's return until
+	// 30 s after it is Ready (docs/operating.md).
+	l.checkMovedOn(t, revsAtStop)
+	fetchesBack := l.countFetches()
 	returning := time.Now()
 	l.mark("node back, settling")
 	if err := c.StartNode(ctx, lost.Name); err != nil {
@@ -129,8 +141,17 @@ func TestNodeLoss(t *testing.T) {
 	kubetest.Eventually(t, 10*time.Minute, "every pod Ready with the node back", podsReady)
 	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies", streamsR3)
 	t.Logf("streams back to three current copies %s after the node returned", time.Since(back).Round(100*time.Millisecond))
+	waitCaughtUp(t, hc, lost.Name, staleSeqs)
 	waitFor(t, back.Add(proxyGrace))
+	l.checkNoRefetch(t, fetchesBack, "from the node's return until 30 s after it was Ready")
 	l.mark("node back")
+	// Its services' pods were replaced on the others while it was away:
+	// put one of each back on it, then download every artifact from its
+	// artifact-server directly, and through the Service.
+	moveOnto(t, lost.Name, []*cluster.Node{drained, downloader})
+	pod, ip := artifactServerOn(t, lost.Name)
+	l.checkServedBy(t, pod, ip, 2)
+	l.checkArtifacts(t)
 
 	// Another node drained, as for maintenance: the budgets let it
 	// finish.
@@ -204,6 +225,10 @@ func TestNodeLoss(t *testing.T) {
 		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace)},
 	})
 	checkNoDoubleWrites(t)
+	// Nothing written stale, nothing by a watcher but the leader.
+	writes.stop()
+	writes.checkNoRegression(t, l)
+	writes.checkWriters(t)
 }
 
 // waitFor returns at when, the test's clock moving on by itself (no
@@ -453,6 +478,8 @@ type load struct {
 	mu      sync.Mutex
 	heads   map[string]string // the newest commit of each repository
 	commits int
+	// commitsOf counts the commits made to each repository.
+	commitsOf map[string]int
 	// gitMu keeps the committer and commitRound from running git in one
 	// repository at once.
 	gitMu   sync.Mutex
@@ -478,7 +505,7 @@ func newLoad(t *testing.T, cl ctrlclient.Client) *load {
 	t.Helper()
 	ctx := context.Background()
 	env.EnsureNamespace(t, loadNamespace)
-	l := &load{cl: cl, done: make(chan struct{}), heads: map[string]string{}, artifacts: map[string]meta.Artifact{}, phase: "steady"}
+	l := &load{cl: cl, done: make(chan struct{}), heads: map[string]string{}, commitsOf: map[string]int{}, artifacts: map[string]meta.Artifact{}, phase: "steady"}
 	start := time.Now()
 	work := t.TempDir()
 	for i := range loadSources {
@@ -565,6 +592,7 @@ func (l *load) commit(i int) {
 	}
 	l.mu.Lock()
 	l.heads[name] = head
+	l.commitsOf[name]++
 	l.mu.Unlock()
 }
 
@@ -647,12 +675,15 @@ func (l *load) downloadOne(name string) {
 }
 
 // fetch downloads an artifact URL through the Service's cluster IP.
-func (l *load) fetch(raw string) (string, int, error) {
+func (l *load) fetch(raw string) (string, int, error) { return l.fetchFrom(l.base, raw) }
+
+// fetchFrom downloads an artifact URL's path from base (http://<host>).
+func (l *load) fetchFrom(base, raw string) (string, int, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", 0, err
 	}
-	resp, err := l.client.Get(l.base + u.RequestURI())
+	resp, err := l.client.Get(base + u.RequestURI())
 	if err != nil {
 		return "", 0, err
 	}
