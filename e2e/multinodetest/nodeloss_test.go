@@ -150,8 +150,20 @@ func TestNodeLoss(t *testing.T) {
 	// artifact-server directly, and through the Service.
 	moveOnto(t, lost.Name, []*cluster.Node{drained, downloader})
 	pod, ip := artifactServerOn(t, lost.Name)
-	l.checkServedBy(t, pod, ip, 2)
+	l.checkServedBy(t, pod, ip, 1)
 	l.checkArtifacts(t)
+
+	// The same node stopped again, and back as soon as it is NotReady,
+	// before its pods are evicted: they restart where they were, with
+	// the volumes and caches they had, and the sources moved on while
+	// it was away (a new commit to each).
+	briefStop, briefBack, briefReady := stopBriefly(t, l, lost, hc)
+	fresh = l.waitFresh(t, 10*time.Minute)
+	t.Logf("every source fresh at its newest commit %s after the node returned from its brief stop", fresh.Sub(briefBack).Round(100*time.Millisecond))
+	pod, ip = artifactServerOn(t, lost.Name)
+	l.checkServedBy(t, pod, ip, 1)
+	waitFor(t, briefReady.Add(proxyGrace))
+	l.mark("node back")
 
 	// Another node drained, as for maintenance: the budgets let it
 	// finish.
@@ -221,6 +233,7 @@ func TestNodeLoss(t *testing.T) {
 	l.report(t, []window{
 		{"node lost", stopped, wholeAgain.Add(proxyGrace)},
 		{"node back, settling", returning, back.Add(proxyGrace)},
+		{"node lost briefly", briefStop, briefReady.Add(proxyGrace)},
 		{"quorum lost", quorumLost, quorumWhole.Add(proxyGrace)},
 		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace)},
 	})

@@ -721,3 +721,80 @@ func (l *load) checkMovedOn(t *testing.T, before map[string]string) {
 	}
 	t.Logf("while the node was away, all %d sources moved to a newer revision", len(before)-same)
 }
+
+// stopBriefly stops node n hard, commits to every repository, and starts
+// n again once the cluster has seen it NotReady: before the unreachable
+// toleration evicts its pods, so they restart in place, on the volumes
+// and caches they had before the commits. It checks the node's NATS
+// server catches up and logs which pods were kept, and how many sources
+// had moved on by its return; it returns when n stopped, when it was
+// back, and when every pod was Ready again.
+func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopped, back, ready time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	before := podsOn(t, n.Name)
+	revs := l.revisions(t)
+	staleSeqs := lastSeqOn(t, hc, n.Name)
+	l.mark("node lost briefly")
+	stopped = time.Now()
+	if err := env.C.StopNode(ctx, n.Name); err != nil {
+		t.Fatal(err)
+	}
+	l.commitRound(t)
+	kubetest.Eventually(t, 3*time.Minute, n.Name+" NotReady", func(ctx context.Context) error {
+		if err := env.C.NodeReady(ctx, n.Name); err == nil {
+			return fmt.Errorf("%s still Ready", n.Name)
+		}
+		return nil
+	})
+	notReady := time.Now()
+	moved := 0
+	now := l.revisions(t)
+	for name, rev := range revs {
+		if now[name] != rev {
+			moved++
+		}
+	}
+	fetches := l.countFetches()
+	if err := env.C.StartNode(ctx, n.Name); err != nil {
+		t.Fatal(err)
+	}
+	back = time.Now()
+	t.Logf("%s stopped again: NotReady %s after, %d of %d sources at a newer revision by then; back (Ready) %s after the stop",
+		n.Name, notReady.Sub(stopped).Round(100*time.Millisecond), moved, len(revs), back.Sub(stopped).Round(100*time.Millisecond))
+	kubetest.Eventually(t, 10*time.Minute, "every pod Ready after the brief stop", podsReady)
+	ready = time.Now()
+	after := podsOn(t, n.Name)
+	var kept, restarted []string
+	for name, uid := range before {
+		if after[name] == uid {
+			kept = append(kept, name)
+		} else {
+			restarted = append(restarted, name)
+		}
+	}
+	sort.Strings(kept)
+	sort.Strings(restarted)
+	t.Logf("every pod Ready %s after the node was back; kept on %s, restarted in place with their volumes: %v; evicted or replaced: %v",
+		ready.Sub(back).Round(100*time.Millisecond), n.Name, kept, restarted)
+	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies after the brief stop", func(ctx context.Context) error { return streamsR3(ctx, hc) })
+	waitCaughtUp(t, hc, n.Name, staleSeqs)
+	l.checkNoRefetch(t, fetches, "from the node's return from its brief stop until its pods were Ready and its NATS server caught up")
+	return stopped, back, ready
+}
+
+// podsOn is Headwater's pods on node, their UIDs by name.
+func podsOn(t *testing.T, node string) map[string]string {
+	t.Helper()
+	pods, err := env.C.Client.CoreV1().Pods(hwNamespace).List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && !kubetest.IsJobPod(&p) {
+			out[p.Name] = string(p.UID)
+		}
+	}
+	return out
+}
