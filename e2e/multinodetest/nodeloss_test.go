@@ -70,6 +70,7 @@ func TestNodeLoss(t *testing.T) {
 	// watcher's Lease, from here to the end.
 	writes := watchWrites(t)
 	defer writes.stop()
+	l.explain = writes.endpointsAt
 
 	// The node to lose holds the watcher's leader; the one to drain is
 	// another; the downloads start on the third, which neither touches.
@@ -504,6 +505,10 @@ type load struct {
 	base      string // http://<the Service's cluster IP>
 	client    *http.Client
 	stopOnce  sync.Once
+	// marks are when each phase began; explain, if set, says what the
+	// Service's endpoints were at a failed download's time.
+	marks   []download
+	explain func(time.Time) string
 }
 
 type download struct {
@@ -720,6 +725,7 @@ func (l *load) superseded(name string, a meta.Artifact) bool {
 func (l *load) mark(phase string) {
 	l.mu.Lock()
 	l.phase = phase
+	l.marks = append(l.marks, download{at: time.Now(), phase: phase})
 	l.mu.Unlock()
 }
 
@@ -917,8 +923,15 @@ func (l *load) report(t *testing.T, windows []window) {
 		case d.corrupt:
 			t.Errorf("corrupt download of %s at %s (%s): %s", d.source, d.at.Format(time.TimeOnly), d.phase, d.err)
 		case !inWindow:
-			t.Errorf("download of %s failed at %s (%s), outside the window the doc states: %s", d.source, d.at.Format(time.TimeOnly), d.phase, d.err)
+			why := ""
+			if l.explain != nil {
+				why = "; the Service's endpoints " + l.explain(d.at)
+			}
+			t.Errorf("download of %s failed at %s (%s), outside the window the doc states: %s%s", d.source, d.at.Format("15:04:05.000"), d.phase, d.err, why)
 		}
+	}
+	for _, m := range l.marks {
+		t.Logf("phase %q began at %s", m.phase, m.at.Format("15:04:05.000"))
 	}
 	for _, p := range phases {
 		t.Logf("downloads while %s: %d whole, %d failed", p, byPhase[p].ok, byPhase[p].failed)

@@ -15,6 +15,7 @@ import (
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -63,6 +64,16 @@ type writeLog struct {
 	changes  []revisionChange
 	terms    []leaseTerm
 	relisted int // watches restarted from a list (history compacted)
+	// endpoints are the source-controller Service's endpoints, each
+	// time its EndpointSlices changed: what a failed download met.
+	endpoints []endpointsSeen
+	slices    map[string]string // EndpointSlice -> its endpoints
+}
+
+// endpointsSeen is the Service's endpoints from a moment on.
+type endpointsSeen struct {
+	at        time.Time
+	endpoints string
 }
 
 // revisionChange is one status write that changed a source's artifact
@@ -88,11 +99,33 @@ func watchWrites(t *testing.T) *writeLog {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &writeLog{start: time.Now(), cancel: cancel, last: map[string]string{}}
+	w := &writeLog{start: time.Now(), cancel: cancel, last: map[string]string{}, slices: map[string]string{}}
 	sources := dc.Resource(gitRepositories).Namespace(loadNamespace)
 	leases := env.C.Client.CoordinationV1().Leases(hwNamespace)
 	byName := metav1.ListOptions{FieldSelector: "metadata.name=" + watcherLease}
-	w.wg.Add(2)
+	endpointSlices := env.C.Client.DiscoveryV1().EndpointSlices(hwNamespace)
+	bySvc := metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=source-controller"}
+	w.wg.Add(3)
+	go func() {
+		defer w.wg.Done()
+		w.follow(ctx, func(ctx context.Context) (string, error) {
+			list, err := endpointSlices.List(ctx, bySvc)
+			if err != nil {
+				return "", err
+			}
+			for i := range list.Items {
+				w.observeEndpoints(&list.Items[i])
+			}
+			return list.ResourceVersion, nil
+		}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = bySvc.LabelSelector
+			return endpointSlices.Watch(ctx, o)
+		}, func(obj any) {
+			if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				w.observeEndpoints(es)
+			}
+		})
+	}()
 	go func() {
 		defer w.wg.Done()
 		w.follow(ctx, func(ctx context.Context) (string, error) {
@@ -207,6 +240,48 @@ func (w *writeLog) observeLease(l *coordinationv1.Lease) {
 		return
 	}
 	w.terms = append(w.terms, term)
+}
+
+func (w *writeLog) observeEndpoints(es *discoveryv1.EndpointSlice) {
+	var eps []string
+	for _, e := range es.Endpoints {
+		c := e.Conditions
+		state := fmt.Sprintf("ready=%t,serving=%t,terminating=%t", c.Ready != nil && *c.Ready, c.Serving != nil && *c.Serving, c.Terminating != nil && *c.Terminating)
+		eps = append(eps, fmt.Sprintf("%s(%s,%s)", strings.Join(e.Addresses, "/"), cmpOr(ptrOr(e.NodeName), "?"), state))
+	}
+	sort.Strings(eps)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.slices[es.Name] = strings.Join(eps, " ")
+	var all []string
+	for _, v := range w.slices {
+		if v != "" {
+			all = append(all, v)
+		}
+	}
+	sort.Strings(all)
+	w.endpoints = append(w.endpoints, endpointsSeen{at: time.Now(), endpoints: strings.Join(all, " ")})
+}
+
+func ptrOr(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// endpointsAt says what the Service's endpoints were at, and since when.
+func (w *writeLog) endpointsAt(at time.Time) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := "(not seen yet)"
+	for _, e := range w.endpoints {
+		if e.at.After(at) {
+			break
+		}
+		out = fmt.Sprintf("since %s: %s", e.at.Format("15:04:05.000"), cmpOr(e.endpoints, "none"))
+	}
+	return out
 }
 
 // stop ends the watches.
