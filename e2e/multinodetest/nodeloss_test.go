@@ -70,7 +70,6 @@ func TestNodeLoss(t *testing.T) {
 	// watcher's Lease, from here to the end.
 	writes := watchWrites(t)
 	defer writes.stop()
-	l.explain = writes.endpointsAt
 
 	// The node to lose holds the watcher's leader; the one to drain is
 	// another; the downloads start on the third, which neither touches.
@@ -88,6 +87,8 @@ func TestNodeLoss(t *testing.T) {
 	}
 	t.Logf("the watcher's leader %s is on %s: stopping it; %s is drained next; downloads from %s", leader, lost.Name, drained.Name, downloader.Name)
 	l.downloadFrom(downloader)
+	proxy := sampleProxy(downloader, l.done)
+	l.explain = func(at time.Time) string { return writes.endpointsAt(at) + "; " + proxy.at(at) }
 	streamsR3 := streamsR3From(downloader)
 	l.waitDownloads(t, 20)
 	// What the node to lose holds when it stops: its NATS server's
