@@ -52,7 +52,13 @@ const (
 // nothing was lost: every source Ready at its newest commit, every artifact
 // whole, downloads failing only in the window the doc states, a new leader
 // within the lease, no revision stored twice, the JetStream streams back to
-// three current copies.
+// three current copies. The node returns stale (every source moved on
+// while it was away), and is stopped again briefly so that its pods
+// restart in place on their volumes: it must serve and write nothing
+// stale (stale_test.go): no source's revision ever goes back, every Event
+// of the watcher comes from the Lease's holder of its moment, its NATS
+// server catches up, nothing done is fetched again, and its
+// artifact-server, asked directly, serves every source's current digest.
 func TestNodeLoss(t *testing.T) {
 	c := requireCluster(t)
 	if len(c.Nodes) < 3 {
