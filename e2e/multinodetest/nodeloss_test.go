@@ -236,6 +236,7 @@ func TestNodeLoss(t *testing.T) {
 	l.waitDownloads(t, l.downloads()+50)
 	l.stop()
 
+	t.Log(proxy.summary())
 	// Nothing lost, nothing corrupt, nothing stored twice.
 	l.checkArtifacts(t)
 	l.report(t, []window{

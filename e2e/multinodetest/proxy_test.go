@@ -99,3 +99,31 @@ func (p *proxySampler) at(at time.Time) string {
 	return fmt.Sprintf("kube-proxy on %s, read at %s: rules last written %s, a write last queued %s, %v endpoint changes pending, %v iptables-restore failures so far",
 		p.node, last.at.Format("15:04:05.000"), unix(last.lastSync), unix(last.lastQueued), last.pending, last.failures)
 }
+
+// summary says how often kube-proxy wrote its rules while sampled, and
+// its longest time without a write (a healthy one writes at least every
+// syncPeriod, 30 s by default, whether anything changed or not).
+func (p *proxySampler) summary() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.seen) == 0 {
+		return "kube-proxy on " + p.node + ": never read"
+	}
+	writes := 0
+	var last float64
+	var gap time.Duration
+	var gapFrom, gapTo time.Time
+	for _, s := range p.seen {
+		if s.lastSync != last {
+			writes++
+			last = s.lastSync
+		}
+		written := time.Unix(0, int64(last*1e9))
+		if d := s.at.Sub(written); last != 0 && d > gap {
+			gap, gapFrom, gapTo = d, written, s.at
+		}
+	}
+	return fmt.Sprintf("kube-proxy on %s: %d rule writes seen in %d samples from %s to %s; the longest time without one: %s (from %s, still at %s)",
+		p.node, writes, len(p.seen), p.seen[0].at.Format(time.TimeOnly), p.seen[len(p.seen)-1].at.Format(time.TimeOnly),
+		gap.Round(time.Second), gapFrom.Format(time.TimeOnly), gapTo.Format(time.TimeOnly))
+}
