@@ -57,15 +57,17 @@ func sampleProxy(n *cluster.Node, done <-chan struct{}) *proxySampler {
 				if err != nil {
 					continue
 				}
+				// A series per IP family: the IPv4 proxier's timestamps are
+				// the newest (no IPv6 here), the counts add up.
 				switch name {
 				case "kubeproxy_sync_proxy_rules_last_timestamp_seconds":
-					s.lastSync = v
+					s.lastSync = max(s.lastSync, v)
 				case "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds":
-					s.lastQueued = v
+					s.lastQueued = max(s.lastQueued, v)
 				case "kubeproxy_sync_proxy_rules_endpoint_changes_pending":
-					s.pending = v
+					s.pending += v
 				case "kubeproxy_sync_proxy_rules_iptables_restore_failures_total":
-					s.failures = v
+					s.failures += v
 				}
 			}
 			p.mu.Lock()
