@@ -52,7 +52,13 @@ const (
 // nothing was lost: every source Ready at its newest commit, every artifact
 // whole, downloads failing only in the window the doc states, a new leader
 // within the lease, no revision stored twice, the JetStream streams back to
-// three current copies.
+// three current copies. The node returns stale (every source moved on
+// while it was away), and is stopped again briefly so that its pods
+// restart in place on their volumes: it must serve and write nothing
+// stale (stale_test.go): no source's revision ever goes back, every Event
+// of the watcher comes from the Lease's holder of its moment, its NATS
+// server catches up, nothing done is fetched again, and its
+// artifact-server, asked directly, serves every source's current digest.
 func TestNodeLoss(t *testing.T) {
 	c := requireCluster(t)
 	if len(c.Nodes) < 3 {
@@ -66,6 +72,10 @@ func TestNodeLoss(t *testing.T) {
 	l := newLoad(t, cl)
 	l.start()
 	defer l.stop()
+	// Every status write to the sources and every holder of the
+	// watcher's Lease, from here to the end.
+	writes := watchWrites(t)
+	defer writes.stop()
 
 	// The node to lose holds the watcher's leader; the one to drain is
 	// another; the downloads start on the third, which neither touches.
@@ -83,8 +93,15 @@ func TestNodeLoss(t *testing.T) {
 	}
 	t.Logf("the watcher's leader %s is on %s: stopping it; %s is drained next; downloads from %s", leader, lost.Name, drained.Name, downloader.Name)
 	l.downloadFrom(downloader)
+	proxy := sampleProxy(downloader, l.done)
+	l.explain = func(at time.Time) string { return writes.endpointsAt(at) + "; " + proxy.at(at) }
 	streamsR3 := streamsR3From(downloader)
 	l.waitDownloads(t, 20)
+	// What the node to lose holds when it stops: its NATS server's
+	// streams, and the sources' revisions, all stale by its return.
+	hc := downloader.HTTPClient()
+	staleSeqs := lastSeqOn(t, hc, lost.Name)
+	revsAtStop := l.revisions(t)
 
 	// A node lost.
 	stopped := time.Now()
@@ -116,10 +133,13 @@ func TestNodeLoss(t *testing.T) {
 	wholeAgain := whole(t)
 	t.Logf("the artifact-servers whole again (the lost one replaced and Ready) %s after the node stopped", wholeAgain.Sub(stopped).Round(100*time.Millisecond))
 
-	// The node comes back with the state it had: NATS's server rejoins
-	// and catches up, the streams have three current copies again.
-	// Downloads may fail from its link's return until 30 s after it is
-	// Ready (docs/operating.md).
+	// The node comes back with the state it had, stale: every source
+	// has moved on since it stopped. NATS's server rejoins and catches
+	// up, the streams have three current copies again, and nothing done
+	// is fetched again. Downloads may fail from its link's return until
+	// 30 s after it is Ready (docs/operating.md).
+	l.checkMovedOn(t, revsAtStop)
+	fetchesBack := l.countFetches()
 	returning := time.Now()
 	l.mark("node back, settling")
 	if err := c.StartNode(ctx, lost.Name); err != nil {
@@ -129,7 +149,28 @@ func TestNodeLoss(t *testing.T) {
 	kubetest.Eventually(t, 10*time.Minute, "every pod Ready with the node back", podsReady)
 	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies", streamsR3)
 	t.Logf("streams back to three current copies %s after the node returned", time.Since(back).Round(100*time.Millisecond))
+	waitCaughtUp(t, hc, lost.Name, staleSeqs)
 	waitFor(t, back.Add(proxyGrace))
+	l.checkNoRefetch(t, fetchesBack, "from the node's return until 30 s after it was Ready")
+	l.mark("node back")
+	// Its services' pods were replaced on the others while it was away:
+	// put one of each back on it, then download every artifact from its
+	// artifact-server directly, and through the Service.
+	moveOnto(t, lost.Name, []*cluster.Node{drained, downloader})
+	pod, ip := artifactServerOn(t, lost.Name)
+	l.checkServedBy(t, pod, ip, 1)
+	l.checkArtifacts(t)
+
+	// The same node stopped again, and back as soon as it is NotReady,
+	// before its pods are evicted: they restart where they were, with
+	// the volumes and caches they had, and the sources moved on while
+	// it was away (a new commit to each).
+	briefStop, briefBack, briefReady := stopBriefly(t, l, lost, hc)
+	fresh = l.waitFresh(t, 10*time.Minute)
+	t.Logf("every source fresh at its newest commit %s after the node returned from its brief stop", fresh.Sub(briefBack).Round(100*time.Millisecond))
+	pod, ip = artifactServerOn(t, lost.Name)
+	l.checkServedBy(t, pod, ip, 1)
+	waitFor(t, briefReady.Add(proxyGrace))
 	l.mark("node back")
 
 	// Another node drained, as for maintenance: the budgets let it
@@ -195,15 +236,21 @@ func TestNodeLoss(t *testing.T) {
 	l.waitDownloads(t, l.downloads()+50)
 	l.stop()
 
+	t.Log(proxy.summary())
 	// Nothing lost, nothing corrupt, nothing stored twice.
 	l.checkArtifacts(t)
 	l.report(t, []window{
 		{"node lost", stopped, wholeAgain.Add(proxyGrace)},
 		{"node back, settling", returning, back.Add(proxyGrace)},
+		{"node lost briefly", briefStop, briefReady.Add(proxyGrace)},
 		{"quorum lost", quorumLost, quorumWhole.Add(proxyGrace)},
 		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace)},
 	})
 	checkNoDoubleWrites(t)
+	// Nothing written stale, nothing by a watcher but the leader.
+	writes.stop()
+	writes.checkNoRegression(t, l)
+	writes.checkWriters(t)
 }
 
 // waitFor returns at when, the test's clock moving on by itself (no
@@ -453,6 +500,8 @@ type load struct {
 	mu      sync.Mutex
 	heads   map[string]string // the newest commit of each repository
 	commits int
+	// commitsOf counts the commits made to each repository.
+	commitsOf map[string]int
 	// gitMu keeps the committer and commitRound from running git in one
 	// repository at once.
 	gitMu   sync.Mutex
@@ -464,6 +513,10 @@ type load struct {
 	base      string // http://<the Service's cluster IP>
 	client    *http.Client
 	stopOnce  sync.Once
+	// marks are when each phase began; explain, if set, says what the
+	// Service's endpoints were at a failed download's time.
+	marks   []download
+	explain func(time.Time) string
 }
 
 type download struct {
@@ -478,7 +531,7 @@ func newLoad(t *testing.T, cl ctrlclient.Client) *load {
 	t.Helper()
 	ctx := context.Background()
 	env.EnsureNamespace(t, loadNamespace)
-	l := &load{cl: cl, done: make(chan struct{}), heads: map[string]string{}, artifacts: map[string]meta.Artifact{}, phase: "steady"}
+	l := &load{cl: cl, done: make(chan struct{}), heads: map[string]string{}, commitsOf: map[string]int{}, artifacts: map[string]meta.Artifact{}, phase: "steady"}
 	start := time.Now()
 	work := t.TempDir()
 	for i := range loadSources {
@@ -565,6 +618,7 @@ func (l *load) commit(i int) {
 	}
 	l.mu.Lock()
 	l.heads[name] = head
+	l.commitsOf[name]++
 	l.mu.Unlock()
 }
 
@@ -647,12 +701,15 @@ func (l *load) downloadOne(name string) {
 }
 
 // fetch downloads an artifact URL through the Service's cluster IP.
-func (l *load) fetch(raw string) (string, int, error) {
+func (l *load) fetch(raw string) (string, int, error) { return l.fetchFrom(l.base, raw) }
+
+// fetchFrom downloads an artifact URL's path from base (http://<host>).
+func (l *load) fetchFrom(base, raw string) (string, int, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", 0, err
 	}
-	resp, err := l.client.Get(l.base + u.RequestURI())
+	resp, err := l.client.Get(base + u.RequestURI())
 	if err != nil {
 		return "", 0, err
 	}
@@ -676,6 +733,7 @@ func (l *load) superseded(name string, a meta.Artifact) bool {
 func (l *load) mark(phase string) {
 	l.mu.Lock()
 	l.phase = phase
+	l.marks = append(l.marks, download{at: time.Now(), phase: phase})
 	l.mu.Unlock()
 }
 
@@ -873,8 +931,15 @@ func (l *load) report(t *testing.T, windows []window) {
 		case d.corrupt:
 			t.Errorf("corrupt download of %s at %s (%s): %s", d.source, d.at.Format(time.TimeOnly), d.phase, d.err)
 		case !inWindow:
-			t.Errorf("download of %s failed at %s (%s), outside the window the doc states: %s", d.source, d.at.Format(time.TimeOnly), d.phase, d.err)
+			why := ""
+			if l.explain != nil {
+				why = "; the Service's endpoints " + l.explain(d.at)
+			}
+			t.Errorf("download of %s failed at %s (%s), outside the window the doc states: %s%s", d.source, d.at.Format("15:04:05.000"), d.phase, d.err, why)
 		}
+	}
+	for _, m := range l.marks {
+		t.Logf("phase %q began at %s", m.phase, m.at.Format("15:04:05.000"))
 	}
 	for _, p := range phases {
 		t.Logf("downloads while %s: %d whole, %d failed", p, byPhase[p].ok, byPhase[p].failed)
