@@ -90,12 +90,18 @@ type capped struct {
 	closeOnce sync.Once
 }
 
+// Accept takes a slot, waiting for one while the cap is reached, then
+// accepts. A connection accepted after such a wait is counted as having
+// waited: it is the one that queued (in the kernel's backlog) while the
+// cap held, and not the loop's own wait, which begins as soon as the last
+// slot is taken, whether or not anybody is waiting.
 func (c *capped) Accept() (net.Conn, error) {
+	waited := false
 	if c.slots != nil {
 		select {
 		case c.slots <- struct{}{}:
 		default:
-			c.waited.Inc()
+			waited = true
 			select {
 			case c.slots <- struct{}{}:
 			case <-c.done:
@@ -107,6 +113,9 @@ func (c *capped) Accept() (net.Conn, error) {
 	if err != nil {
 		c.release()
 		return nil, err
+	}
+	if waited {
+		c.waited.Inc()
 	}
 	c.open.Inc()
 	return &slotConn{Conn: conn, release: func() { c.open.Dec(); c.release() }}, nil

@@ -38,6 +38,15 @@ func TestConnectionCap(t *testing.T) {
 		defer c.Close()
 		idle = append(idle, c)
 	}
+	gauge := func() float64 { return gaugeValue(t, reg, "headwater_artifact_server_connections") }
+	waited := func() float64 { return counter(t, reg, "headwater_artifact_server_connections_waited_total") }
+	deadline := time.Now().Add(10 * time.Second)
+	for gauge() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two idle clients do not hold the cap")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	served := make(chan error, 1)
 	go func() {
 		resp, err := http.Get("http://" + addr + "/x")
@@ -46,18 +55,16 @@ func TestConnectionCap(t *testing.T) {
 		}
 		served <- err
 	}()
-	waited := func() float64 { return counter(t, reg, "headwater_artifact_server_connections_waited_total") }
-	deadline := time.Now().Add(10 * time.Second)
-	for waited() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the third connection did not wait for a slot")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	time.Sleep(100 * time.Millisecond)
 	select {
 	case err := <-served:
 		t.Fatalf("the third client was served past the cap: %v", err)
 	default:
+	}
+	// Nothing was accepted after a wait yet: the server reaching its cap
+	// is not itself a client that waited.
+	if v := waited(); v != 0 {
+		t.Errorf("headwater_artifact_server_connections_waited_total %v before any waiting client was accepted, want 0", v)
 	}
 	_ = idle[0].Close()
 	select {
@@ -67,6 +74,10 @@ func TestConnectionCap(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the third client was not served once a slot freed")
+	}
+	// The third client waited, and is counted once.
+	if v := waited(); v != 1 {
+		t.Errorf("headwater_artifact_server_connections_waited_total %v once the waiting client was served, want 1", v)
 	}
 }
 
@@ -109,6 +120,21 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// gaugeValue is the value of the gauge name on reg (0 when absent).
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
 	return 0
