@@ -462,10 +462,23 @@ func (w *Worker) runWithHeartbeat(ctx context.Context, m *events.Message, d Deli
 			err = errDeadline
 		}
 	}
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(hctx), errDeadline) {
+	if err != nil && ctx.Err() == nil && pastDeadline(hctx) {
 		return w.deadlineFailure(m, timeout, err)
 	}
 	return err
+}
+
+// pastDeadline reports whether the job's context hctx ran out of time. Its
+// cause says so once its timer has fired; a handler that failed at the
+// same deadline through a context of its own with that deadline (a
+// listing shared between fetches runs on one) can return in the instant
+// before, so the deadline itself having passed counts too.
+func pastDeadline(hctx context.Context) bool {
+	if errors.Is(context.Cause(hctx), errDeadline) {
+		return true
+	}
+	deadline, ok := hctx.Deadline()
+	return ok && !time.Now().Before(deadline)
 }
 
 // timeoutOf is the deadline of the job m.
