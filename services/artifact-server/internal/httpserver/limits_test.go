@@ -38,8 +38,8 @@ func TestConnectionCap(t *testing.T) {
 		defer c.Close()
 		idle = append(idle, c)
 	}
-	gauge := func() float64 { return gaugeValue(t, reg, "headwater_artifact_server_connections") }
-	waited := func() float64 { return counter(t, reg, "headwater_artifact_server_connections_waited_total") }
+	gauge := func() float64 { return metric(t, reg, "headwater_artifact_server_connections") }
+	waited := func() float64 { return metric(t, reg, "headwater_artifact_server_connections_waited_total") }
 	deadline := time.Now().Add(10 * time.Second)
 	for gauge() != 2 {
 		if time.Now().After(deadline) {
@@ -110,8 +110,8 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// counter is the value of the counter name on reg (0 when absent).
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metric is the value of the counter or gauge name on reg (0 when absent).
+func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -119,22 +119,11 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
-}
-
-// gaugeValue is the value of the gauge name on reg (0 when absent).
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
+			m := mf.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	return 0
