@@ -422,6 +422,7 @@ func (w *watcher) addConsumers(context.Context) error {
 		Concurrency: w.o.eventConcurrency,
 		Metrics:     w.jobMetrics,
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
+		Superseded:  results.NewSupersededCounter(crmetrics.Registry),
 		Steady:      w.steady,
 		Retries:     w.retries,
 		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: w.generators},

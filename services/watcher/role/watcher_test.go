@@ -2,6 +2,7 @@ package role
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -179,6 +180,7 @@ func TestWatcher(t *testing.T) {
 	t.Run("lifecycle", func(t *testing.T) { testLifecycle(t, e) })
 	t.Run("suspend", func(t *testing.T) { testSuspend(t, e) })
 	t.Run("rate limited", func(t *testing.T) { testRateLimited(t, e) })
+	t.Run("late outcome", func(t *testing.T) { testLateOutcome(t, e) })
 	t.Run("include", func(t *testing.T) { testInclude(t, e) })
 	t.Run("status patch conflict", func(t *testing.T) { testStatusPatchConflict(t, e) })
 	t.Run("helm repository", func(t *testing.T) { testHelmRepository(t, e) })
@@ -602,6 +604,90 @@ func testRateLimited(t *testing.T, e *env) {
 		_ = e.k8s.Get(ctx, key, &got)
 		return conditions.IsReady(&got) && !conditions.IsReconciling(&got)
 	})
+	if err := e.k8s.Delete(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	if m := next(t, e.packageJobs); m.Event.Type() != events.TypeDeleteRequested {
+		t.Fatalf("got %s, want the deletion job", m.Event.Type())
+	}
+}
+
+// testLateOutcome publishes the outcomes of a source's older jobs after
+// its newest job's, as a fetcher or packager cut off from the bus would
+// once it is back: the older revision, stored later (so with the later
+// lastUpdateTime), and a failure. Neither moves the source back, and
+// neither records an Event.
+func testLateOutcome(t *testing.T, e *env) {
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: "default", Name: "late"}
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
+		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/late.git",
+			Interval: metav1.Duration{Duration: time.Hour}, Reference: &sourcev1.GitRepositoryRef{Branch: "master"}},
+	}
+	if err := e.k8s.Create(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	// Three jobs, each asked for by a reconcile request.
+	var jobs []events.Job
+	var got sourcev1.GitRepository
+	for i := range 3 {
+		if i > 0 {
+			if err := e.k8s.Get(ctx, key, &got); err != nil {
+				t.Fatal(err)
+			}
+			patch := client.MergeFrom(got.DeepCopy())
+			got.Annotations = map[string]string{meta.ReconcileRequestAnnotation: fmt.Sprintf("late-%d", i)}
+			if err := e.k8s.Patch(ctx, &got, patch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m := next(t, e.fetchJobs)
+		req, ok := m.Data.(*events.FetchRequested)
+		if !ok || req.Job.Object.Name != key.Name {
+			t.Fatalf("got %s %+v, want a job for %s", m.Event.Type(), m.Data, key.Name)
+		}
+		jobs = append(jobs, req.Job)
+	}
+	if !jobs[0].RequestedAt.Before(jobs[2].RequestedAt) || !jobs[1].RequestedAt.Before(jobs[2].RequestedAt) {
+		t.Fatalf("jobs not requested in order: %+v", jobs)
+	}
+	stored := func(job events.Job, commit, digest string) *events.Outcome {
+		rev := "master@sha1:" + strings.Repeat(commit, 40)
+		path := "gitrepository/default/late/" + commit + ".tar.gz"
+		return &events.Outcome{Job: job, Revision: rev, EventMessage: "stored artifact for commit '" + commit + "'",
+			Artifact: &meta.Artifact{Path: path, URL: "http://a/" + path, Revision: rev, Digest: digest, LastUpdateTime: metav1.Now()}}
+	}
+	publishOutcome(t, e, events.TypeArtifactStored, stored(jobs[2], "c", "sha256:newest"))
+	eventually(t, "the newest job's artifact", func() bool {
+		_ = e.k8s.Get(ctx, key, &got)
+		return conditions.IsReady(&got) && got.Status.Artifact != nil && got.Status.Artifact.Digest == "sha256:newest"
+	})
+	before := counterValue(t, "headwater_superseded_outcomes_total")
+	// A second later, so the late artifact's lastUpdateTime is the newer.
+	time.Sleep(time.Second)
+	publishOutcome(t, e, events.TypeArtifactStored, stored(jobs[0], "a", "sha256:oldest"))
+	publishOutcome(t, e, events.TypeArtifactFailed, &events.Outcome{Job: jobs[1], Failure: &events.Failure{
+		Condition: sourcev1.FetchFailedCondition, Reason: sourcev1.GitOperationFailedReason, Message: "late failure"}})
+	eventually(t, "two superseded outcomes counted", func() bool {
+		return counterValue(t, "headwater_superseded_outcomes_total") == before+2
+	})
+	if err := e.k8s.Get(ctx, key, &got); err != nil {
+		t.Fatal(err)
+	}
+	if a := got.Status.Artifact; a == nil || a.Digest != "sha256:newest" || !conditions.IsReady(&got) ||
+		conditions.Get(&got, sourcev1.FetchFailedCondition) != nil || got.Status.LastHandledReconcileAt != "late-2" {
+		t.Errorf("status after late outcomes = %+v, want the newest job's artifact, Ready, no failure, last handled late-2", got.Status)
+	}
+	var list corev1.EventList
+	if err := e.k8s.List(ctx, &list, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Name == key.Name && (ev.Message == "stored artifact for commit 'a'" || ev.Message == "late failure") {
+			t.Errorf("a late outcome recorded an Event: %s %s", ev.Reason, ev.Message)
+		}
+	}
 	if err := e.k8s.Delete(ctx, &got); err != nil {
 		t.Fatal(err)
 	}

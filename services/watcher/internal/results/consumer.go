@@ -71,6 +71,10 @@ type Consumer struct {
 	// Forged counts the outcomes refused because the watcher did not issue
 	// their job (headwater_forged_outcomes_total); may be nil.
 	Forged prometheus.Counter
+	// Superseded counts the outcomes not written because a newer job's
+	// outcome for the same source was written first
+	// (headwater_superseded_outcomes_total); may be nil.
+	Superseded prometheus.Counter
 	// Steady, when set, learns the artifact-server's advertised address
 	// from the artifacts announced (see controller.Steady).
 	Steady *controller.Steady
@@ -113,6 +117,9 @@ type Consumer struct {
 	Consumer string
 	// Log is the consumer's logger.
 	Log logr.Logger
+
+	// order writes each source's outcomes in the order of their jobs.
+	order order
 }
 
 // jobObject is the object a job is about as far as a shard can tell: its
@@ -201,6 +208,9 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	if msg.Event.Type() == events.TypeArtifactDeleted {
 		// The object's artifacts are gone; its status has nothing to say.
 		// The shard that deleted it records the Event.
+		if o.Job.ID == events.DeletionJobID(o.Job.Object.UID) {
+			c.order.forget(types.UID(o.Job.Object.UID))
+		}
 		if jobOwned {
 			c.garbageCollected(o)
 		}
@@ -225,6 +235,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) {
+			c.order.forget(types.UID(o.Job.Object.UID))
 			return c.orphaned(ctx, msg.Event.Type(), o)
 		}
 		return fmt.Errorf("get %s: %w", key, err)
@@ -238,18 +249,33 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		return nil
 	}
 
+	// One outcome of a source at a time, and none of a job older than
+	// the newest one written.
+	src := c.order.lock(obj.GetUID())
+	defer c.order.unlock(obj.GetUID(), src)
+	if src.superseded(o.Job.RequestedAt) {
+		if c.Superseded != nil {
+			c.Superseded.Inc()
+		}
+		log.Info("ignoring the outcome of a job older than one whose outcome is written", "type", msg.Event.Type(),
+			"job", o.Job.ID, "requestedAt", o.Job.RequestedAt, "newestRequestedAt", src.newest)
+		return nil
+	}
+
 	ctx, span := tracing.StartJob(ctx, tracer, "write status", o.Job)
 	defer func() { tracing.End(span, err) }()
 	var recorded, announced []status.Event
+	written := false
 	err = status.Patch(ctx, c.Client, c.Live, kind, obj, func(cur sourcekind.Object) bool {
 		if string(cur.GetUID()) != o.Job.Object.UID || !c.owns(cur) {
 			// Deleted and made again, or moved to another shard
 			// since it was read: not this outcome's, or not ours.
-			recorded, announced = nil, nil
+			recorded, announced, written = nil, nil, false
 			return false
 		}
 		recorded = status.Apply(kind, cur, msg.Event.Type(), o)
 		announced = status.Reannounce(kind, cur, msg.Event.Type(), o)
+		written = true
 		return true
 	})
 	if err != nil {
@@ -257,6 +283,9 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 			return nil
 		}
 		return err
+	}
+	if written {
+		src.written(o.Job.RequestedAt)
 	}
 	// A new artifact's Event is written before the outcome is
 	// acknowledged: if this replica dies or the API server refuses it,
