@@ -558,15 +558,7 @@ func testSuspend(t *testing.T, e *env) {
 // shows it is retrying until a job succeeds.
 func testRateLimited(t *testing.T, e *env) {
 	ctx := context.Background()
-	key := client.ObjectKey{Namespace: "default", Name: "throttled"}
-	repo := &sourcev1.GitRepository{
-		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
-		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/throttled.git",
-			Interval: metav1.Duration{Duration: time.Hour}, Reference: &sourcev1.GitRepositoryRef{Branch: "master"}},
-	}
-	if err := e.k8s.Create(ctx, repo); err != nil {
-		t.Fatal(err)
-	}
+	key := createHourly(t, e, "throttled")
 	retriedBefore := retriedCount(t, "GitRepository", "rate_limited")
 	job := next(t, e.fetchJobs).Data.(*events.FetchRequested).Job
 	seen := map[string]bool{job.ID: true}
@@ -619,15 +611,7 @@ func testRateLimited(t *testing.T, e *env) {
 // neither records an Event.
 func testLateOutcome(t *testing.T, e *env) {
 	ctx := context.Background()
-	key := client.ObjectKey{Namespace: "default", Name: "late"}
-	repo := &sourcev1.GitRepository{
-		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
-		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/late.git",
-			Interval: metav1.Duration{Duration: time.Hour}, Reference: &sourcev1.GitRepositoryRef{Branch: "master"}},
-	}
-	if err := e.k8s.Create(ctx, repo); err != nil {
-		t.Fatal(err)
-	}
+	key := createHourly(t, e, "late")
 	// Three jobs, each asked for by a reconcile request.
 	var jobs []events.Job
 	var got sourcev1.GitRepository
@@ -694,6 +678,22 @@ func testLateOutcome(t *testing.T, e *env) {
 	if m := next(t, e.packageJobs); m.Event.Type() != events.TypeDeleteRequested {
 		t.Fatalf("got %s, want the deletion job", m.Event.Type())
 	}
+}
+
+// createHourly creates a GitRepository name in default, of branch master
+// at an unreachable URL, reconciled every hour: its jobs come from what the
+// test does, not from its interval.
+func createHourly(t *testing.T, e *env, name string) client.ObjectKey {
+	t.Helper()
+	repo := &sourcev1.GitRepository{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: sourcev1.GitRepositorySpec{URL: "http://127.0.0.1:1/" + name + ".git",
+			Interval: metav1.Duration{Duration: time.Hour}, Reference: &sourcev1.GitRepositoryRef{Branch: "master"}},
+	}
+	if err := e.k8s.Create(context.Background(), repo); err != nil {
+		t.Fatal(err)
+	}
+	return client.ObjectKeyFromObject(repo)
 }
 
 func publishOutcome(t *testing.T, e *env, eventType string, o *events.Outcome) {

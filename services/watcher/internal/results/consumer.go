@@ -475,10 +475,12 @@ func logOutcome(log logr.Logger, kind sourcekind.Kind, eventType string, o *even
 // outcomes refused because their job was not issued by the watcher. Any
 // increase means a service identity publishes what it should not.
 func NewForgedCounter(reg prometheus.Registerer) prometheus.Counter {
-	c := prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: telemetry.Namespace, Name: "forged_outcomes_total",
-		Help: "Job outcomes refused because the watcher did not issue their job (no or a wrong seal).",
-	})
+	return newCounter(reg, "forged_outcomes_total", "Job outcomes refused because the watcher did not issue their job (no or a wrong seal).")
+}
+
+// newCounter registers the counter headwater_<name> on reg.
+func newCounter(reg prometheus.Registerer, name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: telemetry.Namespace, Name: name, Help: help})
 	reg.MustRegister(c)
 	return c
 }

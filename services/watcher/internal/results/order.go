@@ -6,8 +6,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/headwater-gitops/headwater/pkg/telemetry"
 )
 
 // order keeps, for each source, when the newest job whose outcome this
@@ -104,10 +102,6 @@ func (o *order) len() int {
 // reg: the outcomes not written because the outcome of a newer job of the
 // same source was written first.
 func NewSupersededCounter(reg prometheus.Registerer) prometheus.Counter {
-	c := prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: telemetry.Namespace, Name: "superseded_outcomes_total",
-		Help: "Job outcomes not written into status because a newer job's outcome for the same source was written first (a job that finished late, e.g. on a node cut off from the bus).",
-	})
-	reg.MustRegister(c)
-	return c
+	return newCounter(reg, "superseded_outcomes_total",
+		"Job outcomes not written into status because a newer job's outcome for the same source was written first (a job that finished late, e.g. on a node cut off from the bus).")
 }
