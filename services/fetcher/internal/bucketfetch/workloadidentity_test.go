@@ -11,14 +11,11 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
@@ -44,14 +41,12 @@ import (
 // does not trust, STS answering 500.
 func TestGCPBucketObjectLevelWorkloadIdentity(t *testing.T) {
 	c := sourcetest.StartAPIServer(t)
-	for name, annotations := range map[string]map[string]string{
+	sourcetest.CreateServiceAccounts(t, c, map[string]map[string]string{
 		"reader":           {workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount},
 		"federated":        nil,
 		"not-impersonator": {workloadidentity.AnnotationGCPServiceAccount: cloudid.GCPServiceAccount},
 		"untrusted":        nil,
-	} {
-		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))
-	}
+	})
 	metadata := &cloudid.GCPMetadata{}
 	must(t, metadata.Start())
 	t.Cleanup(func() { _ = metadata.Close() })
@@ -69,8 +64,7 @@ func TestGCPBucketObjectLevelWorkloadIdentity(t *testing.T) {
 	bucket := newGCSFaults(t, srv.Endpoint)
 	// The bucket takes only the tokens the test STS issued.
 	bucket.inject(func(r *http.Request) int {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || !sts.ValidLogin("oauth2accesstoken", token) {
+		if !sourcetest.BearerValid(r, func(token string) bool { return sts.ValidLogin("oauth2accesstoken", token) }) {
 			return http.StatusUnauthorized
 		}
 		return 0
@@ -97,25 +91,13 @@ func TestGCPBucketObjectLevelWorkloadIdentity(t *testing.T) {
 			defer sts.FailWith(0)
 			before := sts.Impersonations()
 			src := &Source{Concurrency: 1, gcsBackoff: time.Millisecond, Tokens: providertoken.NewCache(0, nil),
-				Getenv:   func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+				Getenv:   sourcetest.Getenv(env),
 				Accounts: &workloadidentity.Accounts{Client: c, Enabled: true}}
 			spec := sourcev1.BucketSpec{Provider: sourcev1.BucketProviderGoogle, BucketName: "bkt", Endpoint: bucket.hostPort(),
 				Insecure: true, ServiceAccountName: tc.sa}
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-			defer cancel()
-			res, err := src.Resolve(ctx, request(spec))
+			checkFetchAs(t, src, spec, tc.handling, tc.message)
 			if tc.message != "" {
-				sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, tc.handling, tc.message)
 				return
-			}
-			must(t, err)
-			dir := t.TempDir()
-			if _, err := res.Download(ctx, dir); err != nil {
-				t.Fatalf("download: %v", err)
-			}
-			b, err := os.ReadFile(dir + "/app/config.yaml")
-			if err != nil || string(b) != "replicas: 3\n" {
-				t.Fatalf("app/config.yaml: %q, %v", b, err)
 			}
 			if got := sts.Impersonations() - before; (got > 0) != tc.impersonate {
 				t.Errorf("impersonations: %d, want impersonation %v", got, tc.impersonate)
@@ -141,9 +123,7 @@ func TestGCPBucketObjectLevelWorkloadIdentity(t *testing.T) {
 func TestAzureBucketObjectLevelWorkloadIdentity(t *testing.T) {
 	c := sourcetest.StartAPIServer(t)
 	app := map[string]string{workloadidentity.AnnotationAzureClientID: cloudid.ClientID, workloadidentity.AnnotationAzureTenantID: cloudid.TenantID}
-	for name, annotations := range map[string]map[string]string{"reader": app, "untrusted": app, "bare": nil} {
-		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))
-	}
+	sourcetest.CreateServiceAccounts(t, c, map[string]map[string]string{"reader": app, "untrusted": app, "bare": nil})
 	entra := &tokenserver.EntraID{TenantID: cloudid.TenantID, ClientID: cloudid.ClientID, Scope: azureStorageScope,
 		Trust: cloudid.ServiceAccountTrust(workloadidentity.AudienceAzure, map[string]string{cloudid.ClientID: "default/reader"})}
 	must(t, entra.Start("127.0.0.1:0"))
@@ -162,8 +142,7 @@ func TestAzureBucketObjectLevelWorkloadIdentity(t *testing.T) {
 	}, ErrorLog: log.New(io.Discard, "", 0)}
 	var refused atomic.Int32
 	front := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || !entra.Valid(token) {
+		if !sourcetest.BearerValid(r, entra.Valid) {
 			refused.Add(1)
 			w.Header().Set("WWW-Authenticate", "Bearer authorization_uri=https://login.microsoftonline.com/"+cloudid.TenantID+"/oauth2/authorize resource_id=https://storage.azure.com")
 			http.Error(w, "Server failed to authenticate the request.", http.StatusUnauthorized)
@@ -195,26 +174,11 @@ func TestAzureBucketObjectLevelWorkloadIdentity(t *testing.T) {
 			entra.FailWith(tc.status)
 			defer entra.FailWith(0)
 			src := &Source{Concurrency: 1, Tokens: providertoken.NewCache(0, nil), rootCAs: roots,
-				Getenv:   func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+				Getenv:   sourcetest.Getenv(env),
 				Accounts: &workloadidentity.Accounts{Client: c, Enabled: true}}
 			spec := sourcev1.BucketSpec{Provider: sourcev1.BucketProviderAzure, BucketName: "wibucket",
 				Endpoint: front.URL + backend.Path, ServiceAccountName: tc.sa}
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-			defer cancel()
-			res, err := src.Resolve(ctx, request(spec))
-			if tc.message != "" {
-				sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, tc.handling, tc.message)
-				return
-			}
-			must(t, err)
-			dir := t.TempDir()
-			if _, err := res.Download(ctx, dir); err != nil {
-				t.Fatalf("download: %v", err)
-			}
-			b, err := os.ReadFile(dir + "/app/config.yaml")
-			if err != nil || string(b) != "replicas: 3\n" {
-				t.Fatalf("app/config.yaml: %q, %v", b, err)
-			}
+			checkFetchAs(t, src, spec, tc.handling, tc.message)
 		})
 	}
 	// Without a token the front refuses: the success above is the token's.
@@ -224,6 +188,30 @@ func TestAzureBucketObjectLevelWorkloadIdentity(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized || refused.Load() == 0 {
 		t.Fatalf("anonymous listing through the front: %s, want 401 Unauthorized", resp.Status)
+	}
+}
+
+// checkFetchAs resolves spec, which names a ServiceAccount, with src:
+// with message "", it must succeed and download the bucket's
+// app/config.yaml as the workload identity tests put it; otherwise it must
+// fail authentication with handling and a message containing message.
+func checkFetchAs(t *testing.T, src *Source, spec sourcev1.BucketSpec, handling failure.Handling, message string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	res, err := src.Resolve(ctx, request(spec))
+	if message != "" {
+		sourcetest.CheckFailure(t, err, sourcev1.AuthenticationFailedReason, handling, message)
+		return
+	}
+	must(t, err)
+	dir := t.TempDir()
+	if _, err := res.Download(ctx, dir); err != nil {
+		t.Fatalf("download: %v", err)
+	}
+	b, err := os.ReadFile(dir + "/app/config.yaml")
+	if err != nil || string(b) != "replicas: 3\n" {
+		t.Fatalf("app/config.yaml: %q, %v", b, err)
 	}
 }
 

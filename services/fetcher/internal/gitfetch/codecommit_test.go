@@ -18,6 +18,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
 	"github.com/headwater-gitops/headwater/testsupport/cloudid"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
@@ -62,7 +63,7 @@ func (f *codeCommitFixture) source(cache *providertoken.Cache, edit func(map[str
 	if edit != nil {
 		edit(env)
 	}
-	return &Source{Tokens: cache, Getenv: getenv(env), RefCache: NewRefCache(time.Hour, 0, nil),
+	return &Source{Tokens: cache, Getenv: sourcetest.Getenv(env), RefCache: NewRefCache(time.Hour, 0, nil),
 		Aliases: map[string]string{strings.TrimPrefix(f.front.URL, "https://"): codeCommitName}}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/hostlimit"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
+	"github.com/headwater-gitops/headwater/services/fetcher/internal/source/sourcetest"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 	"github.com/headwater-gitops/headwater/testsupport/tokenserver"
 )
@@ -333,18 +334,12 @@ func newEntraFixture(t *testing.T) *entraFixture {
 	f.env = map[string]string{"AZURE_CLIENT_ID": f.tenant.ClientID, "AZURE_TENANT_ID": f.tenant.TenantID,
 		"AZURE_FEDERATED_TOKEN_FILE": file, "AZURE_AUTHORITY_HOST": f.tenant.AuthorityHost()}
 	f.git = &gitserver.Server{Root: t.TempDir(), Authorize: func(r *http.Request) bool {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		return ok && f.tenant.Valid(token)
+		return sourcetest.BearerValid(r, f.tenant.Valid)
 	}}
 	must(t, f.git.Start("127.0.0.1:0"))
 	t.Cleanup(func() { _ = f.git.Stop() })
 	f.commit = newRepoIn(t, f.git.Root, "repo")
 	return f
-}
-
-// getenv looks up env.
-func getenv(env map[string]string) func(string) (string, bool) {
-	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 }
 
 func TestAzureWorkloadIdentity(t *testing.T) {
@@ -417,7 +412,7 @@ func TestAzureWorkloadIdentityFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f.tenant.FailWith(tc.status)
 			defer f.tenant.FailWith(0)
-			src := &Source{Getenv: getenv(tc.env), TokenRootCAs: f.roots}
+			src := &Source{Getenv: sourcetest.Getenv(tc.env), TokenRootCAs: f.roots}
 			req := request(url, &sourcev1.GitRepositoryRef{Branch: "master"})
 			req.GitRepository.Provider = sourcev1.GitProviderAzure
 			req.GitRepository.ServiceAccountName = tc.sa

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
 	"github.com/headwater-gitops/headwater/services/fetcher/internal/providertoken"
@@ -28,14 +26,11 @@ func TestAzureObjectLevelIdentity(t *testing.T) {
 	c := sourcetest.StartAPIServer(t)
 
 	f := newEntraFixture(t)
-	for _, name := range []string{"git-reader", "other"} {
-		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
-			Annotations: map[string]string{workloadidentity.AnnotationAzureClientID: f.tenant.ClientID,
-				workloadidentity.AnnotationAzureTenantID: f.tenant.TenantID}}}))
-	}
+	app := map[string]string{workloadidentity.AnnotationAzureClientID: f.tenant.ClientID, workloadidentity.AnnotationAzureTenantID: f.tenant.TenantID}
+	sourcetest.CreateServiceAccounts(t, c, map[string]map[string]string{"git-reader": app, "other": app})
 	f.tenant.Trust = cloudid.ServiceAccountTrust(workloadidentity.AudienceAzure, map[string]string{f.tenant.ClientID: "default/git-reader"})
 	src := &Source{Tokens: providertoken.NewCache(0, nil), TokenRootCAs: f.roots,
-		Getenv:   getenv(map[string]string{"AZURE_AUTHORITY_HOST": f.tenant.AuthorityHost()}),
+		Getenv:   sourcetest.Getenv(map[string]string{"AZURE_AUTHORITY_HOST": f.tenant.AuthorityHost()}),
 		Accounts: &workloadidentity.Accounts{Client: c, Enabled: true}}
 	resolve := func(sa string) error {
 		req := request(f.git.RepoURL("repo"), &sourcev1.GitRepositoryRef{Branch: "master"})

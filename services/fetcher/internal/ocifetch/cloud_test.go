@@ -49,7 +49,7 @@ func (f *cloudFixture) login(cache *providertoken.Cache, edit func(env map[strin
 	if edit != nil {
 		edit(env)
 	}
-	return &registrylogin.Login{Tokens: cache, RootCAs: f.Roots, Getenv: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+	return &registrylogin.Login{Tokens: cache, RootCAs: f.Roots, Getenv: sourcetest.Getenv(env),
 		Aliases: f.Aliases()}
 }
 

@@ -8,9 +8,7 @@ import (
 	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/pkg/failure"
@@ -51,9 +49,7 @@ func TestObjectLevelWorkloadIdentity(t *testing.T) {
 		"tenant-azure": {workloadidentity.AnnotationAzureClientID: cloudid.ClientID, workloadidentity.AnnotationAzureTenantID: cloudid.TenantID},
 		"bare":         nil,
 	}
-	for name, annotations := range accounts {
-		must(t, c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))
-	}
+	sourcetest.CreateServiceAccounts(t, c, accounts)
 	f := newCloudFixture(t)
 	f.AWS.Trust = cloudid.ServiceAccountTrust(workloadidentity.AudienceAWS, map[string]string{cloudid.RoleARN: "default/tenant-aws"})
 	f.Entra.Trust = cloudid.ServiceAccountTrust(workloadidentity.AudienceAzure, map[string]string{cloudid.ClientID: "default/tenant-azure"})
@@ -120,10 +116,8 @@ func TestObjectLevelWorkloadIdentity(t *testing.T) {
 // fetch as the same ServiceAccount reuses it.
 func TestObjectLevelCacheKey(t *testing.T) {
 	c := sourcetest.StartAPIServer(t)
-	for _, name := range []string{"a", "b"} {
-		must(t, c.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
-			Annotations: map[string]string{workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN}}}))
-	}
+	role := map[string]string{workloadidentity.AnnotationAWSRoleARN: cloudid.RoleARN}
+	sourcetest.CreateServiceAccounts(t, c, map[string]map[string]string{"a": role, "b": role})
 	f := newCloudFixture(t)
 	f.AWS.Trust = func(role, token string) error {
 		return cloudid.ServiceAccountTrust(workloadidentity.AudienceAWS, map[string]string{role: "default/a"})(role, token)
@@ -169,9 +163,7 @@ func TestGCPObjectLevelWorkloadIdentity(t *testing.T) {
 		"other-provider":   {workloadidentity.AnnotationGCPWorkloadIdentityProvider: otherProvider},
 		"bad-provider":     {workloadidentity.AnnotationGCPWorkloadIdentityProvider: "pools/x"},
 	}
-	for name, annotations := range accounts {
-		must(t, c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations}}))
-	}
+	sourcetest.CreateServiceAccounts(t, c, accounts)
 	f := newCloudFixture(t)
 	f.GCPSTS.Trust = cloudid.PoolTrust(cloudid.GCPPool, "default/tenant-gcp", "default/tenant-gcp-imp", "default/not-impersonator",
 		"default/other-provider")

@@ -1,6 +1,9 @@
 // Package sourcetest holds what the tests of every source kind share:
 // resolving and downloading a request as the fetch handler does, reading
-// what was downloaded, and checking a failure.
+// what was downloaded, and checking a failure; and, for the workload
+// identity tests, a real API server with the ServiceAccounts a source logs
+// in as, an environment for the clouds' SDKs, and the bearer check of the
+// test fronts that take only the tokens a test token endpoint issued.
 package sourcetest
 
 import (
