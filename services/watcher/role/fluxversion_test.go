@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
-	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // olderFluxChildEnv carries the options of the watcher TestOlderFluxCRDs
@@ -61,16 +60,8 @@ func TestOlderFluxCRDs(t *testing.T) {
 		}
 	}
 	cfg, kubeconfigPath := startControlPlane(t, older)
-	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "job-key")
-	if err := os.WriteFile(keyFile, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	keyFile := writeJobKey(t)
+	natsURL := startNATS(t)
 
 	healthAddr := freeAddr(t)
 	const pod = "headwater-watcher-0"
@@ -78,7 +69,7 @@ func TestOlderFluxCRDs(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestOlderFluxCRDs$", "-test.v")
 	cmd.Env = append(os.Environ(), "POD_NAME="+pod, "POD_NAMESPACE=default",
-		olderFluxChildEnv+"="+strings.Join([]string{ns.ClientURL(), healthAddr, kubeconfigPath, keyFile}, ","))
+		olderFluxChildEnv+"="+strings.Join([]string{natsURL, healthAddr, kubeconfigPath, keyFile}, ","))
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if testing.Verbose() {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr

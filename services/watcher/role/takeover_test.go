@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -36,7 +35,6 @@ import (
 	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/kubeconfig"
 	"github.com/headwater-gitops/headwater/services/watcher/internal/shard"
-	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
 // takeoverChildEnv carries a shard's settings (takeoverShard, JSON) to the
@@ -81,41 +79,18 @@ func TestShardTakeover(t *testing.T) {
 	auditLog := filepath.Join(dir, "audit.log")
 	cfg, kubeconfigs := startAuditedControlPlane(t, filepath.Join("..", "..", "..", "deploy", "crds"), auditLog, "shard-main", "shard-1")
 
-	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "test", testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	if err := conn.EnsureStreams(ctx); err != nil {
-		t.Fatal(err)
-	}
-	fetchJobs, err := conn.EnsureConsumer(ctx, events.FetchStream, events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{conn: conn, pub: conn.NewPublisher("test"), fetchJobs: fetchJobs}
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = sourcev1.AddToScheme(scheme)
-	if e.k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		t.Fatal(err)
-	}
+	natsURL := startNATS(t)
+	conn, fetchJobs := connectBus(ctx, t, natsURL)
+	e := &env{conn: conn, pub: conn.NewPublisher("test"), fetchJobs: fetchJobs, k8s: newClient(t, cfg)}
+	scheme := e.k8s.Scheme()
 
-	jobKey := filepath.Join(dir, "job-key")
-	if err := os.WriteFile(jobKey, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	jobKey := writeJobKey(t)
 	shards := map[string]*takeoverChild{}
 	for _, s := range []takeoverShard{
 		{User: "shard-main", Selector: "!" + shardKey},
 		{User: "shard-1", Selector: shardKey + " in (shard1)"},
 	} {
-		s.Kubeconfig, s.NATS, s.JobKey = kubeconfigs[s.User], ns.ClientURL(), jobKey
+		s.Kubeconfig, s.NATS, s.JobKey = kubeconfigs[s.User], natsURL, jobKey
 		shards[s.User] = startTakeoverChild(t, dir, s)
 	}
 
@@ -354,9 +329,6 @@ func TestShardTakeover(t *testing.T) {
 // users (members of system:masters), the path of a kubeconfig.
 func startAuditedControlPlane(t *testing.T, crdDir, auditLog string, users ...string) (*rest.Config, map[string]string) {
 	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make kube-tools` (it builds kube-apiserver and etcd; `make test` runs it first)")
-	}
 	policy := filepath.Join(t.TempDir(), "audit-policy.yaml")
 	if err := os.WriteFile(policy, []byte(`apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -369,33 +341,12 @@ rules:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	testEnv := &envtest.Environment{CRDDirectoryPaths: []string{crdDir}, ErrorIfCRDPathMissing: true}
-	testEnv.ControlPlane.GetAPIServer().Configure().
-		Set("audit-policy-file", policy).
-		Set("audit-log-path", auditLog).
-		Set("audit-log-mode", "blocking")
-	cfg, err := testEnv.Start()
-	if err != nil {
-		_ = testEnv.Stop()
-		t.Fatalf("start control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = testEnv.Stop() })
-	paths := map[string]string{}
-	for _, name := range users {
-		user, err := testEnv.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := user.KubeConfig()
-		if err != nil {
-			t.Fatal(err)
-		}
-		paths[name] = filepath.Join(t.TempDir(), name+".kubeconfig")
-		if err := os.WriteFile(paths[name], data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return cfg, paths
+	return startControlPlaneFor(t, crdDir, func(testEnv *envtest.Environment) {
+		testEnv.ControlPlane.GetAPIServer().Configure().
+			Set("audit-policy-file", policy).
+			Set("audit-log-path", auditLog).
+			Set("audit-log-mode", "blocking")
+	}, users...)
 }
 
 // takeoverChild is a shard's child process.

@@ -54,23 +54,14 @@ type env struct {
 func startEnv(t *testing.T) *env {
 	t.Helper()
 	cfg, kubeconfigPath := startControlPlane(t, filepath.Join("..", "..", "..", "deploy", "crds"))
-
-	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	natsURL := startNATS(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	o := options{kube: kubeconfig.Options{Path: kubeconfigPath}, healthAddr: "0", leaderElect: true,
 		leaderElectionNamespace: "default", concurrency: 2, eventConcurrency: 2, requeueDependency: time.Second,
 		sourceMetricsInterval: 100 * time.Millisecond}
-	o.bus.URL = ns.ClientURL()
-	// The bus has no identities here: the jobs are sealed with a key file.
-	o.jobKeyFile = filepath.Join(t.TempDir(), "job-key")
-	if err := os.WriteFile(o.jobKeyFile, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	o.bus.URL = natsURL
+	o.jobKeyFile = writeJobKey(t)
 	key, err := seal.LoadKey(o.jobKeyFile)
 	if err != nil {
 		t.Fatal(err)
@@ -86,25 +77,8 @@ func startEnv(t *testing.T) *env {
 		}
 	})
 
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = sourcev1.AddToScheme(scheme)
-	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := bus.Connect(ctx, bus.Options{URL: ns.ClientURL()}, "test", testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	if err := conn.EnsureStreams(ctx); err != nil {
-		t.Fatal(err)
-	}
-	fetchJobs, err := conn.EnsureConsumer(ctx, events.FetchStream, events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	k8s := newClient(t, cfg)
+	conn, fetchJobs := connectBus(ctx, t, natsURL)
 	packageJobs, err := conn.EnsureConsumer(ctx, events.PackageStream, events.Consumer(events.PackageStream, events.PackagerConsumer, events.ConsumerOptions{}))
 	if err != nil {
 		t.Fatal(err)
@@ -117,29 +91,103 @@ func startEnv(t *testing.T) *env {
 // of a kubeconfig of an administrator for the watcher.
 func startControlPlane(t *testing.T, crdDir string) (*rest.Config, string) {
 	t.Helper()
+	cfg, kubeconfigs := startControlPlaneFor(t, crdDir, nil, "watcher")
+	return cfg, kubeconfigs["watcher"]
+}
+
+// startControlPlaneFor starts a real API server with the CRDs of crdDir,
+// configured by configure (nil: as envtest does), stopped when the test
+// ends, and returns its configuration and, for each of users (members of
+// system:masters), the path of a kubeconfig.
+func startControlPlaneFor(t *testing.T, crdDir string, configure func(*envtest.Environment), users ...string) (*rest.Config, map[string]string) {
+	t.Helper()
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make kube-tools` (it builds kube-apiserver and etcd; `make test` runs it first)")
 	}
 	testEnv := &envtest.Environment{CRDDirectoryPaths: []string{crdDir}, ErrorIfCRDPathMissing: true}
+	if configure != nil {
+		configure(testEnv)
+	}
 	cfg, err := testEnv.Start()
 	if err != nil {
 		_ = testEnv.Stop() // what started before the failure (a CRD that did not install)
 		t.Fatalf("start control plane: %v", err)
 	}
 	t.Cleanup(func() { _ = testEnv.Stop() })
-	user, err := testEnv.AddUser(envtest.User{Name: "watcher", Groups: []string{"system:masters"}}, cfg)
+	paths := map[string]string{}
+	for _, name := range users {
+		user, err := testEnv.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := user.KubeConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		paths[name] = filepath.Join(t.TempDir(), name+".kubeconfig")
+		if err := os.WriteFile(paths[name], data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cfg, paths
+}
+
+// startNATS starts an embedded NATS server with JetStream, shut down when
+// the test ends, and returns its client URL.
+func startNATS(t *testing.T) string {
+	t.Helper()
+	ns, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeconfigData, err := user.KubeConfig()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns.ClientURL()
+}
+
+// connectBus connects the test, which plays the other services, to the
+// NATS server at url (closed when the test ends), declares the streams
+// and returns the connection and the fetchers' consumer of the fetch
+// jobs, which reads what the watcher publishes as a fetcher would.
+func connectBus(ctx context.Context, t *testing.T, url string) (*bus.Conn, jetstream.Consumer) {
+	t.Helper()
+	conn, err := bus.Connect(ctx, bus.Options{URL: url}, "test", testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeconfigPath := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfigData, 0o600); err != nil {
+	t.Cleanup(conn.Close)
+	if err := conn.EnsureStreams(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return cfg, kubeconfigPath
+	fetchJobs, err := conn.EnsureConsumer(ctx, events.FetchStream, events.Consumer(events.FetchStream, events.FetcherConsumer, events.ConsumerOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, fetchJobs
+}
+
+// newClient is a client of the API server of cfg that knows the built-in
+// kinds and Flux's source kinds.
+func newClient(t *testing.T, cfg *rest.Config) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = sourcev1.AddToScheme(scheme)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// writeJobKey writes a key file that seals the watcher's jobs (the bus
+// has no identities in these tests) and returns its path.
+func writeJobKey(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "job-key")
+	if err := os.WriteFile(path, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // next returns the next message on a consumer, decoded, failing after 30s.
