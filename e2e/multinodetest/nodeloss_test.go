@@ -174,6 +174,7 @@ func TestNodeLoss(t *testing.T) {
 	pod, ip := artifactServerOn(t, lost.Name)
 	l.checkServedBy(t, pod, ip, 1)
 	l.checkArtifacts(t)
+	checkTakesJobs(t, lost.Name, downloader, "after they were put back on it")
 
 	// The same node stopped again, and back as soon as it is NotReady,
 	// before its pods are evicted: they restart where they were, with
@@ -184,6 +185,7 @@ func TestNodeLoss(t *testing.T) {
 	t.Logf("every source fresh at its newest commit %s after the node returned from its brief stop", fresh.Sub(briefBack).Round(100*time.Millisecond))
 	pod, ip = artifactServerOn(t, lost.Name)
 	l.checkServedBy(t, pod, ip, 1)
+	checkTakesJobs(t, lost.Name, downloader, "after they restarted in place")
 	waitFor(t, briefReady.Add(proxyGrace))
 	l.mark("node back")
 
