@@ -95,6 +95,7 @@ func TestNodeLoss(t *testing.T) {
 		}
 	}
 	t.Logf("the watcher's leader %s is on %s: stopping it; %s is drained next; downloads from %s", leader, lost.Name, drained.Name, downloader.Name)
+	l.dumpNode = downloader
 	l.downloadFrom(downloader)
 	proxy := sampleProxy(downloader, l.done)
 	conns := sampleConns(downloader, strings.TrimPrefix(l.base, "http://"), l.done)
@@ -537,6 +538,11 @@ type load struct {
 	marks   []download
 	explain func(download) string
 	stale   func(download) (string, bool)
+	// dumpNode, if set, is where a download that fails to connect has
+	// its node's state read at once (dumps, by the download's time).
+	dumpNode *cluster.Node
+	lastDump time.Time
+	dumps    map[time.Time]string
 }
 
 type download struct {
@@ -766,8 +772,36 @@ func (l *load) downloadOne(name string) {
 	case digest != a.Digest:
 		d.err, d.corrupt = fmt.Sprintf("digest %s, want %s", digest, a.Digest), true
 	}
+	if strings.Contains(d.err, "connect: ") {
+		l.dump(d)
+	}
 	l.mu.Lock()
 	l.results = append(l.results, d)
+	l.mu.Unlock()
+}
+
+// dump reads, right after a download failed to connect, what the
+// downloading node held for it: its neighbours, its routes and the tracked
+// connections of its source port, at most one a second.
+func (l *load) dump(d download) {
+	l.mu.Lock()
+	n := l.dumpNode
+	if n == nil || time.Since(l.lastDump) < time.Second {
+		l.mu.Unlock()
+		return
+	}
+	l.lastDump = time.Now()
+	l.mu.Unlock()
+	script := fmt.Sprintf("date -u +%%T.%%N; ip neigh show; ip route show; grep -E 'port=%d ' /proc/net/nf_conntrack; nstat -az TcpExtTCPAbortFailed IpOutNoRoutes Icmp* 2>/dev/null | grep -v ' 0 '", d.sport)
+	out, err := l.dumpNode.Command("sh", "-c", script).CombinedOutput()
+	if err != nil {
+		out = append(out, []byte(err.Error())...)
+	}
+	l.mu.Lock()
+	if l.dumps == nil {
+		l.dumps = map[time.Time]string{}
+	}
+	l.dumps[d.at] = strings.ReplaceAll(strings.TrimSpace(string(out)), "\n", " | ")
 	l.mu.Unlock()
 }
 
@@ -992,6 +1026,7 @@ func (l *load) report(t *testing.T, windows []window) {
 	type count struct{ ok, failed, stale int }
 	byPhase := map[string]*count{}
 	staleFailures := 0
+	staleByDownload := map[time.Time]bool{}
 	var phases []string
 	for _, d := range l.results {
 		c, ok := byPhase[d.phase]
@@ -1014,6 +1049,7 @@ func (l *load) report(t *testing.T, windows []window) {
 		}
 		if stale != "" {
 			c.stale++
+			staleByDownload[d.at] = true
 		}
 		switch {
 		case d.corrupt:
@@ -1028,6 +1064,9 @@ func (l *load) report(t *testing.T, windows []window) {
 			if l.explain != nil {
 				why = "; the Service's endpoints " + l.explain(d)
 			}
+			if dump, ok := l.dumps[d.at]; ok {
+				why += "; read on the node right after: " + dump
+			}
 			t.Errorf("download of %s failed at %s (%s), outside the window the doc states: %s%s", d.source, d.at.Format("15:04:05.000"), d.phase, d.err, why)
 		}
 	}
@@ -1039,14 +1078,19 @@ func (l *load) report(t *testing.T, windows []window) {
 		t.Logf("downloads while %s: %d whole, %d failed (%d of them on a stale tracked connection to a lost pod)", p, byPhase[p].ok, byPhase[p].failed, byPhase[p].stale)
 	}
 	for _, w := range windows {
-		var last time.Duration
+		// The last failure, and the last one the Service's rules caused
+		// (not a stale tracked connection): what the window must cover.
+		var last, lastRules time.Duration
 		for _, d := range l.results {
 			if d.err != "" && d.phase == w.phase {
 				last = max(last, d.at.Sub(w.start))
+				if !staleByDownload[d.at] {
+					lastRules = max(lastRules, d.at.Sub(w.start))
+				}
 			}
 		}
-		t.Logf("%s: downloads may fail for %s; the last failed %s after it began",
-			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond))
+		t.Logf("%s: downloads may fail for %s; the last failed %s after it began, the last not on a stale tracked connection %s after it began",
+			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond), lastRules.Round(time.Millisecond))
 	}
 	if v := os.Getenv("HEADWATER_NODELOSS_DUMP"); v != "" {
 		var b strings.Builder
