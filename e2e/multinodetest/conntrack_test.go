@@ -3,7 +3,6 @@ package multinodetest
 import (
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,8 +26,9 @@ type connSampler struct {
 	node    string
 	service string // the Service's address, host:port
 	mu      sync.Mutex
-	// seen are the entries read, by source port, oldest first; an entry
-	// is dropped 150 s after it was last read.
+	// seen are the entries read, by source port, oldest first, all of
+	// them: the report reads them after the run, minutes after a failure
+	// (a few thousand a run).
 	seen    map[int][]connEntry
 	samples int
 }
@@ -103,14 +103,6 @@ func (c *connSampler) observe(at time.Time, table, host, port string) {
 			continue
 		}
 		c.seen[sport] = append(hist, connEntry{firstSeen: at, lastSeen: at, state: f[5], timeout: timeout, endpoint: endpoint})
-	}
-	for sport, hist := range c.seen {
-		hist = slices.DeleteFunc(hist, func(e connEntry) bool { return at.Sub(e.lastSeen) > 150*time.Second })
-		if len(hist) == 0 {
-			delete(c.seen, sport)
-			continue
-		}
-		c.seen[sport] = hist
 	}
 }
 

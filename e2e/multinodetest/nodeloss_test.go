@@ -954,11 +954,33 @@ func (l *load) checkArtifacts(t *testing.T) {
 			t.Errorf("%s has no artifact", gr.Name)
 			continue
 		}
-		digest, status, err := l.fetch(gr.Status.Artifact.URL)
+		digest, status, err := l.fetchOnce(t, gr.Name, gr.Status.Artifact.URL)
 		if err != nil || status != http.StatusOK || digest != gr.Status.Artifact.Digest {
 			t.Errorf("%s: artifact %s: status %d, digest %s (want %s), %v", gr.Name, gr.Status.Artifact.URL, status, digest, gr.Status.Artifact.Digest, err)
 		}
 	}
+}
+
+// fetchOnce downloads an artifact URL through the Service, as a consumer
+// that retries a connection the node sent to a lost pod does: a failure
+// to connect on a stale tracked connection (the second window in
+// docs/operating.md, "A node is lost", proven by its source port) is
+// logged and tried once more on a new connection; any other failure is
+// returned.
+func (l *load) fetchOnce(t *testing.T, name, raw string) (string, int, error) {
+	t.Helper()
+	d := download{at: time.Now(), source: name}
+	ctx := context.WithValue(context.Background(), sourcePortKey{}, &d.sport)
+	digest, status, err := l.fetchCtx(ctx, l.base, raw)
+	if err == nil || l.stale == nil || !strings.Contains(err.Error(), "connect: ") {
+		return digest, status, err
+	}
+	why, ok := l.stale(d)
+	if !ok {
+		return digest, status, err
+	}
+	t.Logf("%s: %v, on a stale tracked connection (%s): asked again", name, err, why)
+	return l.fetch(raw)
 }
 
 // window is when downloads of a phase may fail: from a loss until the
