@@ -735,9 +735,21 @@ func (n *Node) DialContext(ctx context.Context, network, addr string) (net.Conn,
 	return n.ns.DialContext(ctx, network, addr)
 }
 
+// DialContextWith dials addr from inside the node's network namespace with
+// d (its Control functions see the socket, as a test that needs its source
+// port after a failed connect does).
+func (n *Node) DialContextWith(ctx context.Context, d *net.Dialer, network, addr string) (net.Conn, error) {
+	return n.ns.dial(ctx, d, network, addr)
+}
+
 // HTTPClient is a client whose connections start inside the node's
 // network namespace, through its kube-proxy's Service rules.
 func (n *Node) HTTPClient() *http.Client { return nodeHTTP(n.ns, nil) }
+
+// Command returns a command that runs name with args in the node's network
+// namespace (and in no other namespace of it): what a test reads of the
+// node's kernel state, /proc/net/nf_conntrack or its routes.
+func (n *Node) Command(name string, args ...string) *exec.Cmd { return n.ns.command(name, args...) }
 
 // LimitVolume makes the volume of every claim named claim provisioned from
 // now on a tmpfs of size (as mount(8) takes it: "24m"), so a test can

@@ -128,6 +128,11 @@ func (n *netns) command(name string, args ...string) *exec.Cmd {
 // afterwards. Through it the tests reach what only the node reaches: pod
 // and Service addresses.
 func (n *netns) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return n.dial(ctx, &net.Dialer{}, network, addr)
+}
+
+// dial dials addr from inside the namespace with d.
+func (n *netns) dial(ctx context.Context, d *net.Dialer, network, addr string) (net.Conn, error) {
 	type result struct {
 		conn net.Conn
 		err  error
@@ -157,7 +162,6 @@ func (n *netns) DialContext(ctx context.Context, network, addr string) (net.Conn
 			done <- result{err: fmt.Errorf("enter netns %s: %w", n.name, err)}
 			return
 		}
-		var d net.Dialer
 		c, err := d.DialContext(ctx, network, addr)
 		if unix.Setns(self, unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()

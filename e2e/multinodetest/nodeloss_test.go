@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,11 +16,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	"golang.org/x/sys/unix"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -92,9 +95,21 @@ func TestNodeLoss(t *testing.T) {
 		}
 	}
 	t.Logf("the watcher's leader %s is on %s: stopping it; %s is drained next; downloads from %s", leader, lost.Name, drained.Name, downloader.Name)
+	l.dumpNode = downloader
 	l.downloadFrom(downloader)
 	proxy := sampleProxy(downloader, l.done)
-	l.explain = func(at time.Time) string { return writes.endpointsAt(at) + "; " + proxy.at(at) }
+	conns := sampleConns(downloader, strings.TrimPrefix(l.base, "http://"), l.done)
+	l.explain = func(d download) string {
+		return writes.endpointsAt(d.at) + "; " + proxy.at(d.at) + "; " + conns.at(d.at, d.sport)
+	}
+	l.stale = func(d download) (string, bool) {
+		e, ok := conns.staleAt(d.at, d.sport, writes.readyAt(d.at))
+		if !ok {
+			return "", false
+		}
+		return fmt.Sprintf("source port %d tracked on %s as a connection to %s (%s, read from %s to %s), not a ready endpoint then: %s",
+			d.sport, downloader.Name, e.endpoint, e.state, e.firstSeen.Format("15:04:05.000"), e.lastSeen.Format("15:04:05.000"), writes.endpointsAt(d.at)), true
+	}
 	streamsR3 := streamsR3From(downloader)
 	l.waitDownloads(t, 20)
 	// What the node to lose holds when it stops: its NATS server's
@@ -160,6 +175,7 @@ func TestNodeLoss(t *testing.T) {
 	pod, ip := artifactServerOn(t, lost.Name)
 	l.checkServedBy(t, pod, ip, 1)
 	l.checkArtifacts(t)
+	checkTakesJobs(t, lost.Name, downloader, "after they were put back on it")
 
 	// The same node stopped again, and back as soon as it is NotReady,
 	// before its pods are evicted: they restart where they were, with
@@ -170,6 +186,7 @@ func TestNodeLoss(t *testing.T) {
 	t.Logf("every source fresh at its newest commit %s after the node returned from its brief stop", fresh.Sub(briefBack).Round(100*time.Millisecond))
 	pod, ip = artifactServerOn(t, lost.Name)
 	l.checkServedBy(t, pod, ip, 1)
+	checkTakesJobs(t, lost.Name, downloader, "after they restarted in place")
 	waitFor(t, briefReady.Add(proxyGrace))
 	l.mark("node back")
 
@@ -237,6 +254,7 @@ func TestNodeLoss(t *testing.T) {
 	l.stop()
 
 	t.Log(proxy.summary())
+	t.Log(conns.summary())
 	// Nothing lost, nothing corrupt, nothing stored twice.
 	l.checkArtifacts(t)
 	l.report(t, []window{
@@ -514,9 +532,17 @@ type load struct {
 	client    *http.Client
 	stopOnce  sync.Once
 	// marks are when each phase began; explain, if set, says what the
-	// Service's endpoints were at a failed download's time.
+	// Service's endpoints were at a failed download's time; stale, if
+	// set, says whether a failed download's connection met a tracked
+	// connection to a lost pod (connSampler.staleAt), and which.
 	marks   []download
-	explain func(time.Time) string
+	explain func(download) string
+	stale   func(download) (string, bool)
+	// dumpNode, if set, is where a download that fails to connect has
+	// its node's state read at once (dumps, by the download's time).
+	dumpNode *cluster.Node
+	lastDump time.Time
+	dumps    map[time.Time]string
 }
 
 type download struct {
@@ -525,6 +551,56 @@ type download struct {
 	source  string
 	err     string
 	corrupt bool
+	sport   int // the connection's source port, 0 if not known
+}
+
+// sourcePortKey is a context key for an *int that dialRecordingPort sets
+// to the source port of the connection it dials, made or failed.
+type sourcePortKey struct{}
+
+// dialRecordingPort dials from n's namespace, and records the source port
+// the kernel gave the connection where the context asks for it (the
+// socket is kept open until then, so a failed connect's port can be read
+// too): what names the connection in the node's connection tracking.
+func dialRecordingPort(n *cluster.Node) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		port, _ := ctx.Value(sourcePortKey{}).(*int)
+		if port == nil {
+			return n.DialContext(ctx, network, addr)
+		}
+		// The dial may outlive the call (its context ends first): the
+		// copy of the socket is closed by whichever comes last.
+		var mu sync.Mutex
+		dup, returned := -1, false
+		d := &net.Dialer{ControlContext: func(_ context.Context, _, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) {
+				nfd, err := unix.Dup(int(fd))
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if returned {
+					unix.Close(nfd)
+					return
+				}
+				dup = nfd
+			})
+		}}
+		conn, err := n.DialContextWith(ctx, d, network, addr)
+		mu.Lock()
+		defer mu.Unlock()
+		returned = true
+		if dup >= 0 {
+			if sa, serr := unix.Getsockname(dup); serr == nil {
+				if in4, ok := sa.(*unix.SockaddrInet4); ok {
+					*port = in4.Port
+				}
+			}
+			unix.Close(dup)
+		}
+		return conn, err
+	}
 }
 
 func newLoad(t *testing.T, cl ctrlclient.Client) *load {
@@ -652,7 +728,7 @@ func (l *load) list() {
 // would), its digest checked. A download that hangs (its pod's node is
 // gone) delays none of the others.
 func (l *load) downloadFrom(n *cluster.Node) {
-	l.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: n.DialContext, DisableKeepAlives: true}}
+	l.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: dialRecordingPort(n), DisableKeepAlives: true}}
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -682,7 +758,8 @@ func (l *load) downloadOne(name string) {
 		return
 	}
 	d := download{at: time.Now(), phase: phase, source: name}
-	digest, status, err := l.fetch(a.URL)
+	ctx := context.WithValue(context.Background(), sourcePortKey{}, &d.sport)
+	digest, status, err := l.fetchCtx(ctx, l.base, a.URL)
 	switch {
 	case err != nil:
 		d.err = err.Error()
@@ -695,8 +772,36 @@ func (l *load) downloadOne(name string) {
 	case digest != a.Digest:
 		d.err, d.corrupt = fmt.Sprintf("digest %s, want %s", digest, a.Digest), true
 	}
+	if strings.Contains(d.err, "connect: ") {
+		l.dump(d)
+	}
 	l.mu.Lock()
 	l.results = append(l.results, d)
+	l.mu.Unlock()
+}
+
+// dump reads, right after a download failed to connect, what the
+// downloading node held for it: its neighbours, its routes and the tracked
+// connections of its source port, at most one a second.
+func (l *load) dump(d download) {
+	l.mu.Lock()
+	n := l.dumpNode
+	if n == nil || time.Since(l.lastDump) < time.Second {
+		l.mu.Unlock()
+		return
+	}
+	l.lastDump = time.Now()
+	l.mu.Unlock()
+	script := fmt.Sprintf("date -u +%%T.%%N; ip neigh show; ip route show; grep -E 'port=%d ' /proc/net/nf_conntrack; nstat -az TcpExtTCPAbortFailed IpOutNoRoutes Icmp* 2>/dev/null | grep -v ' 0 '", d.sport)
+	out, err := l.dumpNode.Command("sh", "-c", script).CombinedOutput()
+	if err != nil {
+		out = append(out, []byte(err.Error())...)
+	}
+	l.mu.Lock()
+	if l.dumps == nil {
+		l.dumps = map[time.Time]string{}
+	}
+	l.dumps[d.at] = strings.ReplaceAll(strings.TrimSpace(string(out)), "\n", " | ")
 	l.mu.Unlock()
 }
 
@@ -705,11 +810,20 @@ func (l *load) fetch(raw string) (string, int, error) { return l.fetchFrom(l.bas
 
 // fetchFrom downloads an artifact URL's path from base (http://<host>).
 func (l *load) fetchFrom(base, raw string) (string, int, error) {
+	return l.fetchCtx(context.Background(), base, raw)
+}
+
+// fetchCtx is fetchFrom with a context, which may carry a sourcePortKey.
+func (l *load) fetchCtx(ctx context.Context, base, raw string) (string, int, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", 0, err
 	}
-	resp, err := l.client.Get(base + u.RequestURI())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+u.RequestURI(), nil)
+	if err != nil {
+		return "", 0, err
+	}
+	resp, err := l.client.Do(req)
 	if err != nil {
 		return "", 0, err
 	}
@@ -840,11 +954,33 @@ func (l *load) checkArtifacts(t *testing.T) {
 			t.Errorf("%s has no artifact", gr.Name)
 			continue
 		}
-		digest, status, err := l.fetch(gr.Status.Artifact.URL)
+		digest, status, err := l.fetchOnce(t, gr.Name, gr.Status.Artifact.URL)
 		if err != nil || status != http.StatusOK || digest != gr.Status.Artifact.Digest {
 			t.Errorf("%s: artifact %s: status %d, digest %s (want %s), %v", gr.Name, gr.Status.Artifact.URL, status, digest, gr.Status.Artifact.Digest, err)
 		}
 	}
+}
+
+// fetchOnce downloads an artifact URL through the Service, as a consumer
+// that retries a connection the node sent to a lost pod does: a failure
+// to connect on a stale tracked connection (the second window in
+// docs/operating.md, "A node is lost", proven by its source port) is
+// logged and tried once more on a new connection; any other failure is
+// returned.
+func (l *load) fetchOnce(t *testing.T, name, raw string) (string, int, error) {
+	t.Helper()
+	d := download{at: time.Now(), source: name}
+	ctx := context.WithValue(context.Background(), sourcePortKey{}, &d.sport)
+	digest, status, err := l.fetchCtx(ctx, l.base, raw)
+	if err == nil || l.stale == nil || !strings.Contains(err.Error(), "connect: ") {
+		return digest, status, err
+	}
+	why, ok := l.stale(d)
+	if !ok {
+		return digest, status, err
+	}
+	t.Logf("%s: %v, on a stale tracked connection (%s): asked again", name, err, why)
+	return l.fetch(raw)
 }
 
 // window is when downloads of a phase may fail: from a loss until the
@@ -909,8 +1045,10 @@ func (l *load) report(t *testing.T, windows []window) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	type count struct{ ok, failed int }
+	type count struct{ ok, failed, stale int }
 	byPhase := map[string]*count{}
+	staleFailures := 0
+	staleByDownload := map[time.Time]bool{}
 	var phases []string
 	for _, d := range l.results {
 		c, ok := byPhase[d.phase]
@@ -927,13 +1065,29 @@ func (l *load) report(t *testing.T, windows []window) {
 		inWindow := slices.ContainsFunc(windows, func(w window) bool {
 			return d.phase == w.phase && !d.at.After(w.end)
 		})
+		var stale string
+		if l.stale != nil && strings.Contains(d.err, "connect: ") {
+			stale, _ = l.stale(d)
+		}
+		if stale != "" {
+			c.stale++
+			staleByDownload[d.at] = true
+		}
 		switch {
 		case d.corrupt:
 			t.Errorf("corrupt download of %s at %s (%s): %s", d.source, d.at.Format(time.TimeOnly), d.phase, d.err)
+		case !inWindow && stale != "":
+			// docs/operating.md: a connection that reuses the source
+			// port of one tracked to a lost pod goes to it.
+			staleFailures++
+			t.Logf("download of %s failed at %s (%s), outside the windows, on a stale tracked connection (allowed): %s; %s", d.source, d.at.Format("15:04:05.000"), d.phase, d.err, stale)
 		case !inWindow:
 			why := ""
 			if l.explain != nil {
-				why = "; the Service's endpoints " + l.explain(d.at)
+				why = "; the Service's endpoints " + l.explain(d)
+			}
+			if dump, ok := l.dumps[d.at]; ok {
+				why += "; read on the node right after: " + dump
 			}
 			t.Errorf("download of %s failed at %s (%s), outside the window the doc states: %s%s", d.source, d.at.Format("15:04:05.000"), d.phase, d.err, why)
 		}
@@ -941,18 +1095,24 @@ func (l *load) report(t *testing.T, windows []window) {
 	for _, m := range l.marks {
 		t.Logf("phase %q began at %s", m.phase, m.at.Format("15:04:05.000"))
 	}
+	t.Logf("downloads failed outside the windows on a stale tracked connection to a lost pod: %d", staleFailures)
 	for _, p := range phases {
-		t.Logf("downloads while %s: %d whole, %d failed", p, byPhase[p].ok, byPhase[p].failed)
+		t.Logf("downloads while %s: %d whole, %d failed (%d of them on a stale tracked connection to a lost pod)", p, byPhase[p].ok, byPhase[p].failed, byPhase[p].stale)
 	}
 	for _, w := range windows {
-		var last time.Duration
+		// The last failure, and the last one the Service's rules caused
+		// (not a stale tracked connection): what the window must cover.
+		var last, lastRules time.Duration
 		for _, d := range l.results {
 			if d.err != "" && d.phase == w.phase {
 				last = max(last, d.at.Sub(w.start))
+				if !staleByDownload[d.at] {
+					lastRules = max(lastRules, d.at.Sub(w.start))
+				}
 			}
 		}
-		t.Logf("%s: downloads may fail for %s; the last failed %s after it began",
-			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond))
+		t.Logf("%s: downloads may fail for %s; the last failed %s after it began, the last not on a stale tracked connection %s after it began",
+			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond), lastRules.Round(time.Millisecond))
 	}
 	if v := os.Getenv("HEADWATER_NODELOSS_DUMP"); v != "" {
 		var b strings.Builder

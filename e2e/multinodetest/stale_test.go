@@ -263,6 +263,31 @@ func (w *writeLog) observeEndpoints(es *discoveryv1.EndpointSlice) {
 	w.endpoints = append(w.endpoints, endpointsSeen{at: time.Now(), endpoints: strings.Join(all, " ")})
 }
 
+// readyAt is the Service's ready endpoints' addresses at at.
+func (w *writeLog) readyAt(at time.Time) map[string]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ready := map[string]bool{}
+	var eps string
+	for _, e := range w.endpoints {
+		if e.at.After(at) {
+			break
+		}
+		eps = e.endpoints
+	}
+	// Each is "addr[/addr...](node,ready=...,serving=...,terminating=...)".
+	for _, ep := range strings.Fields(eps) {
+		addrs, state, ok := strings.Cut(ep, "(")
+		if !ok || !strings.Contains(state, ",ready=true,") {
+			continue
+		}
+		for _, a := range strings.Split(addrs, "/") {
+			ready[a] = true
+		}
+	}
+	return ready
+}
+
 func ptrOr(s *string) string {
 	if s == nil {
 		return ""
