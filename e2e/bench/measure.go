@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/e2e/promtext"
 	"github.com/headwater-gitops/headwater/pkg/events"
 )
 
@@ -249,7 +250,7 @@ type measuredProc struct {
 	cpu       cpuTimes
 	peakReset bool
 	metrics   string // telemetry address, for services
-	before    samples
+	before    promtext.Samples
 	// controller tells the processes that reconcile the sources: the
 	// watcher and its replicas or shards, or Flux's source-controller.
 	controller bool
@@ -302,7 +303,7 @@ func (m *meter) controllerRequests(ctx context.Context) (map[string]float64, err
 		if out == nil {
 			out = map[string]float64{}
 		}
-		for k, v := range ss.sumBy("rest_client_requests_total", "method", "code") {
+		for k, v := range ss.SumBy("rest_client_requests_total", "method", "code") {
 			out[k] += v
 		}
 	}
@@ -495,21 +496,21 @@ func (m *meter) stop(ctx context.Context, end time.Time) (*Measurement, error) {
 			continue
 		}
 		if p.controller {
-			own := diff(p.before.sumBy("rest_client_requests_total", "method", "code"), after.sumBy("rest_client_requests_total", "method", "code"))
+			own := diff(p.before.SumBy("rest_client_requests_total", "method", "code"), after.SumBy("rest_client_requests_total", "method", "code"))
 			for method, n := range own {
 				out.APIRequests[method] += n
 			}
 			out.APIRequestsByProcess[p.name] = own
 		}
-		counts := diff(p.before.sumBy("headwater_job_duration_seconds_count", "type"), after.sumBy("headwater_job_duration_seconds_count", "type"))
-		sums := diff(p.before.sumBy("headwater_job_duration_seconds_sum", "type"), after.sumBy("headwater_job_duration_seconds_sum", "type"))
+		counts := diff(p.before.SumBy("headwater_job_duration_seconds_count", "type"), after.SumBy("headwater_job_duration_seconds_count", "type"))
+		sums := diff(p.before.SumBy("headwater_job_duration_seconds_sum", "type"), after.SumBy("headwater_job_duration_seconds_sum", "type"))
 		for typ, n := range counts {
 			if out.Jobs[p.name] == nil {
 				out.Jobs[p.name] = map[string]JobStat{}
 			}
 			out.Jobs[p.name][shortType(typ)] = JobStat{Count: n, Busy: time.Duration(sums[typ] * float64(time.Second))}
 		}
-		for key, n := range diff(p.before.sumBy("headwater_jobs_total", "type", "result"), after.sumBy("headwater_jobs_total", "type", "result")) {
+		for key, n := range diff(p.before.SumBy("headwater_jobs_total", "type", "result"), after.SumBy("headwater_jobs_total", "type", "result")) {
 			typ, result, _ := strings.Cut(key, "/")
 			if result != "success" {
 				out.JobResults[p.name+" "+shortType(typ)+" "+result] += n

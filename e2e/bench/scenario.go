@@ -278,8 +278,8 @@ func settle(ctx context.Context, env *harness.Env) {
 			}
 			// Headwater's jobs, and controller-runtime's queued and running
 			// reconciles (the watcher's, and Flux's).
-			busy += ss.sumBy("headwater_jobs_in_flight")[""] + ss.sumBy("workqueue_depth")[""] +
-				ss.sumBy("controller_runtime_active_workers")[""]
+			busy += ss.SumBy("headwater_jobs_in_flight")[""] + ss.SumBy("workqueue_depth")[""] +
+				ss.SumBy("controller_runtime_active_workers")[""]
 		}
 		if busy == 0 || !sleep(ctx, 100*time.Millisecond) {
 			return

@@ -1,7 +1,6 @@
 package multinodetest
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
 	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
+	"github.com/headwater-gitops/headwater/e2e/promtext"
 )
 
 // telemetryPorts are the fetcher's and the packager's telemetry ports
@@ -52,7 +52,11 @@ func checkTakesJobs(t *testing.T, node string, from *cluster.Node, when string) 
 			if err != nil {
 				return fmt.Errorf("%s %s on %s: %w", app, pod.Name, node, err)
 			}
-			byResult := jobsByResult(body)
+			ss, err := promtext.Parse(body)
+			if err != nil {
+				return fmt.Errorf("%s %s on %s: %w", app, pod.Name, node, err)
+			}
+			byResult := ss.SumBy("headwater_jobs_total", "result")
 			if byResult["success"] == 0 {
 				return fmt.Errorf("%s %s on %s (Ready, started %s) has handled no job successfully since it started: headwater_jobs_total by result %v",
 					app, pod.Name, node, startedAt(pod), byResult)
@@ -62,32 +66,6 @@ func checkTakesJobs(t *testing.T, node string, from *cluster.Node, when string) 
 		return nil
 	})
 	t.Logf("on %s %s, jobs handled since each started (headwater_jobs_total by result): %s", node, when, strings.Join(handled, "; "))
-}
-
-// jobsByResult sums headwater_jobs_total by its result label.
-func jobsByResult(metrics string) map[string]float64 {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(metrics))
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "headwater_jobs_total{") {
-			continue
-		}
-		labels, value, ok := strings.Cut(strings.TrimPrefix(line, "headwater_jobs_total{"), "} ")
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(labels, ",") {
-			if k, val, ok := strings.Cut(l, "="); ok && k == "result" {
-				out[strings.Trim(val, `"`)] += v
-			}
-		}
-	}
-	return out
 }
 
 // startedAt is when pod's container last started, as its status says.

@@ -1,15 +1,13 @@
 package multinodetest
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
+	"github.com/headwater-gitops/headwater/e2e/promtext"
 )
 
 // proxySampler reads, every second, the metrics of a node's kube-proxy
@@ -45,29 +43,23 @@ func sampleProxy(n *cluster.Node, done <-chan struct{}) *proxySampler {
 			if err != nil {
 				continue
 			}
+			ss, err := promtext.Parse(body)
+			if err != nil {
+				continue
+			}
 			s := proxySample{at: time.Now()}
-			sc := bufio.NewScanner(strings.NewReader(body))
-			for sc.Scan() {
-				name, value, ok := strings.Cut(sc.Text(), " ")
-				if !ok || strings.HasPrefix(name, "#") {
-					continue
-				}
-				name, _, _ = strings.Cut(name, "{")
-				v, err := strconv.ParseFloat(value, 64)
-				if err != nil {
-					continue
-				}
+			for _, m := range ss {
 				// A series per IP family: the IPv4 proxier's timestamps are
 				// the newest (no IPv6 here), the counts add up.
-				switch name {
+				switch m.Name {
 				case "kubeproxy_sync_proxy_rules_last_timestamp_seconds":
-					s.lastSync = max(s.lastSync, v)
+					s.lastSync = max(s.lastSync, m.Value)
 				case "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds":
-					s.lastQueued = max(s.lastQueued, v)
+					s.lastQueued = max(s.lastQueued, m.Value)
 				case "kubeproxy_sync_proxy_rules_endpoint_changes_pending":
-					s.pending += v
+					s.pending += m.Value
 				case "kubeproxy_sync_proxy_rules_iptables_restore_failures_total":
-					s.failures += v
+					s.failures += m.Value
 				}
 			}
 			p.mu.Lock()
