@@ -294,7 +294,7 @@ func (p *Packager) buildOutput(ctx context.Context, r *events.GenerateRequested,
 		return events.GeneratedOutput{}, generateFailure(failure.Transient, meta.BuildFailedReason,
 			"store artifact %s: wrote %d bytes, stored %d", key, res.Size, info.Size)
 	}
-	if err := p.store.SetLatest(ctx, path.Join(sourceDir, storage.LatestName), key); err != nil {
+	if err := p.setLatest(ctx, path.Join(sourceDir, storage.LatestName), key, r.Job); err != nil {
 		return events.GeneratedOutput{}, generateFailure(failure.Transient, meta.BuildFailedReason, "update latest pointer: %v", err)
 	}
 	art := p.newArtifact(key, res.Digest.String(), res.Size)

@@ -233,7 +233,7 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched) error 
 		// artifact can reuse it.
 		var wg sync.WaitGroup
 		wg.Go(func() { p.record(ctx, j, artifact, info) })
-		err := p.store.SetLatest(ctx, path.Join(j.dir, storage.LatestName), j.key)
+		err := p.setLatest(ctx, path.Join(j.dir, storage.LatestName), j.key, j.Job)
 		wg.Wait()
 		if err != nil {
 			return archiveFailure(failure.Transient, "update latest pointer: %w", err)
@@ -241,6 +241,27 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched) error 
 		p.observe(j, artifact)
 	}
 	return p.announce(ctx, j, artifact)
+}
+
+// setLatest moves the latest pointer key to target for job, unless a job
+// requested after it set the pointer (storage.ErrSuperseded): a job
+// finished late, its packager cut off from the bus while the job was done
+// again elsewhere and newer ones stored, must not move status.url back to
+// an older revision, nor let retention, which keeps the pointer's target,
+// collect the artifact the source's status names. The late job is
+// otherwise done as any other: its artifact stays stored (retention
+// collects it in time) and its outcome is published, for the watcher to
+// drop as late.
+func (p *Packager) setLatest(ctx context.Context, key, target string, job events.Job) error {
+	err := p.store.SetLatest(ctx, key, target, job.RequestedAt)
+	if !errors.Is(err, storage.ErrSuperseded) {
+		return err
+	}
+	logr.FromContextOrDiscard(ctx).Info("latest pointer left to a newer job", "artifact", target, "requestedat", job.RequestedAt, "reason", err.Error())
+	if p.metrics != nil {
+		p.metrics.LatestSuperseded.Inc()
+	}
+	return nil
 }
 
 // stored describes the artifact an earlier attempt of j stored, for a job

@@ -156,7 +156,7 @@ func TestCollect(t *testing.T) {
 				}
 			}
 			if tt.latest != "" {
-				if err := s.SetLatest(ctx, dir+"/"+storage.LatestName, dir+"/"+tt.latest); err != nil {
+				if err := s.SetLatest(ctx, dir+"/"+storage.LatestName, dir+"/"+tt.latest, time.Now()); err != nil {
 					t.Fatal(err)
 				}
 			}
