@@ -235,8 +235,15 @@ func (s *S3) SetLatest(ctx context.Context, key, target string, requestedAt time
 	if err := s.claimOrder(ctx, key, want); err != nil {
 		return err
 	}
+	return s.copyInOrder(ctx, key, want)
+}
+
+// copyInOrder copies the target of claimed, the record SetLatest wrote, to
+// the pointer key, then the target of every newer record it reads after
+// its copy, until the record read is the one its last copy was made for.
+func (s *S3) copyInOrder(ctx context.Context, key string, claimed orderRecord) error {
 	dir := path.Dir(key)
-	copied := want
+	copied := claimed
 	for range s3OrderAttempts {
 		_, err := s.client.CopyObject(ctx,
 			minio.CopyDestOptions{Bucket: s.bucket, Object: s.object(key)},
