@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,6 +98,43 @@ func TestLatestRace(t *testing.T) {
 				// The record agrees: an older job is refused now.
 				if err := replicas[1].SetLatest(ctx, latest, dir+"/0.tar.gz", requested); !errors.Is(err, storage.ErrSuperseded) {
 					t.Fatalf("round %d: SetLatest of the oldest job after the race = %v, want ErrSuperseded", round, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSetLatest moves one pointer forward, one job after another, as
+// the packager does once per stored artifact: on Dir a lock, a record
+// rewritten and a symlink renamed; on S3 GET, PUT, COPY and GET.
+func BenchmarkSetLatest(b *testing.B) {
+	srv := miniotest.New(b)
+	srv.MakeBucket(b, "artifacts")
+	d, err := storage.NewDir(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	s3, err := storage.NewS3(srv.Client, "artifacts", "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bk := range []struct {
+		name string
+		s    storage.Storage
+	}{{"dir", d}, {"s3", s3}} {
+		b.Run(bk.name, func(b *testing.B) {
+			ctx := context.Background()
+			dir := storage.SourceDir("GitRepository", "ns", "app")
+			target := dir + "/a.tar.gz"
+			if _, err := bk.s.Put(ctx, target, strings.NewReader("artifact")); err != nil {
+				b.Fatal(err)
+			}
+			requested := time.Now()
+			for b.Loop() {
+				requested = requested.Add(time.Second)
+				if err := bk.s.SetLatest(ctx, dir+"/"+storage.LatestName, target, requested); err != nil {
+					b.Fatal(err)
 				}
 			}
 		})
