@@ -55,6 +55,11 @@ func (r orderRecord) supersedes(requestedAt time.Time) bool {
 	return requestedAt.Before(r.RequestedAt)
 }
 
+// same reports whether r and o record the same job's move.
+func (r orderRecord) same(o orderRecord) bool {
+	return r.RequestedAt.Equal(o.RequestedAt) && r.Target == o.Target
+}
+
 // encode is the record's stored form.
 func (r orderRecord) encode() []byte {
 	b, _ := json.Marshal(r) // a time and a string always marshal

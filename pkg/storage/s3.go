@@ -255,7 +255,7 @@ func (s *S3) copyInOrder(ctx context.Context, key string, claimed orderRecord) e
 		if err != nil {
 			return fmt.Errorf("set latest %s: %w", key, err)
 		}
-		if now == copied {
+		if now.same(copied) {
 			return nil
 		}
 		copied = now
