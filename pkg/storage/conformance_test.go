@@ -262,6 +262,9 @@ var conformanceCases = []struct {
 			if got := mustRead(t, ctx, s, latest); got != "content "+step.want {
 				t.Fatalf("after SetLatest(%s): latest = %q, want %q", step.rev, got, "content "+step.want)
 			}
+			if got, err := s.LatestTarget(ctx, latest); err != nil || got != dir+"/"+step.want+".tar.gz" {
+				t.Fatalf("after SetLatest(%s): LatestTarget = %q, %v; want %s", step.rev, got, err, dir+"/"+step.want+".tar.gz")
+			}
 		}
 		// The record is no artifact, and goes with the pointer: a source
 		// deleted and made again starts with no order.
@@ -270,6 +273,9 @@ var conformanceCases = []struct {
 		}
 		if err := s.Delete(ctx, latest); err != nil {
 			t.Fatal(err)
+		}
+		if got, err := s.LatestTarget(ctx, latest); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("LatestTarget of a deleted pointer = %q, %v; want ErrNotFound", got, err)
 		}
 		if err := set("one"); err != nil {
 			t.Fatalf("SetLatest after the pointer was deleted: %v", err)

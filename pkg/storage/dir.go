@@ -303,6 +303,26 @@ func (d *Dir) SetLatest(ctx context.Context, key, target string, requestedAt tim
 	return nil
 }
 
+// LatestTarget reads the pointer's symlink.
+func (d *Dir) LatestTarget(_ context.Context, key string) (string, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return "", err
+	}
+	fi, err := d.root.Lstat(key)
+	if err != nil {
+		return "", fmt.Errorf("latest target %w", notFound(key, err))
+	}
+	if fi.Mode()&fs.ModeSymlink == 0 {
+		return "", fmt.Errorf("latest target %s: not a pointer: %w", key, ErrNotFound)
+	}
+	link, err := d.root.Readlink(key)
+	if err != nil {
+		return "", fmt.Errorf("latest target %w", notFound(key, err))
+	}
+	return path.Join(path.Dir(key), link), nil
+}
+
 // orderFile is a pointer's order record file, opened and locked.
 type orderFile struct {
 	f       *os.File

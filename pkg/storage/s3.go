@@ -263,6 +263,25 @@ func (s *S3) copyInOrder(ctx context.Context, key string, claimed orderRecord) e
 	return fmt.Errorf("set latest %s: the order record kept changing after %d copies", key, s3OrderAttempts)
 }
 
+// LatestTarget reads the pointer's order record (a GET): the pointer is a
+// copy, and a copy of an object uploaded in parts has an ETag of its own,
+// so its target cannot be told by comparing ETags. The record names the
+// newest job's target even while that job's copy is on its way.
+func (s *S3) LatestTarget(ctx context.Context, key string) (string, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return "", err
+	}
+	r, _, err := s.readOrder(ctx, key)
+	if err != nil {
+		return "", fmt.Errorf("latest target %s: %w", key, err)
+	}
+	if r.Target == "" {
+		return "", fmt.Errorf("latest target %s: no order record: %w", key, ErrNotFound)
+	}
+	return path.Dir(key) + "/" + r.Target, nil
+}
+
 // s3OrderAttempts bounds the rounds of SetLatest's conditional writes and
 // copies: each lost round means another replica moved the same pointer
 // meanwhile.

@@ -91,6 +91,13 @@ type Storage interface {
 	// the pointer ends at the newest job's target. Deleting the pointer
 	// forgets its job's time.
 	SetLatest(ctx context.Context, key, target string, requestedAt time.Time) error
+	// LatestTarget returns the key of the object the pointer key leads
+	// to, by name: the symlink's target (Dir), the target its order record
+	// names (S3, where the pointer is a copy whose ETag may differ from
+	// its target's). It wraps ErrNotFound when there is no pointer, or on
+	// S3 when no record names one (a pointer set before records were
+	// kept): the caller then has only what Stat says of the pointer.
+	LatestTarget(ctx context.Context, key string) (string, error)
 	// Copy makes dst a copy of the object src atomically, without the bytes
 	// passing through the caller (a hard link in a directory, a server-side
 	// copy on S3), and describes dst. A missing src wraps ErrNotFound. The
