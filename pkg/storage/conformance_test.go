@@ -284,6 +284,47 @@ var conformanceCases = []struct {
 			t.Fatalf("latest = %q, want content one", got)
 		}
 	}},
+	{"delete latest follows job order", func(t *testing.T, ctx context.Context, s storage.Storage) {
+		dir := storage.SourceDir("ArtifactGenerator", "ns", "out")
+		latest := dir + "/" + storage.LatestName
+		at := func(n int) time.Time { return time.Date(2026, 12, 4, 23, 0, n, 0, time.UTC) }
+		for _, rev := range []string{"one", "two"} {
+			mustPut(t, ctx, s, dir+"/"+rev+".tar.gz", "content "+rev)
+		}
+		if err := s.SetLatest(ctx, latest, dir+"/two.tar.gz", at(2)); err != nil {
+			t.Fatal(err)
+		}
+		// An older job that no longer had this output, finished late.
+		if err := s.DeleteLatest(ctx, latest, at(1)); !errors.Is(err, storage.ErrSuperseded) {
+			t.Fatalf("DeleteLatest of an older job = %v, want ErrSuperseded", err)
+		}
+		if got := mustRead(t, ctx, s, latest); got != "content two" {
+			t.Fatalf("latest = %q after a refused delete, want content two", got)
+		}
+		if err := s.DeleteLatest(ctx, latest, at(3)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Stat(ctx, latest); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("Stat of a deleted pointer = %v, want ErrNotFound", err)
+		}
+		if _, err := s.LatestTarget(ctx, latest); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("LatestTarget of a deleted pointer = %v, want ErrNotFound", err)
+		}
+		// The removal is ordered too: a job older than it does not set
+		// the pointer again; a newer one does.
+		if err := s.SetLatest(ctx, latest, dir+"/one.tar.gz", at(2)); !errors.Is(err, storage.ErrSuperseded) {
+			t.Fatalf("SetLatest older than the removal = %v, want ErrSuperseded", err)
+		}
+		if err := s.DeleteLatest(ctx, latest, at(3)); err != nil {
+			t.Fatalf("DeleteLatest of a removed pointer, again: %v", err)
+		}
+		if err := s.SetLatest(ctx, latest, dir+"/one.tar.gz", at(4)); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustRead(t, ctx, s, latest); got != "content one" {
+			t.Fatalf("latest = %q, want content one", got)
+		}
+	}},
 	{"copy", func(t *testing.T, ctx context.Context, s storage.Storage) {
 		src := mustPut(t, ctx, s, ".cache/abc.tar.gz", "shared content")
 		dst := "gitrepository/ns/other/abc.tar.gz"

@@ -303,6 +303,32 @@ func (d *Dir) SetLatest(ctx context.Context, key, target string, requestedAt tim
 	return nil
 }
 
+// DeleteLatest removes the pointer unless its order record says a newer
+// job set it, under the record's lock as SetLatest, and leaves the record
+// saying when it was removed.
+func (d *Dir) DeleteLatest(ctx context.Context, key string, requestedAt time.Time) error {
+	key, err := CleanKey(key)
+	if err != nil {
+		return err
+	}
+	rec, err := d.lockOrder(ctx, orderKey(key))
+	if err != nil {
+		return fmt.Errorf("delete latest %s: %w", key, err)
+	}
+	defer rec.unlock()
+	old, err := rec.read()
+	if err != nil {
+		return fmt.Errorf("delete latest %s: %w", key, err)
+	}
+	if old.supersedes(requestedAt) {
+		return superseded(key, old, requestedAt)
+	}
+	if err := rec.write(orderRecord{RequestedAt: requestedAt.UTC()}); err != nil {
+		return fmt.Errorf("delete latest %s: %w", key, err)
+	}
+	return d.remove(key)
+}
+
 // LatestTarget reads the pointer's symlink.
 func (d *Dir) LatestTarget(_ context.Context, key string) (string, error) {
 	key, err := CleanKey(key)

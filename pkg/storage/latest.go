@@ -45,7 +45,8 @@ func orderKey(key string) string {
 type orderRecord struct {
 	// RequestedAt is when the job that last set the pointer was requested.
 	RequestedAt time.Time `json:"requestedAt"`
-	// Target is the file name (in the pointer's directory) it points at.
+	// Target is the file name (in the pointer's directory) it points at;
+	// empty when that job removed the pointer (DeleteLatest).
 	Target string `json:"target"`
 }
 

@@ -238,17 +238,37 @@ func (s *S3) SetLatest(ctx context.Context, key, target string, requestedAt time
 	return s.copyInOrder(ctx, key, want)
 }
 
-// copyInOrder copies the target of claimed, the record SetLatest wrote, to
-// the pointer key, then the target of every newer record it reads after
-// its copy, until the record read is the one its last copy was made for.
+// DeleteLatest removes the pointer key unless its order record says a
+// newer job set it: it writes a record with no target as SetLatest writes
+// one, removes the pointer and reads the record again, applying a newer
+// job's record found there (copyInOrder).
+func (s *S3) DeleteLatest(ctx context.Context, key string, requestedAt time.Time) error {
+	key, err := CleanKey(key)
+	if err != nil {
+		return err
+	}
+	want := orderRecord{RequestedAt: requestedAt.UTC()}
+	if err := s.claimOrder(ctx, key, want); err != nil {
+		return err
+	}
+	return s.copyInOrder(ctx, key, want)
+}
+
+// copyInOrder applies claimed, the record SetLatest or DeleteLatest wrote,
+// to the pointer key (copies its target there, or removes the pointer for
+// a record with none), then every newer record it reads after doing so,
+// until the record read is the one it last applied.
 func (s *S3) copyInOrder(ctx context.Context, key string, claimed orderRecord) error {
 	dir := path.Dir(key)
 	copied := claimed
 	for range s3OrderAttempts {
-		_, err := s.client.CopyObject(ctx,
+		if copied.Target == "" {
+			if err := s.remove(ctx, key); err != nil {
+				return err
+			}
+		} else if _, err := s.client.CopyObject(ctx,
 			minio.CopyDestOptions{Bucket: s.bucket, Object: s.object(key)},
-			minio.CopySrcOptions{Bucket: s.bucket, Object: s.object(dir + "/" + copied.Target)})
-		if err != nil {
+			minio.CopySrcOptions{Bucket: s.bucket, Object: s.object(dir + "/" + copied.Target)}); err != nil {
 			return s.fail("set latest "+key+" to", dir+"/"+copied.Target, err)
 		}
 		now, _, err := s.readOrder(ctx, key)

@@ -91,6 +91,12 @@ type Storage interface {
 	// the pointer ends at the newest job's target. Deleting the pointer
 	// forgets its job's time.
 	SetLatest(ctx context.Context, key, target string, requestedAt time.Time) error
+	// DeleteLatest removes the pointer key for a job requested at
+	// requestedAt, in the same order as SetLatest: a pointer set for a
+	// newer job stays (ErrSuperseded). Its order record stays too, saying
+	// when it was removed, so that an older job finishing later does not
+	// set it again.
+	DeleteLatest(ctx context.Context, key string, requestedAt time.Time) error
 	// LatestTarget returns the key of the object the pointer key leads
 	// to, by name: the symlink's target (Dir), the target its order record
 	// names (S3, where the pointer is a copy whose ETag may differ from

@@ -2,12 +2,18 @@ package packager
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/headwater-gitops/headwater/pkg/events"
 	"github.com/headwater-gitops/headwater/pkg/storage"
 )
 
@@ -75,5 +81,59 @@ func TestLateJobOnEmptySourceSetsLatest(t *testing.T) {
 	}
 	if _, err := os.Stat(h.file(srcDir + "/" + storage.LatestName)); errors.Is(err, os.ErrNotExist) {
 		t.Fatal("no latest pointer")
+	}
+}
+
+// TestLateGenerateJobLeavesNewerOutput has an ArtifactGenerator job that
+// no longer had output "y" (its spec dropped it) finish after a newer job
+// that has it again stored y's artifact: the late job removes nothing of
+// y, whose ExternalArtifact names the newer artifact. Before, it deleted
+// y's pointer and every artifact of y.
+func TestLateGenerateJobLeavesNewerOutput(t *testing.T) {
+	store, err := storage.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	reg := prometheus.NewRegistry()
+	p := New(store, nil, defaultOptions(), NewMetrics(reg))
+	ctx := context.Background()
+	requested := time.Now().UTC()
+
+	dir := storage.SourceDir(events.GeneratedKind, "default", "y")
+	newer := dir + "/newer.tar.gz"
+	if _, err := store.Put(ctx, newer, strings.NewReader("y, as the newer job made it")); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SetLatest(ctx, dir+"/"+storage.LatestName, newer, requested); err != nil {
+		t.Fatal(err)
+	}
+
+	late := &events.GenerateRequested{Job: events.Job{
+		ID:          "late",
+		Object:      events.ObjectRef{Kind: "ArtifactGenerator", Namespace: "default", Name: "gen", UID: "uid-gen", Generation: 1},
+		RequestedAt: requested.Add(-time.Minute),
+	}}
+	previous := map[string]events.GeneratedOutput{"x": {Name: "x"}, "y": {Name: "y"}}
+	if err := p.removeOutputs(ctx, late, []events.GeneratedOutput{{Name: "x"}}, previous); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{newer, dir + "/" + storage.LatestName} {
+		if _, err := store.Stat(ctx, key); err != nil {
+			t.Errorf("%s after the late job: %v", key, err)
+		}
+	}
+	if got := testutil.ToFloat64(p.metrics.LatestSuperseded); got != 1 {
+		t.Errorf("headwater_latest_pointer_superseded_total = %v, want 1", got)
+	}
+
+	// A job newer than the pointer's removes the output.
+	newest := *late
+	newest.Job.RequestedAt = requested.Add(time.Minute)
+	if err := p.removeOutputs(ctx, &newest, []events.GeneratedOutput{{Name: "x"}}, previous); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Stat(ctx, newer); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("%s after a newer job without y: %v, want ErrNotFound", newer, err)
 	}
 }

@@ -22,8 +22,9 @@ type Metrics struct {
 	// Generated counts the outputs of ArtifactGenerator jobs, by result:
 	// changed (a new artifact stored) or unchanged (the previous kept).
 	Generated *prometheus.CounterVec
-	// LatestSuperseded counts the artifacts stored for a job older than
-	// the one that last moved their source's latest pointer, which stayed.
+	// LatestSuperseded counts the latest pointers a job left as they were
+	// because a newer job had set them: an artifact stored late, or an
+	// ArtifactGenerator output removed late.
 	LatestSuperseded prometheus.Counter
 }
 
@@ -52,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"result"})
 	m.LatestSuperseded = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: telemetry.Namespace, Name: "latest_pointer_superseded_total",
-		Help: "Artifacts stored for a job requested before the one that last moved their source's latest pointer: the pointer stayed (a late job, its packager cut off from the bus).",
+		Help: "Latest pointers left as they were because a job requested after the one moving (or, for an ArtifactGenerator output it no longer has, removing) them had set them: a late job, its packager cut off from the bus.",
 	})
 	reg.MustRegister(m.ArtifactBytes, m.GCDeleted, cache, m.Generated, m.LatestSuperseded)
 	return m

@@ -257,11 +257,17 @@ func (p *Packager) setLatest(ctx context.Context, key, target string, job events
 	if !errors.Is(err, storage.ErrSuperseded) {
 		return err
 	}
-	logr.FromContextOrDiscard(ctx).Info("latest pointer left to a newer job", "artifact", target, "requestedat", job.RequestedAt, "reason", err.Error())
+	p.superseded(ctx, key, job, err)
+	return nil
+}
+
+// superseded logs and counts a move or removal of the latest pointer key
+// that a newer job's left undone (err wraps storage.ErrSuperseded).
+func (p *Packager) superseded(ctx context.Context, key string, job events.Job, err error) {
+	logr.FromContextOrDiscard(ctx).Info("latest pointer left to a newer job", "pointer", key, "requestedat", job.RequestedAt, "reason", err.Error())
 	if p.metrics != nil {
 		p.metrics.LatestSuperseded.Inc()
 	}
-	return nil
 }
 
 // stored describes the artifact an earlier attempt of j stored, for a job
