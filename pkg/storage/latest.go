@@ -12,8 +12,11 @@ import (
 // a small object in the internal directory OrderDir (at the pointer's key
 // + ".json", so a source's directory holds nothing new and nothing serves
 // it), saying when the job that last set the pointer was requested and
-// what it pointed at. SetLatest reads it first and leaves
-// the pointer to a newer job's target as it is (ErrSuperseded). Without
+// what it pointed at. SetLatest reads it first and leaves the pointer to
+// a newer job's target as it is (ErrSuperseded); DeleteLatest does the
+// same for a removal and leaves a record with no target behind, so that
+// an older job does not set the pointer again; Delete of a pointer
+// removes its record (a source deleted for good). Without
 // it, a job finished late (its packager cut off from the bus, the job
 // done again elsewhere and newer ones stored meanwhile) moved the pointer,
 // and status.url with it, back to an older revision, and retention, which
