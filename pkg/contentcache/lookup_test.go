@@ -266,7 +266,7 @@ func (s *readOnly) Delete(_ context.Context, key string) error {
 	return errors.New("read-only")
 }
 
-func (s *readOnly) SetLatest(_ context.Context, key, _ string) error {
+func (s *readOnly) SetLatest(_ context.Context, key, _ string, _ time.Time) error {
 	s.writes = append(s.writes, "set latest "+key)
 	return errors.New("read-only")
 }

@@ -185,7 +185,7 @@ var conformanceCases = []struct {
 		} {
 			mustPut(t, ctx, s, key, content)
 		}
-		if err := s.SetLatest(ctx, "dir/"+storage.LatestName, "dir/b.tar.gz"); err != nil {
+		if err := s.SetLatest(ctx, "dir/"+storage.LatestName, "dir/b.tar.gz", time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		infos, err := s.List(ctx, "dir")
@@ -211,7 +211,7 @@ var conformanceCases = []struct {
 		for _, rev := range []string{"one", "two"} {
 			target := storage.ArtifactKey("GitRepository", "ns", "app", rev+".tar.gz")
 			mustPut(t, ctx, s, target, "content "+rev)
-			if err := s.SetLatest(ctx, latest, target); err != nil {
+			if err := s.SetLatest(ctx, latest, target, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			if got := mustRead(t, ctx, s, latest); got != "content "+rev {
@@ -225,8 +225,104 @@ var conformanceCases = []struct {
 				t.Fatalf("Verify(latest): %v", err)
 			}
 		}
-		if err := s.SetLatest(ctx, latest, "gitrepository/ns/other/one.tar.gz"); !errors.Is(err, storage.ErrInvalidKey) {
+		if err := s.SetLatest(ctx, latest, "gitrepository/ns/other/one.tar.gz", time.Now()); !errors.Is(err, storage.ErrInvalidKey) {
 			t.Fatalf("SetLatest to another directory: %v, want ErrInvalidKey", err)
+		}
+	}},
+	{"latest follows job order", func(t *testing.T, ctx context.Context, s storage.Storage) {
+		dir := storage.SourceDir("GitRepository", "ns", "app")
+		latest := dir + "/" + storage.LatestName
+		requested := time.Date(2026, 12, 4, 23, 0, 0, 0, time.UTC)
+		at := func(rev string) time.Time { // one < two < three, a nanosecond apart
+			return requested.Add(time.Duration(strings.Index("one two three", rev)))
+		}
+		for _, rev := range []string{"one", "two", "three"} {
+			mustPut(t, ctx, s, dir+"/"+rev+".tar.gz", "content "+rev)
+		}
+		set := func(rev string) error { return s.SetLatest(ctx, latest, dir+"/"+rev+".tar.gz", at(rev)) }
+		for _, step := range []struct {
+			rev        string
+			superseded bool
+			want       string
+		}{
+			{"two", false, "two"},
+			// A job requested before the one that set the pointer, and
+			// finished after it (a packager cut off from the bus).
+			{"one", true, "two"},
+			// The job redelivered: requested at the same time.
+			{"two", false, "two"},
+			{"three", false, "three"},
+			{"one", true, "three"},
+			{"two", true, "three"},
+		} {
+			err := set(step.rev)
+			if step.superseded != errors.Is(err, storage.ErrSuperseded) || (!step.superseded && err != nil) {
+				t.Fatalf("SetLatest(%s) = %v, want superseded %v", step.rev, err, step.superseded)
+			}
+			if got := mustRead(t, ctx, s, latest); got != "content "+step.want {
+				t.Fatalf("after SetLatest(%s): latest = %q, want %q", step.rev, got, "content "+step.want)
+			}
+			if got, err := s.LatestTarget(ctx, latest); err != nil || got != dir+"/"+step.want+".tar.gz" {
+				t.Fatalf("after SetLatest(%s): LatestTarget = %q, %v; want %s", step.rev, got, err, dir+"/"+step.want+".tar.gz")
+			}
+		}
+		// The record is no artifact, and goes with the pointer: a source
+		// deleted and made again starts with no order.
+		if keys := listKeys(t, ctx, s, dir); strings.Join(keys, ",") != dir+"/one.tar.gz,"+dir+"/three.tar.gz,"+dir+"/two.tar.gz" {
+			t.Fatalf("List = %v, want the artifacts alone", keys)
+		}
+		if err := s.Delete(ctx, latest); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.LatestTarget(ctx, latest); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("LatestTarget of a deleted pointer = %q, %v; want ErrNotFound", got, err)
+		}
+		if err := set("one"); err != nil {
+			t.Fatalf("SetLatest after the pointer was deleted: %v", err)
+		}
+		if got := mustRead(t, ctx, s, latest); got != "content one" {
+			t.Fatalf("latest = %q, want content one", got)
+		}
+	}},
+	{"delete latest follows job order", func(t *testing.T, ctx context.Context, s storage.Storage) {
+		dir := storage.SourceDir("ArtifactGenerator", "ns", "out")
+		latest := dir + "/" + storage.LatestName
+		at := func(n int) time.Time { return time.Date(2026, 12, 4, 23, 0, n, 0, time.UTC) }
+		for _, rev := range []string{"one", "two"} {
+			mustPut(t, ctx, s, dir+"/"+rev+".tar.gz", "content "+rev)
+		}
+		if err := s.SetLatest(ctx, latest, dir+"/two.tar.gz", at(2)); err != nil {
+			t.Fatal(err)
+		}
+		// An older job that no longer had this output, finished late.
+		if err := s.DeleteLatest(ctx, latest, at(1)); !errors.Is(err, storage.ErrSuperseded) {
+			t.Fatalf("DeleteLatest of an older job = %v, want ErrSuperseded", err)
+		}
+		if got := mustRead(t, ctx, s, latest); got != "content two" {
+			t.Fatalf("latest = %q after a refused delete, want content two", got)
+		}
+		if err := s.DeleteLatest(ctx, latest, at(3)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Stat(ctx, latest); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("Stat of a deleted pointer = %v, want ErrNotFound", err)
+		}
+		if _, err := s.LatestTarget(ctx, latest); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("LatestTarget of a deleted pointer = %v, want ErrNotFound", err)
+		}
+		// The removal is ordered too: a job older than it does not set
+		// the pointer again; a newer one does.
+		if err := s.SetLatest(ctx, latest, dir+"/one.tar.gz", at(2)); !errors.Is(err, storage.ErrSuperseded) {
+			t.Fatalf("SetLatest older than the removal = %v, want ErrSuperseded", err)
+		}
+		if err := s.DeleteLatest(ctx, latest, at(3)); err != nil {
+			t.Fatalf("DeleteLatest of a removed pointer, again: %v", err)
+		}
+		if err := s.SetLatest(ctx, latest, dir+"/one.tar.gz", at(4)); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustRead(t, ctx, s, latest); got != "content one" {
+			t.Fatalf("latest = %q, want content one", got)
 		}
 	}},
 	{"copy", func(t *testing.T, ctx context.Context, s storage.Storage) {
@@ -297,7 +393,7 @@ var conformanceCases = []struct {
 	{"copy of a latest pointer", func(t *testing.T, ctx context.Context, s storage.Storage) {
 		target := mustPut(t, ctx, s, "gitrepository/ns/app/one.tar.gz", "content one")
 		latest := "gitrepository/ns/app/" + storage.LatestName
-		if err := s.SetLatest(ctx, latest, target.Key); err != nil {
+		if err := s.SetLatest(ctx, latest, target.Key, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Copy(ctx, latest, "elsewhere/copy.tar.gz"); err != nil {
@@ -358,7 +454,7 @@ var conformanceCases = []struct {
 			checks["Open"] = openErr
 			checks["Delete"] = s.Delete(ctx, key)
 			_, checks["List"] = s.List(ctx, key)
-			checks["SetLatest"] = s.SetLatest(ctx, key, "a/b")
+			checks["SetLatest"] = s.SetLatest(ctx, key, "a/b", time.Now())
 			_, checks["Copy from"] = s.Copy(ctx, key, "a/b")
 			_, checks["Copy to"] = s.Copy(ctx, "a/b", key)
 			for op, err := range checks {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"io/fs"
 	"os"
@@ -21,6 +22,8 @@ import (
 // key, symlink or ".." can reach outside the directory.
 type Dir struct {
 	root *os.Root
+	// latestLocks serialise SetLatest within the process, by record.
+	latestLocks [latestStripes]chan struct{}
 }
 
 var _ Storage = (*Dir)(nil)
@@ -34,7 +37,11 @@ func NewDir(dir string) (*Dir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage dir %s: %w", dir, err)
 	}
-	return &Dir{root: root}, nil
+	d := &Dir{root: root}
+	for i := range d.latestLocks {
+		d.latestLocks[i] = make(chan struct{}, 1)
+	}
+	return d, nil
 }
 
 // Close releases the directory.
@@ -105,6 +112,27 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
 	return info(key, fi), nil
 }
 
+// openIn opens (creating it if needed) the file name in dir for reading
+// and writing, creating dir first, retried as createIn.
+func (d *Dir) openIn(dir, name string) (*os.File, error) {
+	var err error
+	for range 100 {
+		err = d.root.MkdirAll(dir, 0o755)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var f *os.File
+		f, err = d.root.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return f, err
+		}
+	}
+	return nil, err
+}
+
 // createIn creates the new file name in dir, creating dir first. Delete
 // prunes directories it leaves empty, so a concurrent Delete may remove dir
 // between the two steps, and a concurrent MkdirAll of the same directory may
@@ -169,12 +197,25 @@ func (d *Dir) Stat(_ context.Context, key string) (Info, error) {
 	return info(key, fi), nil
 }
 
-// Delete removes key and then any directories it leaves empty.
+// Delete removes key and then any directories it leaves empty; a latest
+// pointer's order record goes with it.
 func (d *Dir) Delete(_ context.Context, key string) error {
 	key, err := CleanKey(key)
 	if err != nil {
 		return err
 	}
+	if err := d.remove(key); err != nil {
+		return err
+	}
+	// A deleted latest pointer forgets its job's time (its order record).
+	if path.Base(key) == LatestName {
+		return d.remove(orderKey(key))
+	}
+	return nil
+}
+
+// remove removes key and then any directories it leaves empty.
+func (d *Dir) remove(key string) error {
 	if err := d.root.Remove(key); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %s: %w", key, err)
 	}
@@ -223,14 +264,33 @@ func (d *Dir) List(_ context.Context, dir string) ([]Info, error) {
 }
 
 // SetLatest points key at target with a relative symlink, replaced
-// atomically by renaming a new symlink over the old one.
-func (d *Dir) SetLatest(_ context.Context, key, target string) error {
-	key, err := CleanKey(key)
+// atomically by renaming a new symlink over the old one, unless the
+// pointer's order record says a newer job set it. The record file is
+// locked while it is read and rewritten and the symlink renamed, against
+// this process's other goroutines and (flock) other processes, on this
+// host or, through NFS, on others sharing the volume. The record is
+// rewritten before the symlink: a crash between the two leaves the
+// pointer where it was, for the job's redelivery (requested at the same
+// time) or a newer job to move.
+func (d *Dir) SetLatest(ctx context.Context, key, target string, requestedAt time.Time) error {
+	key, err := checkPointer(key, target)
 	if err != nil {
 		return err
 	}
-	if path.Dir(key) != path.Dir(target) {
-		return fmt.Errorf("set latest %s: %w: target %q is not in the same directory", key, ErrInvalidKey, target)
+	rec, err := d.lockOrder(ctx, orderKey(key))
+	if err != nil {
+		return fmt.Errorf("set latest %s: %w", key, err)
+	}
+	defer rec.unlock()
+	old, err := rec.read()
+	if err != nil {
+		return fmt.Errorf("set latest %s: %w", key, err)
+	}
+	if old.supersedes(requestedAt) {
+		return superseded(key, old, requestedAt)
+	}
+	if err := rec.write(orderRecord{RequestedAt: requestedAt.UTC(), Target: path.Base(target)}); err != nil {
+		return fmt.Errorf("set latest %s: %w", key, err)
 	}
 	tmp := tempKey(key)
 	if err := d.root.Symlink(path.Base(target), tmp); err != nil {
@@ -241,6 +301,122 @@ func (d *Dir) SetLatest(_ context.Context, key, target string) error {
 		return fmt.Errorf("set latest %s: %w", key, err)
 	}
 	return nil
+}
+
+// DeleteLatest removes the pointer unless its order record says a newer
+// job set it, under the record's lock as SetLatest, and leaves the record
+// saying when it was removed.
+func (d *Dir) DeleteLatest(ctx context.Context, key string, requestedAt time.Time) error {
+	key, err := CleanKey(key)
+	if err != nil {
+		return err
+	}
+	rec, err := d.lockOrder(ctx, orderKey(key))
+	if err != nil {
+		return fmt.Errorf("delete latest %s: %w", key, err)
+	}
+	defer rec.unlock()
+	old, err := rec.read()
+	if err != nil {
+		return fmt.Errorf("delete latest %s: %w", key, err)
+	}
+	if old.supersedes(requestedAt) {
+		return superseded(key, old, requestedAt)
+	}
+	if err := rec.write(orderRecord{RequestedAt: requestedAt.UTC()}); err != nil {
+		return fmt.Errorf("delete latest %s: %w", key, err)
+	}
+	return d.remove(key)
+}
+
+// LatestTarget reads the pointer's symlink.
+func (d *Dir) LatestTarget(_ context.Context, key string) (string, error) {
+	key, err := CleanKey(key)
+	if err != nil {
+		return "", err
+	}
+	fi, err := d.root.Lstat(key)
+	if err != nil {
+		return "", fmt.Errorf("latest target %w", notFound(key, err))
+	}
+	if fi.Mode()&fs.ModeSymlink == 0 {
+		return "", fmt.Errorf("latest target %s: not a pointer: %w", key, ErrNotFound)
+	}
+	link, err := d.root.Readlink(key)
+	if err != nil {
+		return "", fmt.Errorf("latest target %w", notFound(key, err))
+	}
+	return path.Join(path.Dir(key), link), nil
+}
+
+// orderFile is a pointer's order record file, opened and locked.
+type orderFile struct {
+	f       *os.File
+	release func()
+}
+
+// lockOrder opens (creating it empty) the order record file key and
+// locks it: first among this Dir's goroutines (flock on NFS locks for the
+// whole process, not per open file), then against other processes. Both
+// waits end with ctx.
+func (d *Dir) lockOrder(ctx context.Context, key string) (*orderFile, error) {
+	stripe := d.latestLocks[stripeOf(key)]
+	select {
+	case stripe <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("lock %s: %w", key, ctx.Err())
+	}
+	f, err := d.openIn(path.Dir(key), key)
+	if err != nil {
+		<-stripe
+		return nil, fmt.Errorf("lock %w", notFound(key, err))
+	}
+	if err := lockFile(ctx, f); err != nil {
+		_ = f.Close()
+		<-stripe
+		return nil, fmt.Errorf("lock %s: %w", key, err)
+	}
+	return &orderFile{f: f, release: func() {
+		// Closing the file drops its lock.
+		_ = f.Close()
+		<-stripe
+	}}, nil
+}
+
+// unlock releases the file's locks.
+func (o *orderFile) unlock() { o.release() }
+
+// read reads the record; an empty file is the zero record.
+func (o *orderFile) read() (orderRecord, error) {
+	b, err := io.ReadAll(io.NewSectionReader(o.f, 0, 1<<16))
+	if err != nil {
+		return orderRecord{}, fmt.Errorf("read order record: %w", err)
+	}
+	return decodeOrder(b), nil
+}
+
+// write replaces the record in place: renaming a new file over it would
+// leave the waiters locking the old one.
+func (o *orderFile) write(r orderRecord) error {
+	b := r.encode()
+	if _, err := o.f.WriteAt(b, 0); err != nil {
+		return fmt.Errorf("write order record: %w", err)
+	}
+	if err := o.f.Truncate(int64(len(b))); err != nil {
+		return fmt.Errorf("write order record: %w", err)
+	}
+	return nil
+}
+
+// latestStripes is the number of in-process locks the order records of a
+// Dir share, by the hash of their key.
+const latestStripes = 64
+
+// stripeOf is the in-process lock of an order record.
+func stripeOf(key string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % latestStripes)
 }
 
 // Copy makes dst a hard link to src's file, made under a temporary name

@@ -99,7 +99,7 @@ func TestDirSweepTemporary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := d.SetLatest(ctx, "gitrepository/default/a/latest.tar.gz", "gitrepository/default/a/1.tar.gz"); err != nil {
+	if err := d.SetLatest(ctx, "gitrepository/default/a/latest.tar.gz", "gitrepository/default/a/1.tar.gz", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	old := time.Now().Add(-time.Hour)
@@ -177,5 +177,38 @@ func TestDirKeepsStagingDir(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "gitrepository")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("an artifact's emptied directories stayed: %v", err)
+	}
+}
+
+// TestDirDeleteLatestLeavesNothing deletes a source's artifact and latest
+// pointer: the pointer's order record goes too, and with it every
+// directory the source had, in its own tree and under OrderDir.
+func TestDirDeleteLatestLeavesNothing(t *testing.T) {
+	d, err := NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key, latest := "gitrepository/default/a/1.tar.gz", "gitrepository/default/a/"+LatestName
+	if _, err := d.Put(ctx, key, strings.NewReader("one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetLatest(ctx, latest, key, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(d.Path(), filepath.FromSlash(orderKey(latest)))); err != nil {
+		t.Fatalf("order record: %v", err)
+	}
+	for _, k := range []string{latest, key} {
+		if err := d.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries, err := os.ReadDir(d.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Fatalf("storage holds %v after the source's deletion, want nothing", entries)
 	}
 }

@@ -158,12 +158,25 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	return s3Info(key, oi), nil
 }
 
-// Delete removes key; a missing key is not an error.
+// Delete removes key; a missing key is not an error. A latest pointer's
+// order record goes with it (a second DELETE).
 func (s *S3) Delete(ctx context.Context, key string) error {
 	key, err := CleanKey(key)
 	if err != nil {
 		return err
 	}
+	if err := s.remove(ctx, key); err != nil {
+		return err
+	}
+	// A deleted latest pointer forgets its job's time (its order record).
+	if path.Base(key) == LatestName {
+		return s.remove(ctx, orderKey(key))
+	}
+	return nil
+}
+
+// remove deletes one object; a missing one is not an error.
+func (s *S3) remove(ctx context.Context, key string) error {
 	if err := s.client.RemoveObject(ctx, s.bucket, s.object(key), minio.RemoveObjectOptions{}); err != nil {
 		if err := s.fail("delete", key, err); !errors.Is(err, ErrNotFound) {
 			return err
@@ -201,26 +214,157 @@ func (s *S3) List(ctx context.Context, dir string) ([]Info, error) {
 }
 
 // SetLatest makes key a server-side copy of target, an object in the same
-// directory: S3 has no symlinks, and a copy replaces key atomically. A
-// missing target wraps ErrNotFound. S3 copies objects up to 5 GiB this way.
-func (s *S3) SetLatest(ctx context.Context, key, target string) error {
+// directory: S3 has no symlinks, and a copy replaces key atomically. S3
+// cannot make a copy conditional on what it replaces, so the order is
+// kept by the pointer's order record, which a PUT can replace
+// conditionally: SetLatest reads it (a GET), replaces it if no newer job
+// wrote it (a PUT with If-Match, or If-None-Match for the first; a lost
+// race starts over), copies target to key, and reads the record again.
+// A newer job's record there may mean that job's copy landed before this
+// one and was overwritten, so its target is copied, until the record read
+// is the one the last copy was made for: whoever copies last checks last,
+// so the pointer ends at the newest record's target. Uncontended, that is
+// four requests (GET, PUT, COPY, GET). A missing target wraps
+// ErrNotFound. S3 copies objects up to 5 GiB this way.
+func (s *S3) SetLatest(ctx context.Context, key, target string, requestedAt time.Time) error {
+	key, err := checkPointer(key, target)
+	if err != nil {
+		return err
+	}
+	want := orderRecord{RequestedAt: requestedAt.UTC(), Target: path.Base(target)}
+	if err := s.claimOrder(ctx, key, want); err != nil {
+		return err
+	}
+	return s.copyInOrder(ctx, key, want)
+}
+
+// DeleteLatest removes the pointer key unless its order record says a
+// newer job set it: it writes a record with no target as SetLatest writes
+// one, removes the pointer and reads the record again, applying a newer
+// job's record found there (copyInOrder).
+func (s *S3) DeleteLatest(ctx context.Context, key string, requestedAt time.Time) error {
 	key, err := CleanKey(key)
 	if err != nil {
 		return err
 	}
-	if _, err := CleanKey(target); err != nil {
-		return fmt.Errorf("set latest %s: %w", key, err)
+	want := orderRecord{RequestedAt: requestedAt.UTC()}
+	if err := s.claimOrder(ctx, key, want); err != nil {
+		return err
 	}
-	if path.Dir(key) != path.Dir(target) || key == target {
-		return fmt.Errorf("set latest %s: %w: target %q is not another object in the same directory", key, ErrInvalidKey, target)
+	return s.copyInOrder(ctx, key, want)
+}
+
+// copyInOrder applies claimed, the record SetLatest or DeleteLatest wrote,
+// to the pointer key (copies its target there, or removes the pointer for
+// a record with none), then every newer record it reads after doing so,
+// until the record read is the one it last applied.
+func (s *S3) copyInOrder(ctx context.Context, key string, claimed orderRecord) error {
+	dir := path.Dir(key)
+	copied := claimed
+	for range s3OrderAttempts {
+		if copied.Target == "" {
+			if err := s.remove(ctx, key); err != nil {
+				return err
+			}
+		} else if _, err := s.client.CopyObject(ctx,
+			minio.CopyDestOptions{Bucket: s.bucket, Object: s.object(key)},
+			minio.CopySrcOptions{Bucket: s.bucket, Object: s.object(dir + "/" + copied.Target)}); err != nil {
+			return s.fail("set latest "+key+" to", dir+"/"+copied.Target, err)
+		}
+		now, _, err := s.readOrder(ctx, key)
+		if err != nil {
+			return fmt.Errorf("set latest %s: %w", key, err)
+		}
+		if now.same(copied) {
+			return nil
+		}
+		copied = now
 	}
-	_, err = s.client.CopyObject(ctx,
-		minio.CopyDestOptions{Bucket: s.bucket, Object: s.object(key)},
-		minio.CopySrcOptions{Bucket: s.bucket, Object: s.object(target)})
+	return fmt.Errorf("set latest %s: the order record kept changing after %d copies", key, s3OrderAttempts)
+}
+
+// LatestTarget reads the pointer's order record (a GET): the pointer is a
+// copy, and a copy of an object uploaded in parts has an ETag of its own,
+// so its target cannot be told by comparing ETags. The record names the
+// newest job's target even while that job's copy is on its way.
+func (s *S3) LatestTarget(ctx context.Context, key string) (string, error) {
+	key, err := CleanKey(key)
 	if err != nil {
-		return s.fail("set latest "+key+" to", target, err)
+		return "", err
 	}
-	return nil
+	r, _, err := s.readOrder(ctx, key)
+	if err != nil {
+		return "", fmt.Errorf("latest target %s: %w", key, err)
+	}
+	if r.Target == "" {
+		return "", fmt.Errorf("latest target %s: no order record: %w", key, ErrNotFound)
+	}
+	return path.Dir(key) + "/" + r.Target, nil
+}
+
+// s3OrderAttempts bounds the rounds of SetLatest's conditional writes and
+// copies: each lost round means another replica moved the same pointer
+// meanwhile.
+const s3OrderAttempts = 10
+
+// claimOrder replaces the order record of pointer key with want unless
+// it says a newer job set the pointer (ErrSuperseded).
+func (s *S3) claimOrder(ctx context.Context, key string, want orderRecord) error {
+	body := want.encode()
+	for range s3OrderAttempts {
+		old, etag, err := s.readOrder(ctx, key)
+		if err != nil {
+			return fmt.Errorf("set latest %s: %w", key, err)
+		}
+		if old.supersedes(want.RequestedAt) {
+			return superseded(key, old, want.RequestedAt)
+		}
+		var opts minio.PutObjectOptions
+		if etag == "" {
+			opts.SetMatchETagExcept("*")
+		} else {
+			opts.SetMatchETag(etag)
+		}
+		_, err = s.client.PutObject(ctx, s.bucket, s.object(orderKey(key)), bytes.NewReader(body), int64(len(body)), opts)
+		if err == nil {
+			return nil
+		}
+		if !conditionFailed(err) {
+			return s.fail("set latest "+key+": write", orderKey(key), err)
+		}
+	}
+	return fmt.Errorf("set latest %s: the order record kept changing after %d attempts", key, s3OrderAttempts)
+}
+
+// readOrder reads the order record of pointer key and its ETag
+// (unquoted); a missing record is the zero record with no ETag.
+func (s *S3) readOrder(ctx context.Context, key string) (orderRecord, string, error) {
+	rk := orderKey(key)
+	obj, err := s.client.GetObject(ctx, s.bucket, s.object(rk), minio.GetObjectOptions{})
+	if err != nil {
+		return orderRecord{}, "", s.fail("read", rk, err)
+	}
+	defer obj.Close()
+	b, err := io.ReadAll(io.LimitReader(obj, 1<<16))
+	if err != nil {
+		if err := s.fail("read", rk, err); errors.Is(err, ErrNotFound) {
+			return orderRecord{}, "", nil
+		}
+		return orderRecord{}, "", s.fail("read", rk, err)
+	}
+	oi, err := obj.Stat()
+	if err != nil {
+		return orderRecord{}, "", s.fail("read", rk, err)
+	}
+	return decodeOrder(b), strings.Trim(oi.ETag, `"`), nil
+}
+
+// conditionFailed reports whether a conditional write failed on its
+// condition: 412, or 409 when S3 saw a concurrent conditional write.
+func conditionFailed(err error) bool {
+	resp := minio.ToErrorResponse(err)
+	return resp.Code == minio.PreconditionFailed || resp.StatusCode == http.StatusPreconditionFailed ||
+		resp.Code == "ConditionalRequestConflict" || resp.StatusCode == http.StatusConflict
 }
 
 // s3CopyMax is the largest object S3 copies with one CopyObject request;

@@ -382,7 +382,8 @@ func TestS3RequestsPerOperation(t *testing.T) {
 		{"Stat", "HEAD=1", func() error { _, err := s.Stat(ctx, put.Key); return err }},
 		{"Copy", "COPY=1 HEAD=1", func() error { _, err := s.Copy(ctx, put.Key, ".cache/a.tar.gz"); return err }},
 		{"CopyMatching", "COPY=1", func() error { _, err := s.CopyMatching(ctx, put, "other/ns/app/a.tar.gz"); return err }},
-		{"SetLatest", "COPY=1", func() error { return s.SetLatest(ctx, dir+"/"+storage.LatestName, put.Key) }},
+		// Read the order record, write it, copy, read it again.
+		{"SetLatest", "COPY=1 GET=2 PUT=1", func() error { return s.SetLatest(ctx, dir+"/"+storage.LatestName, put.Key, time.Now()) }},
 		{"List", "LIST=1", func() error { _, err := s.List(ctx, dir); return err }},
 		{"Delete", "DELETE=1", func() error { return s.Delete(ctx, dir+"/big.tar.gz") }},
 	} {

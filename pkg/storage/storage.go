@@ -2,12 +2,14 @@
 // fetcher, packager and artifact-server share, Flux's layout of keys, and
 // two implementations: Dir, a local or shared directory (the embedded
 // default), and S3, any S3-compatible object store. The latest pointer is a
-// symlink in a directory and a server-side copy on S3.
+// symlink in a directory and a server-side copy on S3; beside it, its
+// order record (latest.go) says which job set it last.
 //
 // Keys are slash-separated paths relative to the storage root:
 //
 //	<kind>/<namespace>/<name>/<file>         an artifact (Flux's layout)
 //	<kind>/<namespace>/<name>/latest.tar.gz  the latest pointer
+//	.latest/<kind>/<namespace>/<name>/latest.tar.gz.json  the pointer's order record
 //	.staging/<job>.tar                       content between fetcher and packager
 //
 // Keys whose first segment starts with a dot are internal and never served.
@@ -34,6 +36,10 @@ var ErrNotFound = errors.New("not found")
 // ErrInvalidKey is returned (wrapped) for a key that is not a clean relative
 // path inside the storage.
 var ErrInvalidKey = errors.New("invalid key")
+
+// ErrSuperseded is returned (wrapped) by SetLatest when the pointer was
+// set for a newer job, and stays as it is.
+var ErrSuperseded = errors.New("pointer set by a newer job")
 
 // ErrChanged is returned (wrapped) by CopyMatching when the source key no
 // longer holds the object the caller described.
@@ -76,8 +82,28 @@ type Storage interface {
 	// excluding pointers made by SetLatest.
 	List(ctx context.Context, dir string) ([]Info, error)
 	// SetLatest makes the pointer key resolve to target, an object in the
-	// same directory, atomically.
-	SetLatest(ctx context.Context, key, target string) error
+	// same directory, atomically, for a job requested at requestedAt
+	// (events.Job.RequestedAt): pointers follow job order, not the order
+	// artifacts are stored in. When the pointer was last set for a job
+	// requested later, it stays and SetLatest fails wrapping
+	// ErrSuperseded; a job requested at the same time moves it (a
+	// redelivered job sets it again). Replicas may call it concurrently:
+	// the pointer ends at the newest job's target. Deleting the pointer
+	// forgets its job's time.
+	SetLatest(ctx context.Context, key, target string, requestedAt time.Time) error
+	// DeleteLatest removes the pointer key for a job requested at
+	// requestedAt, in the same order as SetLatest: a pointer set for a
+	// newer job stays (ErrSuperseded). Its order record stays too, saying
+	// when it was removed, so that an older job finishing later does not
+	// set it again.
+	DeleteLatest(ctx context.Context, key string, requestedAt time.Time) error
+	// LatestTarget returns the key of the object the pointer key leads
+	// to, by name: the symlink's target (Dir), the target its order record
+	// names (S3, where the pointer is a copy whose ETag may differ from
+	// its target's). It wraps ErrNotFound when there is no pointer, or on
+	// S3 when no record names one (a pointer set before records were
+	// kept): the caller then has only what Stat says of the pointer.
+	LatestTarget(ctx context.Context, key string) (string, error)
 	// Copy makes dst a copy of the object src atomically, without the bytes
 	// passing through the caller (a hard link in a directory, a server-side
 	// copy on S3), and describes dst. A missing src wraps ErrNotFound. The

@@ -300,7 +300,7 @@ func TestLatest(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	latest := "gitrepository/default/podinfo/" + storage.LatestName
-	if err := f.store.SetLatest(ctx, latest, artifactKey); err != nil {
+	if err := f.store.SetLatest(ctx, latest, artifactKey, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	resp, body := f.do(t, http.MethodGet, "/"+latest, nil)
@@ -318,7 +318,7 @@ func TestLatest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.store.SetLatest(ctx, latest, nextKey); err != nil {
+	if err := f.store.SetLatest(ctx, latest, nextKey, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	resp, body = f.do(t, http.MethodGet, "/"+latest, map[string]string{"If-None-Match": f.info.ETag})

@@ -294,7 +294,7 @@ func (p *Packager) buildOutput(ctx context.Context, r *events.GenerateRequested,
 		return events.GeneratedOutput{}, generateFailure(failure.Transient, meta.BuildFailedReason,
 			"store artifact %s: wrote %d bytes, stored %d", key, res.Size, info.Size)
 	}
-	if err := p.store.SetLatest(ctx, path.Join(sourceDir, storage.LatestName), key); err != nil {
+	if err := p.setLatest(ctx, path.Join(sourceDir, storage.LatestName), key, r.Job); err != nil {
 		return events.GeneratedOutput{}, generateFailure(failure.Transient, meta.BuildFailedReason, "update latest pointer: %v", err)
 	}
 	art := p.newArtifact(key, res.Digest.String(), res.Size)
@@ -333,7 +333,8 @@ func originRevision(a meta.Artifact) string {
 }
 
 // removeOutputs removes the stored files of the previous outputs the job
-// no longer has: their latest pointer first, then every artifact.
+// no longer has: their latest pointer first, then every artifact; an
+// output whose pointer a newer job set is left as it is.
 func (p *Packager) removeOutputs(ctx context.Context, r *events.GenerateRequested, outputs []events.GeneratedOutput,
 	previous map[string]events.GeneratedOutput) error {
 	keep := map[string]bool{}
@@ -345,7 +346,14 @@ func (p *Packager) removeOutputs(ctx context.Context, r *events.GenerateRequeste
 			continue
 		}
 		dir := storage.SourceDir(events.GeneratedKind, r.Job.Object.Namespace, name)
-		if err := p.store.Delete(ctx, path.Join(dir, storage.LatestName)); err != nil {
+		// In job order: a late job that no longer had this output
+		// leaves the pointer and the artifacts of a newer job that has.
+		err := p.store.DeleteLatest(ctx, path.Join(dir, storage.LatestName), r.Job.RequestedAt)
+		if errors.Is(err, storage.ErrSuperseded) {
+			p.superseded(ctx, path.Join(dir, storage.LatestName), r.Job, err)
+			continue
+		}
+		if err != nil {
 			return generateFailure(failure.Transient, meta.BuildFailedReason, "remove artifact %q: %v", name, err)
 		}
 		objs, err := p.store.List(ctx, dir)

@@ -8,8 +8,9 @@ import (
 
 // Metrics are the packager's own families, beside the shared job metrics:
 // headwater_artifact_bytes, headwater_gc_deleted_total and
-// headwater_content_cache_artifacts_total{operation} and
-// headwater_generated_artifacts_total{result}.
+// headwater_content_cache_artifacts_total{operation},
+// headwater_generated_artifacts_total{result} and
+// headwater_latest_pointer_superseded_total.
 type Metrics struct {
 	// ArtifactBytes observes the size of every artifact written.
 	ArtifactBytes prometheus.Histogram
@@ -21,6 +22,10 @@ type Metrics struct {
 	// Generated counts the outputs of ArtifactGenerator jobs, by result:
 	// changed (a new artifact stored) or unchanged (the previous kept).
 	Generated *prometheus.CounterVec
+	// LatestSuperseded counts the latest pointers a job left as they were
+	// because a newer job had set them: an artifact stored late, or an
+	// ArtifactGenerator output removed late.
+	LatestSuperseded prometheus.Counter
 }
 
 // NewMetrics registers the packager's families on reg.
@@ -46,6 +51,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: telemetry.Namespace, Name: "generated_artifacts_total",
 		Help: "Outputs of ArtifactGenerator jobs, by result: changed (a new artifact stored) or unchanged (the previous artifact kept).",
 	}, []string{"result"})
-	reg.MustRegister(m.ArtifactBytes, m.GCDeleted, cache, m.Generated)
+	m.LatestSuperseded = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: telemetry.Namespace, Name: "latest_pointer_superseded_total",
+		Help: "Latest pointers left as they were because a job requested after the one moving (or, for an ArtifactGenerator output it no longer has, removing) them had set them: a late job, its packager cut off from the bus.",
+	})
+	reg.MustRegister(m.ArtifactBytes, m.GCDeleted, cache, m.Generated, m.LatestSuperseded)
 	return m
 }

@@ -233,7 +233,7 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched) error 
 		// artifact can reuse it.
 		var wg sync.WaitGroup
 		wg.Go(func() { p.record(ctx, j, artifact, info) })
-		err := p.store.SetLatest(ctx, path.Join(j.dir, storage.LatestName), j.key)
+		err := p.setLatest(ctx, path.Join(j.dir, storage.LatestName), j.key, j.Job)
 		wg.Wait()
 		if err != nil {
 			return archiveFailure(failure.Transient, "update latest pointer: %w", err)
@@ -241,6 +241,33 @@ func (p *Packager) packageFetched(ctx context.Context, f *events.Fetched) error 
 		p.observe(j, artifact)
 	}
 	return p.announce(ctx, j, artifact)
+}
+
+// setLatest moves the latest pointer key to target for job, unless a job
+// requested after it set the pointer (storage.ErrSuperseded): a job
+// finished late, its packager cut off from the bus while the job was done
+// again elsewhere and newer ones stored, must not move status.url back to
+// an older revision, nor let retention, which keeps the pointer's target,
+// collect the artifact the source's status names. The late job is
+// otherwise done as any other: its artifact stays stored (retention
+// collects it in time) and its outcome is published, for the watcher to
+// drop as late.
+func (p *Packager) setLatest(ctx context.Context, key, target string, job events.Job) error {
+	err := p.store.SetLatest(ctx, key, target, job.RequestedAt)
+	if !errors.Is(err, storage.ErrSuperseded) {
+		return err
+	}
+	p.superseded(ctx, key, job, err)
+	return nil
+}
+
+// superseded logs and counts a move or removal of the latest pointer key
+// that a newer job's left undone (err wraps storage.ErrSuperseded).
+func (p *Packager) superseded(ctx context.Context, key string, job events.Job, err error) {
+	logr.FromContextOrDiscard(ctx).Info("latest pointer left to a newer job", "pointer", key, "requestedat", job.RequestedAt, "reason", err.Error())
+	if p.metrics != nil {
+		p.metrics.LatestSuperseded.Inc()
+	}
 }
 
 // stored describes the artifact an earlier attempt of j stored, for a job

@@ -173,7 +173,7 @@ func TestRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := h.store.SetLatest(ctx, srcDir+"/"+storage.LatestName, srcDir+"/young.tar.gz"); err != nil {
+	if err := h.store.SetLatest(ctx, srcDir+"/"+storage.LatestName, srcDir+"/young.tar.gz", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	sourcev1 "github.com/fluxcd/source-controller/api/v1"
 
@@ -270,9 +271,9 @@ func (f *fault) CopyMatching(ctx context.Context, src storage.Info, dst string) 
 	return f.Storage.CopyMatching(ctx, src, dst)
 }
 
-func (f *fault) SetLatest(ctx context.Context, key, target string) error {
+func (f *fault) SetLatest(ctx context.Context, key, target string, requestedAt time.Time) error {
 	if f.hit("latest", key) {
 		return errDiskOnFire
 	}
-	return f.Storage.SetLatest(ctx, key, target)
+	return f.Storage.SetLatest(ctx, key, target, requestedAt)
 }

@@ -41,19 +41,22 @@ func TestS3Requests(t *testing.T) {
 	}
 	counter.Take()
 
-	// New content: GET the staged tar, PUT the artifact, COPY it to the
-	// latest pointer, PUT the cache's index and COPY the artifact into the
-	// cache, DELETE the staged tar, LIST the source's directory.
+	// New content: GET the staged tar, PUT the artifact, move the latest
+	// pointer in job order (GET its order record, PUT it conditionally,
+	// COPY the artifact to the pointer, GET the record again), PUT the
+	// cache's index and COPY the artifact into the cache, DELETE the staged
+	// tar, LIST the source's directory.
 	if err := p.packageFetched(ctx, first); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := counter.Take(), "COPY=2 DELETE=1 GET=1 LIST=1 PUT=2"; got != want {
+	if got, want := counter.Take(), "COPY=2 DELETE=1 GET=3 LIST=1 PUT=3"; got != want {
 		t.Errorf("new artifact: requests %s, want %s", got, want)
 	}
 	out := pub.sent[0].out
 
 	// Reuse: GET the cached artifact (its digest is checked), COPY it to
-	// the source's key and to its latest pointer, HEAD the cache's index
+	// the source's key and to its latest pointer (with the order record's
+	// GET, PUT and GET), HEAD the cache's index
 	// (written a moment ago, so not written again), DELETE the staging key,
 	// LIST the source's directory.
 	second := fetched("job-2", "other", "abc.tar.gz")
@@ -61,7 +64,7 @@ func TestS3Requests(t *testing.T) {
 	if err := p.packageFetched(ctx, second); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := counter.Take(), "COPY=2 DELETE=1 GET=1 HEAD=1 LIST=1"; got != want {
+	if got, want := counter.Take(), "COPY=2 DELETE=1 GET=3 HEAD=1 LIST=1 PUT=1"; got != want {
 		t.Errorf("reuse: requests %s, want %s", got, want)
 	}
 	if err := storage.Verify(ctx, store, "gitrepository/default/other/"+storage.LatestName, out.Artifact.Digest); err != nil {

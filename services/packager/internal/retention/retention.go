@@ -53,6 +53,36 @@ func Select(objs []storage.Info, p Policy, now time.Time, keep func(storage.Info
 	return out
 }
 
+// keeper returns what Collect keeps besides Select's count and age:
+// current, and the latest pointer's target. The target is resolved by name
+// (LatestTarget): on S3 the pointer is a copy whose ETag is not its
+// target's when the target was uploaded in parts (over 1 MiB), and the
+// target is the artifact the source's status names when a late job's
+// artifact was stored after it. A pointer that names no target (on S3,
+// one set before order records were kept) is recognised as before, by
+// what Stat says of it: its target's ETag and size.
+func keeper(ctx context.Context, s storage.Storage, dir, current string) (func(storage.Info) bool, error) {
+	latestKey := path.Join(dir, storage.LatestName)
+	target, err := s.LatestTarget(ctx, latestKey)
+	switch {
+	case err == nil:
+		return func(o storage.Info) bool { return o.Key == current || o.Key == target }, nil
+	case !errors.Is(err, storage.ErrNotFound):
+		return nil, fmt.Errorf("garbage collect %s: resolve latest: %w", dir, err)
+	}
+	var latest *storage.Info
+	li, err := s.Stat(ctx, latestKey)
+	switch {
+	case err == nil:
+		latest = &li
+	case !errors.Is(err, storage.ErrNotFound):
+		return nil, fmt.Errorf("garbage collect %s: resolve latest: %w", dir, err)
+	}
+	return func(o storage.Info) bool {
+		return o.Key == current || (latest != nil && o.ETag == latest.ETag && o.Size == latest.Size)
+	}, nil
+}
+
 // Collect garbage-collects the source directory dir of s by Select. It never
 // deletes current (the artifact just written) nor the target of the
 // directory's latest pointer; when the pointer cannot be read it deletes
@@ -67,19 +97,9 @@ func Collect(ctx context.Context, s storage.Storage, dir, current string, p Poli
 		// pointer need not be resolved (a HEAD saved on S3).
 		return nil, nil
 	}
-	// The Storage interface does not say where a pointer leads; Stat follows
-	// it, and the ETag (which changes with every write) recognises the
-	// target among the listed objects.
-	var latest *storage.Info
-	li, err := s.Stat(ctx, path.Join(dir, storage.LatestName))
-	switch {
-	case err == nil:
-		latest = &li
-	case !errors.Is(err, storage.ErrNotFound):
-		return nil, fmt.Errorf("garbage collect %s: resolve latest: %w", dir, err)
-	}
-	keep := func(o storage.Info) bool {
-		return o.Key == current || (latest != nil && o.ETag == latest.ETag && o.Size == latest.Size)
+	keep, err := keeper(ctx, s, dir, current)
+	if err != nil {
+		return nil, err
 	}
 	var deleted []string
 	var errs []error

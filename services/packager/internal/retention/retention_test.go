@@ -2,6 +2,8 @@ package retention
 
 import (
 	"context"
+	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/headwater-gitops/headwater/pkg/storage"
+	"github.com/headwater-gitops/headwater/testsupport/miniotest"
 )
 
 var now = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
@@ -156,7 +159,7 @@ func TestCollect(t *testing.T) {
 				}
 			}
 			if tt.latest != "" {
-				if err := s.SetLatest(ctx, dir+"/"+storage.LatestName, dir+"/"+tt.latest); err != nil {
+				if err := s.SetLatest(ctx, dir+"/"+storage.LatestName, dir+"/"+tt.latest, time.Now()); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -187,4 +190,70 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestCollectKeepsLatestTargetOnS3 collects a source on MinIO whose
+// artifacts were uploaded in parts (over 1 MiB), as a late job leaves it:
+// the pointer at the artifact the status names, which is neither the one
+// just stored (current) nor, with no records kept and no grace period,
+// kept by count or age. The pointer is a copy whose ETag is not its
+// target's, so retention recognising the target by ETag deleted it; by the
+// name its order record gives, it stays.
+func TestCollectKeepsLatestTargetOnS3(t *testing.T) {
+	srv := miniotest.New(t)
+	srv.MakeBucket(t, "artifacts")
+	s, err := storage.NewS3(srv.Client, "artifacts", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const dir = "gitrepository/default/podinfo"
+	rnd := rand.NewChaCha8([32]byte{})
+	for _, name := range []string{"status.tar.gz", "late.tar.gz", "old.tar.gz"} {
+		if _, err := s.Put(ctx, dir+"/"+name, io.LimitReader(rnd, 2<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetLatest(ctx, dir+"/"+storage.LatestName, dir+"/status.tar.gz", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := Collect(ctx, s, dir, dir+"/late.tar.gz", Policy{}, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(deleted, []string{dir + "/old.tar.gz"}) {
+		t.Errorf("deleted %q, want only %s/old.tar.gz", deleted, dir)
+	}
+	if _, err := s.Stat(ctx, dir+"/status.tar.gz"); err != nil {
+		t.Errorf("the latest pointer's target: %v", err)
+	}
+}
+
+// TestCollectKeepsLegacyLatestTargetOnS3 collects a source whose pointer
+// was set before order records were kept (a copy, no record): its target
+// is recognised by ETag, as before.
+func TestCollectKeepsLegacyLatestTargetOnS3(t *testing.T) {
+	srv := miniotest.New(t)
+	srv.MakeBucket(t, "artifacts")
+	s, err := storage.NewS3(srv.Client, "artifacts", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const dir = "gitrepository/default/podinfo"
+	for _, name := range []string{"target.tar.gz", "current.tar.gz", "old.tar.gz"} {
+		if _, err := s.Put(ctx, dir+"/"+name, strings.NewReader(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Copy(ctx, dir+"/target.tar.gz", dir+"/"+storage.LatestName); err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := Collect(ctx, s, dir, dir+"/current.tar.gz", Policy{}, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(deleted, []string{dir + "/old.tar.gz"}) {
+		t.Errorf("deleted %q, want only %s/old.tar.gz", deleted, dir)
+	}
 }
