@@ -260,7 +260,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 
 	// One outcome of a source at a time, and none of a job older than
 	// the newest one written.
-	src, err := c.order.lock(ctx, obj.GetUID())
+	src, err := c.order.lock(ctx, obj.GetUID(), o.Job.RequestedAt)
 	if err != nil {
 		// The bus that brought the outcome cannot say where the source's
 		// order stands: try again.

@@ -69,10 +69,16 @@ type sourceOrder struct {
 	users int
 }
 
-// lock returns the entry of source uid, locked, with the store's entry
-// read into it the first time: an error reading it is returned, with the
-// entry unlocked.
-func (o *order) lock(ctx context.Context, uid types.UID) (*sourceOrder, error) {
+// lock returns the entry of source uid, locked, for the outcome of a job
+// requested at requested. The store's entry is read into it the first
+// time an outcome of a job older than since comes: only such a job can
+// be older than one a previous leader wrote, since the store's entry
+// counts as no later than since, and once an outcome of a job of this
+// process is written it supersedes whatever the store held. So a leader
+// reads the store for the late results of its predecessors' jobs alone,
+// not for every source. An error reading it is returned, with the entry
+// unlocked.
+func (o *order) lock(ctx context.Context, uid types.UID, requested time.Time) (*sourceOrder, error) {
 	o.mu.Lock()
 	if o.sources == nil {
 		o.sources = map[types.UID]*sourceOrder{}
@@ -85,7 +91,10 @@ func (o *order) lock(ctx context.Context, uid types.UID) (*sourceOrder, error) {
 	s.users++
 	o.mu.Unlock()
 	s.mu.Lock()
-	if s.loaded || o.store == nil {
+	if s.loaded || o.store == nil || !requested.Before(o.since) || !s.newest.Before(o.since) {
+		// Read before; or no store; or a job of this process, or one
+		// written already: the store's entry, no later than since,
+		// cannot supersede it.
 		return s, nil
 	}
 	stored, err := o.store.Load(ctx, uid)

@@ -15,10 +15,11 @@ import (
 	"github.com/headwater-gitops/headwater/testsupport/natsserver"
 )
 
-// mustLock locks source uid's entry of o, failing t on an error.
-func mustLock(t *testing.T, o *order, uid types.UID) *sourceOrder {
+// mustLock locks source uid's entry of o for an outcome of a job
+// requested at requested, failing t on an error.
+func mustLock(t *testing.T, o *order, uid types.UID, requested time.Time) *sourceOrder {
 	t.Helper()
-	s, err := o.lock(context.Background(), uid)
+	s, err := o.lock(context.Background(), uid, requested)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestOrder(t *testing.T) {
 	t0 := time.Date(2026, 12, 4, 20, 0, 0, 0, time.UTC)
 	older, newer := t0, t0.Add(time.Second)
 
-	s := mustLock(t, &o, "a")
+	s := mustLock(t, &o, "a", older)
 	if s.superseded(older) {
 		t.Error("a job superseded before any outcome was written")
 	}
@@ -50,10 +51,10 @@ func TestOrder(t *testing.T) {
 		t.Errorf("entries after a check that wrote nothing = %d, want 0", n)
 	}
 
-	s = mustLock(t, &o, "a")
+	s = mustLock(t, &o, "a", older)
 	mustWrite(t, &o, "a", s, newer)
 	o.unlock("a", s)
-	s = mustLock(t, &o, "a")
+	s = mustLock(t, &o, "a", older)
 	if !s.superseded(older) || s.superseded(newer) || s.superseded(newer.Add(time.Millisecond)) {
 		t.Errorf("after writing %s: superseded(older)=%t, superseded(same)=%t, superseded(later)=%t; want true, false, false",
 			newer, s.superseded(older), s.superseded(newer), s.superseded(newer.Add(time.Millisecond)))
@@ -65,7 +66,7 @@ func TestOrder(t *testing.T) {
 		t.Error("writing an older job moved the newest back")
 	}
 	o.unlock("a", s)
-	if s := mustLock(t, &o, "b"); s.superseded(older) {
+	if s := mustLock(t, &o, "b", older); s.superseded(older) {
 		t.Error("another source's order leaked")
 	} else {
 		o.unlock("b", s)
@@ -94,7 +95,7 @@ func TestOrderSerializes(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			at := t0.Add(time.Duration(i) * time.Millisecond)
-			s, err := o.lock(context.Background(), "x")
+			s, err := o.lock(context.Background(), "x", at)
 			if err != nil {
 				t.Error(err)
 				return
@@ -116,7 +117,7 @@ func TestOrderSerializes(t *testing.T) {
 			t.Fatalf("write %d (%s) after %s: an older job written after a newer", i, written[i], written[i-1])
 		}
 	}
-	s := mustLock(t, &o, "x")
+	s := mustLock(t, &o, "x", t0)
 	defer o.unlock("x", s)
 	if want := t0.Add((n - 1) * time.Millisecond); !s.newest.Equal(want) || inside != 0 {
 		t.Errorf("newest = %s, want %s", s.newest, want)
@@ -166,12 +167,12 @@ func TestOrderOutlivesTheProcess(t *testing.T) {
 	t0 := time.Date(2026, 12, 4, 20, 0, 0, 0, time.UTC)
 
 	first := &order{store: KVOrder{KV: kv}, since: t0}
-	s := mustLock(t, first, "a")
+	s := mustLock(t, first, "a", t0.Add(2*time.Second))
 	mustWrite(t, first, "a", s, t0.Add(2*time.Second))
 	first.unlock("a", s)
 	// A redelivery of an older job's outcome, written before, writes no
 	// older entry.
-	s = mustLock(t, first, "a")
+	s = mustLock(t, first, "a", t0.Add(time.Second))
 	mustWrite(t, first, "a", s, t0.Add(time.Second))
 	first.unlock("a", s)
 	if got, err := (KVOrder{KV: kv}).Load(ctx, "a"); err != nil || !got.Equal(t0.Add(2*time.Second)) {
@@ -180,7 +181,7 @@ func TestOrderOutlivesTheProcess(t *testing.T) {
 
 	// The next leader, elected a minute later.
 	next := &order{store: KVOrder{KV: kv}, since: t0.Add(time.Minute)}
-	s = mustLock(t, next, "a")
+	s = mustLock(t, next, "a", t0.Add(time.Second))
 	if !s.superseded(t0.Add(time.Second)) {
 		t.Error("the next leader did not supersede a job older than the newest the first wrote")
 	}
@@ -192,7 +193,7 @@ func TestOrderOutlivesTheProcess(t *testing.T) {
 	// A leader whose clock is behind the first's: elected, by its
 	// clock, before the first's newest job; its own jobs still pass.
 	behind := &order{store: KVOrder{KV: kv}, since: t0.Add(time.Second + 500*time.Millisecond)}
-	s = mustLock(t, behind, "a")
+	s = mustLock(t, behind, "a", t0)
 	if s.superseded(t0.Add(time.Second + 600*time.Millisecond)) {
 		t.Error("a job of a leader whose clock is behind was superseded by the previous leader's")
 	}
@@ -222,13 +223,35 @@ func (failingStore) Store(context.Context, types.UID, time.Time) error  { return
 func (failingStore) Forget(context.Context, types.UID) error            { return errStore }
 
 // TestOrderStoreFails checks that an entry that cannot be read is an
-// error (the outcome is tried again) that leaves the source unlocked.
+// error (the outcome is tried again) that leaves the source unlocked, and
+// that the store is read only for the outcome of a job older than the
+// process's start: a job of its own needs no previous leader's order.
 func TestOrderStoreFails(t *testing.T) {
-	o := &order{store: failingStore{}}
+	since := time.Date(2026, 12, 4, 20, 0, 0, 0, time.UTC)
+	o := &order{store: failingStore{}, since: since}
 	for range 2 { // a second lock would block if the first failed locked
-		if _, err := o.lock(context.Background(), "a"); !errors.Is(err, errStore) {
+		if _, err := o.lock(context.Background(), "a", since.Add(-time.Second)); !errors.Is(err, errStore) {
 			t.Fatalf("lock with an unreadable bucket: %v, want %v", err, errStore)
 		}
+	}
+	s, err := o.lock(context.Background(), "a", since)
+	if err != nil {
+		t.Fatalf("lock for a job of this process read the bucket: %v", err)
+	}
+	if err := o.written(context.Background(), "a", s, since); !errors.Is(err, errStore) {
+		t.Errorf("write with an unwritable bucket: %v, want %v", err, errStore)
+	}
+	o.unlock("a", s)
+	// Ordered in memory all the same, and the bucket is not read again.
+	s, err = o.lock(context.Background(), "a", since.Add(-time.Second))
+	if err != nil || !s.superseded(since.Add(-time.Second)) {
+		t.Errorf("after a job of this process was written: lock for an older job = %v, superseded %t; want no error, true", err, err == nil && s.superseded(since.Add(-time.Second)))
+	}
+	if err == nil {
+		o.unlock("a", s)
+	}
+	if err := o.forget(context.Background(), "a"); !errors.Is(err, errStore) {
+		t.Errorf("forget with an unwritable bucket: %v, want %v", err, errStore)
 	}
 	if n := o.len(); n != 0 {
 		t.Errorf("entries after failed locks = %d, want 0", n)
