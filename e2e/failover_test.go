@@ -1,20 +1,17 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/headwater-gitops/headwater/e2e/harness"
+	"github.com/headwater-gitops/headwater/e2e/promtext"
 )
 
 // watcherLease is the Lease the watcher replicas elect their leader with,
@@ -287,56 +284,9 @@ func outcomesApplied(t *testing.T, s *harness.Service) float64 {
 // name whose labels include every one of labels (each `key="value"`); a
 // metric with no such sample sums to 0.
 func metricSum(addr, name string, labels ...string) (float64, error) {
-	c := &http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
+	ss, err := promtext.Scrape(context.Background(), nil, "http://"+addr+"/metrics")
 	if err != nil {
-		return 0, fmt.Errorf("metrics: %w", err)
+		return 0, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return 0, fmt.Errorf("metrics of %s: %s", addr, resp.Status)
-	}
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
-			continue
-		}
-		series, value, ok := cutLast(rest, " ")
-		if !ok {
-			return 0, fmt.Errorf("metrics of %s: malformed line %q", addr, line)
-		}
-		match := true
-		for _, l := range labels {
-			if !strings.Contains(series, l) {
-				match = false
-				break
-			}
-		}
-		if !match {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return 0, fmt.Errorf("metrics of %s: line %q: %w", addr, line, err)
-		}
-		sum += v
-	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("metrics of %s: %w", addr, err)
-	}
-	return sum, nil
-}
-
-// cutLast slices s around the last sep.
-func cutLast(s, sep string) (before, after string, found bool) {
-	i := strings.LastIndex(s, sep)
-	if i < 0 {
-		return s, "", false
-	}
-	return s[:i], s[i+len(sep):], true
+	return ss.Sum(name, labels...)
 }

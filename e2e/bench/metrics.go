@@ -2,35 +2,13 @@ package bench
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"net/http"
-	"time"
 
 	"github.com/headwater-gitops/headwater/e2e/promtext"
 )
 
 // scrape reads http://<addr>/metrics.
 func scrape(ctx context.Context, addr string) (promtext.Samples, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, fmt.Errorf("metrics of %s: %w", addr, err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("metrics of %s: %w", addr, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("metrics of %s: %s", addr, resp.Status)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("metrics of %s: %w", addr, err)
-	}
-	return promtext.Parse(string(b))
+	return promtext.Scrape(ctx, nil, "http://"+addr+"/metrics")
 }
 
 // diff returns after minus before, per key, leaving out keys that did not

@@ -1,14 +1,10 @@
 package clustertest
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +20,7 @@ import (
 
 	"github.com/headwater-gitops/headwater/e2e/cluster"
 	"github.com/headwater-gitops/headwater/e2e/cluster/kubetest"
+	"github.com/headwater-gitops/headwater/e2e/promtext"
 	"github.com/headwater-gitops/headwater/testsupport/gitserver"
 )
 
@@ -251,7 +248,8 @@ func download(t *testing.T, url, digest string) string {
 }
 
 // metric sums the samples of family in the Prometheus text at url
-// (reached from the node), whose labels contain every one of match.
+// (reached from the node) whose labels include every one of match (each
+// `key="value"`).
 func metric(t *testing.T, url, family string, match ...string) float64 {
 	t.Helper()
 	v, err := scrape(context.Background(), url, family, match...)
@@ -262,42 +260,9 @@ func metric(t *testing.T, url, family string, match ...string) float64 {
 }
 
 func scrape(ctx context.Context, url, family string, match ...string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	ss, err := promtext.Scrape(ctx, env.C.HTTPClient(), url)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := env.C.HTTPClient().Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return 0, fmt.Errorf("GET %s: %s: %s", url, resp.Status, b)
-	}
-	var sum float64
-	s := bufio.NewScanner(resp.Body)
-	s.Buffer(make([]byte, 64<<10), 1<<20)
-	for s.Scan() {
-		line := s.Text()
-		if !strings.HasPrefix(line, family) || (len(line) > len(family) && line[len(family)] != '{' && line[len(family)] != ' ') {
-			continue
-		}
-		ok := true
-		for _, m := range match {
-			if !strings.Contains(line, m) {
-				ok = false
-			}
-		}
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(line)
-		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %q: %w", url, line, err)
-		}
-		sum += v
-	}
-	return sum, s.Err()
+	return ss.Sum(family, match...)
 }

@@ -3,9 +3,13 @@
 package promtext
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Sample is one line of the Prometheus text exposition format.
@@ -114,4 +118,63 @@ func (ss Samples) SumBy(name string, labels ...string) map[string]float64 {
 		out[strings.Join(key, "/")] += s.Value
 	}
 	return out
+}
+
+// Sum adds up the values of the samples called name whose labels include
+// every one of match, each a label as the text format writes it
+// (`key="value"`), compared whole: `kind="Git"` matches no sample of kind
+// GitRepository. A match that does not parse is an error.
+func (ss Samples) Sum(name string, match ...string) (float64, error) {
+	want, err := parseSample(name + "{" + strings.Join(match, ",") + "} 0")
+	if err != nil {
+		return 0, fmt.Errorf("match %q: %w", match, err)
+	}
+	sum := 0.0
+	for _, s := range ss {
+		if s.Name != name {
+			continue
+		}
+		all := true
+		for k, v := range want.Labels {
+			if got, ok := s.Labels[k]; !ok || got != v {
+				all = false
+				break
+			}
+		}
+		if all {
+			sum += s.Value
+		}
+	}
+	return sum, nil
+}
+
+// Scrape reads and parses the /metrics page at url with hc (nil:
+// http.DefaultClient), giving up after 10 s.
+func Scrape(ctx context.Context, hc *http.Client, url string) (Samples, error) {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("metrics at %s: %w", url, err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("metrics at %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("metrics at %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("metrics at %s: %s: %s", url, resp.Status, b)
+	}
+	ss, err := Parse(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("metrics at %s: %w", url, err)
+	}
+	return ss, nil
 }

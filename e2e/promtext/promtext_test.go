@@ -52,3 +52,37 @@ func TestParseRejectsBadLines(t *testing.T) {
 		}
 	}
 }
+
+func TestSum(t *testing.T) {
+	ss, err := Parse(`headwater_jobs_total{result="success",service="fetcher"} 4
+headwater_jobs_total{result="success",service="fetcher-plugin"} 100
+headwater_jobs_total{result="rejected",service="fetcher"} 2
+headwater_jobs_total_other{result="success",service="fetcher"} 1000
+headwater_source_condition{kind="GitRepository",name="a \"b\"",status="True"} 1
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, metric string
+		match        []string
+		want         float64
+	}{
+		{"every sample", "headwater_jobs_total", nil, 106},
+		{"one label, compared whole", "headwater_jobs_total", []string{`service="fetcher"`}, 6},
+		{"two labels", "headwater_jobs_total", []string{`service="fetcher"`, `result="success"`}, 4},
+		{"a prefix of a value matches nothing", "headwater_source_condition", []string{`kind="Git"`}, 0},
+		{"escaped value", "headwater_source_condition", []string{`name="a \"b\""`}, 1},
+		{"absent label", "headwater_jobs_total", []string{`shard="x"`}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ss.Sum(tt.metric, tt.match...)
+			if err != nil || got != tt.want {
+				t.Errorf("Sum(%s, %q) = %v, %v; want %v", tt.metric, tt.match, got, err, tt.want)
+			}
+		})
+	}
+	if _, err := ss.Sum("headwater_jobs_total", `service=fetcher`); err == nil {
+		t.Error("a match without quotes was accepted")
+	}
+}

@@ -35,6 +35,25 @@ const HostBucket = "HEADWATER_HOSTS"
 // reach ahead, so an entry that expires says nothing anyone still needs.
 const HostTTL = 15 * time.Minute
 
+// OrderBucket is the JetStream key-value bucket in which the watcher
+// keeps, for each source (keyed by its UID), when the newest job whose
+// outcome it wrote into the source's status was requested, so that a new
+// leader, or the shard a source moved to, does not write the outcome of
+// an older job that arrives late (a fetcher or packager cut off from the
+// bus that finishes once it is back). The leader keeps the same in
+// memory and reads an entry once per source. Only the watcher identity
+// may use it (see Permissions, and docs/design.md, "Outcomes are written
+// in job order").
+const OrderBucket = "HEADWATER_OUTCOME_ORDER"
+
+// OrderTTL is how long an entry of OrderBucket lives after its last
+// write. Every source's outcome is written at least once an announce
+// interval (10 minutes by default) and a job's outcome comes within its
+// deadline, unless its worker was cut off: a day covers a node lost for
+// hours; an entry that expires only lets such a late outcome through
+// after a leader change, as before the bucket.
+const OrderTTL = 24 * time.Hour
+
 // Buckets returns the configuration of every key-value bucket Headwater
 // uses, kept in replicas copies as the streams are (see Streams).
 func Buckets(replicas int) []jetstream.KeyValueConfig {
@@ -65,6 +84,19 @@ func Buckets(replicas int) []jetstream.KeyValueConfig {
 		// Every request to a limited host writes its entry: in memory it
 		// costs NATS no disk write. A restarted NATS server forgets the
 		// holds and the buckets, and the next 429 teaches them again.
+		Storage:  jetstream.MemoryStorage,
+		Replicas: max(replicas, 1),
+	}, {
+		Bucket:      OrderBucket,
+		Description: "Headwater's outcome order: when each source's newest job whose outcome the watcher wrote was requested",
+		History:     1,
+		TTL:         OrderTTL,
+		// An entry is one timestamp.
+		MaxValueSize: 256,
+		// Every outcome written writes its source's entry. In memory it
+		// costs NATS no disk write, and the replicas keep it through a
+		// server's restart; a whole NATS cluster restarted forgets the
+		// order, which the leader keeps in memory as well.
 		Storage:  jetstream.MemoryStorage,
 		Replicas: max(replicas, 1),
 	}}

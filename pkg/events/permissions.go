@@ -97,7 +97,8 @@ type role struct {
 	// consumer (the dispatcher's consumers for `nats` Subscriptions).
 	manages []string
 	// buckets are the key-value buckets (Buckets) it alone creates,
-	// reads, writes and watches (the fetchers' FlightBucket).
+	// reads, writes and watches (the fetchers' FlightBucket, the
+	// watcher's OrderBucket).
 	buckets []string
 	// subscribes are the core NATS subjects it subscribes to, besides
 	// its inbox (the watcher's artifact address announcements).
@@ -133,6 +134,9 @@ func roleOf(identity string) (role, bool) {
 			// shards").
 			also:   []streamConsumer{{EventStream, "*"}},
 			awaits: []string{DeliveryStream},
+			// It keeps the order of the outcomes it wrote, so that a
+			// new leader writes no older job's.
+			buckets: []string{OrderBucket},
 			// It learns where artifacts are served when an
 			// artifact-server starts.
 			subscribes: []string{ArtifactAddressSubject}}, true

@@ -407,8 +407,13 @@ func (w *watcher) setupGenerators(ctx context.Context) error {
 // addConsumers adds the bus consumers: the jobs' outcomes (into the
 // sources' and generators' status) and the dispatcher's delivery reports
 // (into the Subscriptions' status).
-func (w *watcher) addConsumers(context.Context) error {
+func (w *watcher) addConsumers(ctx context.Context) error {
 	host, _ := os.Hostname()
+	// EnsureStreams made the bucket of the outcome order.
+	orderKV, err := w.conn.JS.KeyValue(ctx, events.OrderBucket)
+	if err != nil {
+		return fmt.Errorf("key-value bucket %s: %w", events.OrderBucket, err)
+	}
 	if err := w.mgr.Add(&results.Consumer{
 		Conn:        w.conn,
 		Jobs:        w.jobs,
@@ -423,6 +428,7 @@ func (w *watcher) addConsumers(context.Context) error {
 		Metrics:     w.jobMetrics,
 		Forged:      results.NewForgedCounter(crmetrics.Registry),
 		Superseded:  results.NewSupersededCounter(crmetrics.Registry),
+		OrderStore:  results.KVOrder{KV: orderKV},
 		Steady:      w.steady,
 		Retries:     w.retries,
 		Producers:   map[string]results.OutcomeHandler{events.ArtifactGeneratorKind: w.generators},

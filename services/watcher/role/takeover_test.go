@@ -2,6 +2,7 @@ package role
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,6 +53,15 @@ type takeoverShard struct {
 	Kubeconfig string `json:"kubeconfig"`
 	NATS       string `json:"nats"`
 	JobKey     string `json:"jobKey"`
+	// Test is the test whose child process runs the shard; empty is
+	// TestShardTakeover.
+	Test string `json:"test,omitempty"`
+	// LeaderElect runs the shard's replicas with leader election, on
+	// short leases.
+	LeaderElect bool `json:"leaderElect,omitempty"`
+	// Telemetry is the address of the shard's /metrics; empty serves
+	// none.
+	Telemetry string `json:"telemetry,omitempty"`
 }
 
 // TestShardTakeover runs two watcher shards as Flux's sharding docs run
@@ -367,11 +377,15 @@ func startTakeoverChild(t *testing.T, dir string, s takeoverShard) *takeoverChil
 		t.Fatal(err)
 	}
 	out, err := os.Create(filepath.Join(dir, s.User+".log"))
+	if s.Telemetry != "" {
+		// Replicas of one shard: one log each.
+		out, err = os.Create(filepath.Join(dir, s.User+"-"+strings.ReplaceAll(s.Telemetry, ":", "-")+".log"))
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestShardTakeover$", "-test.v")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+cmp.Or(s.Test, "TestShardTakeover")+"$", "-test.v")
 	cmd.Env = append(os.Environ(), takeoverChildEnv+"="+string(settings))
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -421,8 +435,12 @@ func runTakeoverChild(t *testing.T, settings string) {
 	o := options{kube: kubeconfig.Options{Path: s.Kubeconfig}, healthAddr: "0", jobKeyFile: s.JobKey,
 		concurrency: 2, eventConcurrency: 2, requeueDependency: time.Second, sourceMetricsInterval: time.Minute}
 	o.bus.URL = s.NATS
-	o.telemetry.Addr = "0"
+	o.telemetry.Addr = cmp.Or(s.Telemetry, "0")
 	o.telemetry.LogFormat = "text"
+	if s.LeaderElect {
+		o.leaderElect, o.leaderElectionNamespace, o.releaseOnCancel = true, "default", true
+		o.leaseDuration, o.renewDeadline, o.retryPeriod = 4*time.Second, 3*time.Second, 500*time.Millisecond
+	}
 	if err := o.shard.Selector.Set(s.Selector); err != nil {
 		t.Fatal(err)
 	}

@@ -134,6 +134,9 @@ func newGitHubFixture(t *testing.T, ttl time.Duration) *gitHubFixture {
 	must(t, f.git.Start("127.0.0.1:0"))
 	t.Cleanup(func() { _ = f.git.Stop() })
 	f.commit = newRepoIn(t, f.git.Root, "repo")
+	// Without a token, or with one the tenant never issued, the git
+	// server refuses: a fetch that succeeds is the token's.
+	sourcetest.CheckRefusesForgedBearer(t, nil, f.git.RepoURL("repo")+"/info/refs?service=git-upload-pack", http.StatusUnauthorized)
 	return f
 }
 
@@ -339,6 +342,9 @@ func newEntraFixture(t *testing.T) *entraFixture {
 	must(t, f.git.Start("127.0.0.1:0"))
 	t.Cleanup(func() { _ = f.git.Stop() })
 	f.commit = newRepoIn(t, f.git.Root, "repo")
+	// Without a token, or with one the tenant never issued, the git
+	// server refuses: a fetch that succeeds is the token's.
+	sourcetest.CheckRefusesForgedBearer(t, nil, f.git.RepoURL("repo")+"/info/refs?service=git-upload-pack", http.StatusUnauthorized)
 	return f
 }
 

@@ -118,6 +118,11 @@ type Consumer struct {
 	// Log is the consumer's logger.
 	Log logr.Logger
 
+	// OrderStore, when set, keeps the order of each source's outcomes
+	// beyond this process (KVOrder on events.OrderBucket), for the next
+	// leader or the shard a source moves to; nil keeps it in memory.
+	OrderStore OrderStore
+
 	// order writes each source's outcomes in the order of their jobs.
 	order order
 }
@@ -152,6 +157,10 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if name == "" {
 		name = events.WatcherConsumer
 	}
+	// Every job of this process is requested after it begins to write
+	// outcomes (a leader's reconciles and this consumer start once it
+	// is elected).
+	c.order.store, c.order.since = c.OrderStore, time.Now()
 	cons, err := c.Conn.JoinStream(ctx, events.EventStream, name,
 		events.ConsumerOptions{MaxAckPending: 4 * max(c.Concurrency, 1), DeliverNew: true, MaxDeliver: outcomeAttempts})
 	if err != nil {
@@ -209,7 +218,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		// The object's artifacts are gone; its status has nothing to say.
 		// The shard that deleted it records the Event.
 		if o.Job.ID == events.DeletionJobID(o.Job.Object.UID) {
-			c.order.forget(types.UID(o.Job.Object.UID))
+			c.forget(ctx, o)
 		}
 		if jobOwned {
 			c.garbageCollected(o)
@@ -235,7 +244,7 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) {
-			c.order.forget(types.UID(o.Job.Object.UID))
+			c.forget(ctx, o)
 			return c.orphaned(ctx, msg.Event.Type(), o)
 		}
 		return fmt.Errorf("get %s: %w", key, err)
@@ -251,7 +260,12 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 
 	// One outcome of a source at a time, and none of a job older than
 	// the newest one written.
-	src := c.order.lock(obj.GetUID())
+	src, err := c.order.lock(ctx, obj.GetUID(), o.Job.RequestedAt)
+	if err != nil {
+		// The bus that brought the outcome cannot say where the source's
+		// order stands: try again.
+		return err
+	}
 	defer c.order.unlock(obj.GetUID(), src)
 	if src.superseded(o.Job.RequestedAt) {
 		if c.Superseded != nil {
@@ -285,7 +299,12 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 		return err
 	}
 	if written {
-		src.written(o.Job.RequestedAt)
+		if err := c.order.written(ctx, obj.GetUID(), src, o.Job.RequestedAt); err != nil {
+			// Written, and ordered in this process: only a next leader
+			// may write an older job's outcome (it would before the
+			// bucket, too).
+			log.Error(err, "the outcome is written, but the bucket of the outcome order was not updated")
+		}
 	}
 	// A new artifact's Event is written before the outcome is
 	// acknowledged: if this replica dies or the API server refuses it,
@@ -312,6 +331,14 @@ func (c *Consumer) handle(ctx context.Context, msg *events.Message, d bus.Delive
 	c.retry(ctx, log, key, obj, msg.Event.Type(), o)
 	c.onArtifact(ctx, log, kind, obj, msg.Event.Type(), o)
 	return nil
+}
+
+// forget drops the order of o's source, deleted.
+func (c *Consumer) forget(ctx context.Context, o *events.Outcome) {
+	if err := c.order.forget(ctx, types.UID(o.Job.Object.UID)); err != nil {
+		// The entry expires with the bucket's TTL.
+		logr.FromContextOrDiscard(ctx).Error(err, "forgetting a deleted source's outcome order")
+	}
 }
 
 // onArtifact calls OnArtifact for a plug-in kind's new artifact, once

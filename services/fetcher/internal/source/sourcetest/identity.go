@@ -40,3 +40,32 @@ func BearerValid(r *http.Request, valid func(token string) bool) bool {
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	return ok && valid(token)
 }
+
+// CheckRefusesForgedBearer fails t unless the test front at url, reached
+// with hc (nil: http.DefaultClient), answers want to a GET without a
+// token and to one with a bearer token it never issued: a front that
+// stopped checking tokens would let every workload identity test pass on
+// an anonymous request.
+func CheckRefusesForgedBearer(t *testing.T, hc *http.Client, url string, want int) {
+	t.Helper()
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	for _, auth := range []string{"", "Bearer forged-" + strings.Repeat("x", 32)} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s with Authorization %q: %s, want %d", url, auth, resp.Status, want)
+		}
+	}
+}
