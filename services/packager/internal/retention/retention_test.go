@@ -200,12 +200,7 @@ func btoi(b bool) int {
 // target's, so retention recognising the target by ETag deleted it; by the
 // name its order record gives, it stays.
 func TestCollectKeepsLatestTargetOnS3(t *testing.T) {
-	srv := miniotest.New(t)
-	srv.MakeBucket(t, "artifacts")
-	s, err := storage.NewS3(srv.Client, "artifacts", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := minioStorage(t)
 	ctx := context.Background()
 	const dir = "gitrepository/default/podinfo"
 	rnd := rand.NewChaCha8([32]byte{})
@@ -233,12 +228,7 @@ func TestCollectKeepsLatestTargetOnS3(t *testing.T) {
 // was set before order records were kept (a copy, no record): its target
 // is recognised by ETag, as before.
 func TestCollectKeepsLegacyLatestTargetOnS3(t *testing.T) {
-	srv := miniotest.New(t)
-	srv.MakeBucket(t, "artifacts")
-	s, err := storage.NewS3(srv.Client, "artifacts", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := minioStorage(t)
 	ctx := context.Background()
 	const dir = "gitrepository/default/podinfo"
 	for _, name := range []string{"target.tar.gz", "current.tar.gz", "old.tar.gz"} {
@@ -256,4 +246,16 @@ func TestCollectKeepsLegacyLatestTargetOnS3(t *testing.T) {
 	if !slices.Equal(deleted, []string{dir + "/old.tar.gz"}) {
 		t.Errorf("deleted %q, want only %s/old.tar.gz", deleted, dir)
 	}
+}
+
+// minioStorage is S3 storage on a bucket of a MinIO server of its own.
+func minioStorage(t *testing.T) *storage.S3 {
+	t.Helper()
+	srv := miniotest.New(t)
+	srv.MakeBucket(t, "artifacts")
+	s, err := storage.NewS3(srv.Client, "artifacts", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
