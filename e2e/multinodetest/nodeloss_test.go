@@ -269,6 +269,7 @@ func TestNodeLoss(t *testing.T) {
 	writes.stop()
 	writes.checkNoRegression(t, l)
 	writes.checkWriters(t)
+	writes.checkAuditWriters(t, c.AuditLogPath)
 }
 
 // waitFor returns at when, the test's clock moving on by itself (no

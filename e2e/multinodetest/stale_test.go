@@ -318,13 +318,7 @@ func (w *writeLog) stop() {
 // holderAt is the pod that held the Lease at, by the terms seen; ok is
 // false before the first.
 func (w *writeLog) holderAt(at time.Time) (pod string, ok bool) {
-	for _, term := range w.terms {
-		if term.acquired.After(at) {
-			break
-		}
-		pod, ok = term.pod, true
-	}
-	return pod, ok
+	return holderAt(w.terms, at)
 }
 
 // checkNoRegression fails t on any status write that took a source's
