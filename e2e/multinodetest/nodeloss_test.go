@@ -41,10 +41,10 @@ const (
 	// and retryPeriod its -leader-election-retry-period (their defaults).
 	leaseDuration = 35 * time.Second
 	retryPeriod   = 5 * time.Second
-	// proxyGrace is how long after the artifact-servers are whole again
-	// (docs/operating.md, "A node is lost": the lost node's replica
-	// replaced and Ready on a live node) the doc says a download may
-	// still fail: kube-proxy's resync on every node.
+	// proxyGrace is how long after a lost node's artifact-server left
+	// the Service's ready endpoints (docs/operating.md, "A node is
+	// lost"), or a returned node's pods were Ready, the doc says a
+	// download may still fail: kube-proxy's resync on every node.
 	proxyGrace = 30 * time.Second
 )
 
@@ -117,6 +117,7 @@ func TestNodeLoss(t *testing.T) {
 	hc := downloader.HTTPClient()
 	staleSeqs := lastSeqOn(t, hc, lost.Name)
 	revsAtStop := l.revisions(t)
+	lostServers := artifactServersOn(t, lost.Name)
 
 	// A node lost.
 	stopped := time.Now()
@@ -181,6 +182,7 @@ func TestNodeLoss(t *testing.T) {
 	// before its pods are evicted: they restart where they were, with
 	// the volumes and caches they had, and the sources moved on while
 	// it was away (a new commit to each).
+	briefServers := artifactServersOn(t, lost.Name)
 	briefStop, briefBack, briefReady := stopBriefly(t, l, lost, hc)
 	fresh = l.waitFresh(t, 10*time.Minute)
 	t.Logf("every source fresh at its newest commit %s after the node returned from its brief stop", fresh.Sub(briefBack).Round(100*time.Millisecond))
@@ -211,6 +213,7 @@ func TestNodeLoss(t *testing.T) {
 	// The NATS quorum lost: two nodes of three stopped at once. Work
 	// waits, every source keeps its artifact, downloads go on from the
 	// survivor; with the nodes back, work resumes by itself.
+	quorumServers := artifactServersOn(t, lost.Name, drained.Name)
 	quorumLost := time.Now()
 	l.mark("quorum lost")
 	for _, n := range []*cluster.Node{lost, drained} {
@@ -257,12 +260,27 @@ func TestNodeLoss(t *testing.T) {
 	t.Log(conns.summary())
 	// Nothing lost, nothing corrupt, nothing stored twice.
 	l.checkArtifacts(t)
+	// A loss's window ends kube-proxy's 30 s after the lost
+	// artifact-servers left the Service's ready endpoints (the brief
+	// stop's covers its return too: until 30 s after its pods were
+	// Ready again).
+	left := func(phase string, addrs []string, start, orElse time.Time) time.Time {
+		at, ok := writes.leftReady(addrs, start)
+		if !ok {
+			t.Errorf("%s: the lost artifact-servers %v never seen to leave the Service's ready endpoints", phase, addrs)
+			return orElse
+		}
+		return at
+	}
+	lostLeft := left("node lost", lostServers, stopped, wholeAgain)
+	briefLeft := left("node lost briefly", briefServers, briefStop, briefReady)
+	quorumLeft := left("quorum lost", quorumServers, quorumLost, quorumWhole)
 	l.report(t, []window{
-		{"node lost", stopped, wholeAgain.Add(proxyGrace)},
-		{"node back, settling", returning, back.Add(proxyGrace)},
-		{"node lost briefly", briefStop, briefReady.Add(proxyGrace)},
-		{"quorum lost", quorumLost, quorumWhole.Add(proxyGrace)},
-		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace)},
+		{"node lost", stopped, lostLeft.Add(proxyGrace), lostLeft},
+		{"node back, settling", returning, back.Add(proxyGrace), time.Time{}},
+		{"node lost briefly", briefStop, latest(briefLeft, briefReady).Add(proxyGrace), briefLeft},
+		{"quorum lost", quorumLost, quorumLeft.Add(proxyGrace), quorumLeft},
+		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace), time.Time{}},
 	})
 	checkNoDoubleWrites(t)
 	// Nothing written stale, nothing by a watcher but the leader.
@@ -984,11 +1002,49 @@ func (l *load) fetchOnce(t *testing.T, name, raw string) (string, int, error) {
 	return l.fetch(raw)
 }
 
-// window is when downloads of a phase may fail: from a loss until the
-// artifact-servers are whole again and kube-proxy has caught up.
+// window is when downloads of a phase may fail: from a loss until its
+// lost artifact-servers left the Service's ready endpoints (left, zero
+// for a return) and kube-proxy has caught up.
 type window struct {
 	phase      string
 	start, end time.Time
+	left       time.Time
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// leftSays says when a loss's artifact-servers left the Service's ready
+// endpoints, and the last failure not on a stale tracked connection
+// (lastRules after the loss) against that.
+func leftSays(w window, lastRules time.Duration) string {
+	if w.left.IsZero() {
+		return ""
+	}
+	left := w.left.Sub(w.start)
+	return fmt.Sprintf("; its lost artifact-servers left the Service's ready endpoints %s after it began, so that last failure came %s after they left",
+		left.Round(time.Millisecond), (lastRules - left).Round(time.Millisecond))
+}
+
+// artifactServersOn are the addresses of the artifact-server pods on
+// nodes (Ready or not, each with an address).
+func artifactServersOn(t *testing.T, nodes ...string) []string {
+	t.Helper()
+	apps, err := podsByApp(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range apps["artifact-server"] {
+		if slices.Contains(nodes, p.Spec.NodeName) && p.Status.PodIP != "" && p.DeletionTimestamp == nil {
+			out = append(out, p.Status.PodIP)
+		}
+	}
+	return out
 }
 
 // watchWhole starts watching the artifact-servers after the nodes named
@@ -1112,8 +1168,8 @@ func (l *load) report(t *testing.T, windows []window) {
 				}
 			}
 		}
-		t.Logf("%s: downloads may fail for %s; the last failed %s after it began, the last not on a stale tracked connection %s after it began",
-			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond), lastRules.Round(time.Millisecond))
+		t.Logf("%s: downloads may fail for %s; the last failed %s after it began, the last not on a stale tracked connection %s after it began%s",
+			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond), lastRules.Round(time.Millisecond), leftSays(w, lastRules))
 	}
 	if v := os.Getenv("HEADWATER_NODELOSS_DUMP"); v != "" {
 		var b strings.Builder

@@ -267,7 +267,6 @@ func (w *writeLog) observeEndpoints(es *discoveryv1.EndpointSlice) {
 func (w *writeLog) readyAt(at time.Time) map[string]bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	ready := map[string]bool{}
 	var eps string
 	for _, e := range w.endpoints {
 		if e.at.After(at) {
@@ -275,6 +274,34 @@ func (w *writeLog) readyAt(at time.Time) map[string]bool {
 		}
 		eps = e.endpoints
 	}
+	return readyIn(eps)
+}
+
+// leftReady is when, from after on, none of addrs was a ready endpoint of
+// the Service any more (as its EndpointSlices were seen): when the last of
+// them left. ok is false if one of them never did.
+func (w *writeLog) leftReady(addrs []string, after time.Time) (at time.Time, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(addrs) == 0 {
+		return after, true
+	}
+	for _, e := range w.endpoints {
+		if e.at.Before(after) {
+			continue
+		}
+		ready := readyIn(e.endpoints)
+		if !slices.ContainsFunc(addrs, func(a string) bool { return ready[a] }) {
+			return e.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// readyIn is the ready addresses of endpoints as observeEndpoints writes
+// them.
+func readyIn(eps string) map[string]bool {
+	ready := map[string]bool{}
 	// Each is "addr[/addr...](node,ready=...,serving=...,terminating=...)".
 	for _, ep := range strings.Fields(eps) {
 		addrs, state, ok := strings.Cut(ep, "(")
