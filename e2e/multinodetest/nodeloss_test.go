@@ -183,7 +183,7 @@ func TestNodeLoss(t *testing.T) {
 	// the volumes and caches they had, and the sources moved on while
 	// it was away (a new commit to each).
 	briefServers := artifactServersOn(t, lost.Name)
-	briefStop, briefBack, briefReady := stopBriefly(t, l, lost, hc)
+	briefStop, briefReturning, briefBack, briefReady := stopBriefly(t, l, lost, hc)
 	fresh = l.waitFresh(t, 10*time.Minute)
 	t.Logf("every source fresh at its newest commit %s after the node returned from its brief stop", fresh.Sub(briefBack).Round(100*time.Millisecond))
 	pod, ip = artifactServerOn(t, lost.Name)
@@ -276,11 +276,11 @@ func TestNodeLoss(t *testing.T) {
 	briefLeft := left("node lost briefly", briefServers, briefStop, briefReady)
 	quorumLeft := left("quorum lost", quorumServers, quorumLost, quorumWhole)
 	l.report(t, []window{
-		{"node lost", stopped, lostLeft.Add(proxyGrace), lostLeft},
-		{"node back, settling", returning, back.Add(proxyGrace), time.Time{}},
-		{"node lost briefly", briefStop, latest(briefLeft, briefReady).Add(proxyGrace), briefLeft},
-		{"quorum lost", quorumLost, quorumLeft.Add(proxyGrace), quorumLeft},
-		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace), time.Time{}},
+		{"node lost", stopped, lostLeft.Add(proxyGrace), lostLeft, time.Time{}},
+		{"node back, settling", returning, back.Add(proxyGrace), time.Time{}, returning},
+		{"node lost briefly", briefStop, latest(briefLeft, briefReady).Add(proxyGrace), briefLeft, briefReturning},
+		{"quorum lost", quorumLost, quorumLeft.Add(proxyGrace), quorumLeft, time.Time{}},
+		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace), time.Time{}, quorumReturning},
 	})
 	checkNoDoubleWrites(t)
 	// Nothing written stale, nothing by a watcher but the leader.
@@ -1009,6 +1009,10 @@ type window struct {
 	phase      string
 	start, end time.Time
 	left       time.Time
+	// returned is when a lost node's network came back within the
+	// window (zero if it did not): the failures from then on are
+	// reported one by one, with what they met.
+	returned time.Time
 }
 
 func latest(a, b time.Time) time.Time {
@@ -1016,6 +1020,35 @@ func latest(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// reportReturn logs each download of w's phase that failed from the lost
+// node's return (w.returned) on: whether it met a stale tracked connection
+// (docs/operating.md, "A lost node returns"), and what the rest met. l.mu
+// is held.
+func (l *load) reportReturn(t *testing.T, w window, stale map[time.Time]bool) {
+	t.Helper()
+	failed, onStale := 0, 0
+	for _, d := range l.results {
+		if d.err == "" || d.phase != w.phase || d.at.Before(w.returned) {
+			continue
+		}
+		failed++
+		what := "not on a stale tracked connection"
+		if stale[d.at] {
+			onStale++
+			what, _ = l.stale(d)
+			what = "on a stale tracked connection: " + what
+		} else if l.explain != nil {
+			what += "; the Service's endpoints " + l.explain(d)
+			if dump, ok := l.dumps[d.at]; ok {
+				what += "; read on the node right after: " + dump
+			}
+		}
+		t.Logf("%s, after the node's return: download of %s failed %s after the return (at %s): %s; %s",
+			w.phase, d.source, d.at.Sub(w.returned).Round(time.Millisecond), d.at.Format("15:04:05.000"), d.err, what)
+	}
+	t.Logf("%s: from the node's return on, %d downloads failed, %d of them on a stale tracked connection to a lost pod", w.phase, failed, onStale)
 }
 
 // leftSays says when a loss's artifact-servers left the Service's ready
@@ -1170,6 +1203,9 @@ func (l *load) report(t *testing.T, windows []window) {
 		}
 		t.Logf("%s: downloads may fail for %s; the last failed %s after it began, the last not on a stale tracked connection %s after it began%s",
 			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond), lastRules.Round(time.Millisecond), leftSays(w, lastRules))
+		if !w.returned.IsZero() {
+			l.reportReturn(t, w, staleByDownload)
+		}
 	}
 	if v := os.Getenv("HEADWATER_NODELOSS_DUMP"); v != "" {
 		var b strings.Builder

@@ -848,9 +848,10 @@ func (l *load) checkMovedOn(t *testing.T, before map[string]string) {
 // toleration evicts its pods, so they restart in place, on the volumes
 // and caches they had before the commits. It checks the node's NATS
 // server catches up and logs which pods were kept, and how many sources
-// had moved on by its return; it returns when n stopped, when it was
-// back, and when every pod was Ready again.
-func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopped, back, ready time.Time) {
+// had moved on by its return; it returns when n stopped, when its network
+// came back (returning), when it was back (Ready), and when every pod was
+// Ready again.
+func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopped, returning, back, ready time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	before := podsOn(t, n.Name)
@@ -877,6 +878,7 @@ func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopp
 		}
 	}
 	fetches := l.countFetches()
+	returning = time.Now()
 	if err := env.C.StartNode(ctx, n.Name); err != nil {
 		t.Fatal(err)
 	}
@@ -901,7 +903,7 @@ func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopp
 	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies after the brief stop", func(ctx context.Context) error { return streamsR3(ctx, hc) })
 	waitCaughtUp(t, hc, n.Name, staleSeqs)
 	l.checkNoRefetch(t, fetches, "from the node's return from its brief stop until its pods were Ready and its NATS server caught up")
-	return stopped, back, ready
+	return stopped, returning, back, ready
 }
 
 // podsOn is Headwater's pods on node, their UIDs by name.
