@@ -58,8 +58,9 @@ const (
 // three current copies. The node returns stale (every source moved on
 // while it was away), and is stopped again briefly so that its pods
 // restart in place on their volumes: it must serve and write nothing
-// stale (stale_test.go): no source's revision ever goes back, every Event
-// of the watcher comes from the Lease's holder of its moment, its NATS
+// stale (stale_test.go): no source's revision ever goes back, every write
+// of a watcher pod (status, Events: the API server's audit log names its
+// pod, audit_test.go) comes from the Lease's holder of its moment, its NATS
 // server catches up, nothing done is fetched again, and its
 // artifact-server, asked directly, serves every source's current digest.
 func TestNodeLoss(t *testing.T) {
