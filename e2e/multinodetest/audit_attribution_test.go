@@ -11,15 +11,20 @@ import (
 // auditLine is one audit.k8s.io/v1 Event as kube-apiserver writes it at the
 // Metadata level (fields a test does not read left out).
 func auditLine(stage, verb, user, pod, resource, sub, name string, code int, received, answered string) string {
+	return auditLineNS(stage, verb, user, pod, "load", resource, sub, name, code, received, answered)
+}
+
+// auditLineNS is auditLine in namespace ns.
+func auditLineNS(stage, verb, user, pod, ns, resource, sub, name string, code int, received, answered string) string {
 	extra := ""
 	if pod != "" {
 		extra = fmt.Sprintf(`,"extra":{"authentication.kubernetes.io/credential-id":["JTI=1"],"authentication.kubernetes.io/node-name":["headwater-node-1"],"authentication.kubernetes.io/pod-name":[%q],"authentication.kubernetes.io/pod-uid":["4a1c"]}`, pod)
 	}
 	return fmt.Sprintf(`{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a1","stage":%q,"requestURI":"/x","verb":%q,`+
 		`"user":{"username":%q,"uid":"u1","groups":["system:serviceaccounts","system:serviceaccounts:headwater-system","system:authenticated"]%s},`+
-		`"sourceIPs":["10.88.1.5"],"userAgent":"watcher/v0.1.0","objectRef":{"resource":%q,"namespace":"load","name":%q,"apiGroup":"source.toolkit.fluxcd.io","apiVersion":"v1","subresource":%q},`+
+		`"sourceIPs":["10.88.1.5"],"userAgent":"watcher/v0.1.0","objectRef":{"resource":%q,"namespace":%q,"name":%q,"apiGroup":"source.toolkit.fluxcd.io","apiVersion":"v1","subresource":%q},`+
 		`"responseStatus":{"metadata":{},"code":%d},"requestReceivedTimestamp":"2026-12-04T10:%sZ","stageTimestamp":"2026-12-04T10:%sZ","annotations":{"authorization.k8s.io/decision":"allow"}}`,
-		stage, verb, user, extra, resource, name, sub, code, received, answered)
+		stage, verb, user, extra, resource, ns, name, sub, code, received, answered)
 }
 
 func TestAuditAttribution(t *testing.T) {
@@ -59,7 +64,13 @@ func TestAuditAttribution(t *testing.T) {
 		auditLine("ResponseComplete", "patch", watcherUser, "watcher-a", "gitrepositories", "status", "src-002", 200, "01:01.000000", "01:01.010000"),
 		// watcher-b gives the Lease up.
 		auditLine("ResponseComplete", "update", watcherUser, "watcher-b", "leases", "", watcherLease, 200, "02:00.001000", "02:00.008000"),
-		// watcher-b's Event after it gave the Lease up: wrong.
+		// Its leader election's "stopped leading" Event about the Lease,
+		// after it gave the Lease up: the last word of its term.
+		auditLineNS("ResponseComplete", "create", watcherUser, "watcher-b", "headwater-system", "events", "", watcherLease+".18ee31a5", 201, "02:00.060000", "02:00.070000"),
+		// One by watcher-a, whose term was not the one that ended: wrong.
+		auditLineNS("ResponseComplete", "create", watcherUser, "watcher-a", "headwater-system", "events", "", watcherLease+".18ee31a6", 201, "02:00.080000", "02:00.090000"),
+		// watcher-b's Event about a source after it gave the Lease up:
+		// wrong.
 		auditLine("ResponseComplete", "create", watcherUser, "watcher-b", "events", "", "src-003.2", 201, "02:00.500000", "02:00.510000"),
 		// watcher-a writing the Lease, accepted, in nobody's term, not
 		// having held it last: wrong.
@@ -89,6 +100,7 @@ func TestAuditAttribution(t *testing.T) {
 	}
 	want := []string{
 		"gitrepositories/status src-002 by watcher-a, Lease watcher-b's",
+		"events " + watcherLease + ".18ee31a6 by watcher-a, Lease 's",
 		"events src-003.2 by watcher-b, Lease 's",
 		"leases " + watcherLease + " by watcher-a, Lease 's",
 		"gitrepositories/status src-005 by , Lease watcher-c's",
@@ -96,18 +108,18 @@ func TestAuditAttribution(t *testing.T) {
 	if !slices.Equal(wrong, want) {
 		t.Errorf("wrong writers found:\n%s\nwant:\n%s", strings.Join(wrong, "\n"), strings.Join(want, "\n"))
 	}
-	if r.checked != 11 || r.before != 1 || r.leaseRefused != 1 || r.released != 1 || len(r.inFlight) != 1 || r.others[fetcher] != 1 {
-		t.Errorf("checked %d (want 11), older %d (want 1), Lease writes refused %d (want 1), giving it up %d (want 1), in flight %q (want 1), others %v",
-			r.checked, r.before, r.leaseRefused, r.released, r.inFlight, r.others)
+	if r.checked != 13 || r.before != 1 || r.leaseRefused != 1 || r.released != 1 || r.stoppedLeading != 1 || len(r.inFlight) != 1 || r.others[fetcher] != 1 {
+		t.Errorf("checked %d (want 13), older %d (want 1), Lease writes refused %d (want 1), giving it up %d (want 1), stopped leading %d (want 1), in flight %q (want 1), others %v",
+			r.checked, r.before, r.leaseRefused, r.released, r.stoppedLeading, r.inFlight, r.others)
 	}
-	if r.byPod["watcher-a"] != 6 || r.byPod["(no pod)"] != 1 {
+	if r.byPod["watcher-a"] != 7 || r.byPod["(no pod)"] != 1 {
 		t.Errorf("writes by pod %v", r.byPod)
 	}
 
-	// The same log against terms that name the other pod as leader
+	// The same log against terms that name another pod as leader
 	// throughout: every write but the Lease's refused try is wrong.
 	swapped := []leaseTerm{{pod: "watcher-z", acquired: at("00:00.000000")}}
-	if r := attributeWrites(writes, swapped, at("00:05.000000")); len(r.wrong) != 10 {
-		t.Errorf("with another pod holding the Lease, %d writes found wrong, want 10: %q", len(r.wrong), r.wrong)
+	if r := attributeWrites(writes, swapped, at("00:05.000000")); len(r.wrong) != 12 {
+		t.Errorf("with another pod holding the Lease, %d writes found wrong, want 12: %q", len(r.wrong), r.wrong)
 	}
 }

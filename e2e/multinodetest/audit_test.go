@@ -150,8 +150,9 @@ type writerReport struct {
 	// (a standby's try that lost to another's): nothing written.
 	leaseRefused int
 	// released are Lease writes that gave the Lease up (its holder's,
-	// on shutdown).
-	released int
+	// on shutdown), and stoppedLeading the Events about the Lease of a
+	// pod whose term had just ended.
+	released, stoppedLeading int
 	// inFlight are writes received while their pod held the Lease and
 	// answered after the next term began.
 	inFlight []string
@@ -181,7 +182,9 @@ func (w wrongWrite) String() string {
 // holder's, once it holds it (the acquiring write carries an acquireTime
 // taken before it was sent, so the API server receives it within the new
 // term), or give the Lease up (the term it begins, nobody's, follows the
-// writer's).
+// writer's). And the Event client-go's leader election records about the
+// Lease when its pod stops leading, after it gave the Lease up, may come
+// from the pod whose term just ended.
 //
 // The time is the request's requestReceivedTimestamp, from the API
 // server's clock; acquireTime is from the acquiring pod's: one clock, the
@@ -223,6 +226,15 @@ func attributeWrites(writes []auditWrite, terms []leaseTerm, since time.Time) wr
 				continue
 			}
 		}
+		if w.resource == "events" && w.namespace == hwNamespace && strings.HasPrefix(w.name, watcherLease+".") &&
+			holder != w.pod && previousHolder(terms, w.received) == w.pod {
+			// client-go's leader election records an Event about the
+			// Lease ("<pod> stopped leading") once its pod stops
+			// renewing it, after giving it up: the last word of the
+			// term that ended, about the Lease alone.
+			r.stoppedLeading++
+			continue
+		}
 		if !ok || holder != w.pod {
 			r.wrong = append(r.wrong, wrongWrite{auditWrite: w, holder: holder})
 			continue
@@ -244,6 +256,25 @@ func releasedBy(terms []leaseTerm, at time.Time) string {
 		}
 		if i > 0 {
 			prev = terms[i-1].pod
+		}
+	}
+	return prev
+}
+
+// previousHolder is the pod that held the Lease last before the term
+// holding at ("" if none did): the one whose term ended, through a
+// release or not.
+func previousHolder(terms []leaseTerm, at time.Time) string {
+	current, prev := "", ""
+	for _, term := range terms {
+		if term.acquired.After(at) {
+			break
+		}
+		if current != "" && term.pod != current {
+			prev = current
+		}
+		if term.pod != "" {
+			current = term.pod
 		}
 	}
 	return prev
@@ -291,8 +322,8 @@ func (w *writeLog) checkAuditWriters(t *testing.T, path string) {
 	if r.byResource["gitrepositories/status"] == 0 || r.byResource["events"] == 0 {
 		t.Errorf("the audit log has no status write or no Event of the watcher since the watches began (%v): nothing to check the writers on", r.byResource)
 	}
-	t.Logf("audit log: %d writes of the watcher since the watches began, each by the Lease's holder when the API server received it (%d older not checked); by pod %v; by resource %s; its Lease writes refused (a standby's lost try) %d, giving it up %d; in flight at a hand-over (received in the term, answered in the next) %d%s; other service accounts' writes %v",
-		r.checked, r.before, r.byPod, sortedCounts(r.byResource), r.leaseRefused, r.released, len(r.inFlight), listed(r.inFlight), r.others)
+	t.Logf("audit log: %d writes of the watcher since the watches began, each by the Lease's holder when the API server received it (%d older not checked); by pod %v; by resource %s; its Lease writes refused (a standby's lost try) %d, giving it up %d; Events about the Lease by the pod whose term just ended (its stopped-leading Event) %d; in flight at a hand-over (received in the term, answered in the next) %d%s; other service accounts' writes %v",
+		r.checked, r.before, r.byPod, sortedCounts(r.byResource), r.leaseRefused, r.released, r.stoppedLeading, len(r.inFlight), listed(r.inFlight), r.others)
 }
 
 func sortedCounts(m map[string]int) string {
