@@ -42,9 +42,10 @@ const (
 	leaseDuration = 35 * time.Second
 	retryPeriod   = 5 * time.Second
 	// proxyGrace is how long after a lost node's artifact-server left
-	// the Service's ready endpoints (docs/operating.md, "A node is
-	// lost"), or a returned node's pods were Ready, the doc says a
-	// download may still fail: kube-proxy's resync on every node.
+	// the Service's ready endpoints the doc says a download may still
+	// fail (docs/operating.md, "A node is lost"): kube-proxy's resync on
+	// every node. The test lets as long pass after a return before its
+	// next stage.
 	proxyGrace = 30 * time.Second
 )
 
@@ -1011,9 +1012,9 @@ type window struct {
 	phase      string
 	start, end time.Time
 	left       time.Time
-	// returned is when a lost node's network came back within the
-	// window (zero if it did not): the failures from then on are
-	// reported one by one, with what they met.
+	// returned is when a lost node's network came back in the phase
+	// (zero if it did not): the failures from then on are reported one
+	// by one, with what they met.
 	returned time.Time
 }
 
