@@ -69,6 +69,11 @@ type Options struct {
 	// than one, the control plane has a namespace of its own and the
 	// nodes are named headwater-node-1, headwater-node-2, ...
 	Nodes int
+	// AuditPolicy, if set, is kube-apiserver's audit policy (an
+	// audit.k8s.io/v1 Policy): it logs what the policy selects, as JSON
+	// lines, to Cluster.AuditLogPath. Keep it small: every request the
+	// policy selects is written before its response.
+	AuditPolicy string
 }
 
 // FromEnv returns the Options the Makefile sets up: KUBEBUILDER_ASSETS,
@@ -150,6 +155,9 @@ type Cluster struct {
 	NodeIP string
 	// APIServerIP is where the API server listens (port 6443).
 	APIServerIP string
+	// AuditLogPath is kube-apiserver's audit log (JSON lines, one
+	// audit.k8s.io/v1 Event each), with Options.AuditPolicy; "" without.
+	AuditLogPath string
 
 	prov   *provisioner
 	procs  []*proc
@@ -507,7 +515,11 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {
 	p := c.pki.path
-	if err := c.start("kube-apiserver", filepath.Join(c.opts.KubeDir, "kube-apiserver"),
+	audit, err := c.auditFlags()
+	if err != nil {
+		return err
+	}
+	if err := c.start("kube-apiserver", filepath.Join(c.opts.KubeDir, "kube-apiserver"), append(audit,
 		"--etcd-servers", "http://127.0.0.1:2379",
 		"--bind-address", "0.0.0.0", "--secure-port", "6443", "--advertise-address", c.APIServerIP,
 		"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"),
@@ -529,7 +541,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		fmt.Sprintf("--enable-aggregator-routing=%t", len(c.Nodes) > 1),
 		"--default-not-ready-toleration-seconds", map[bool]string{true: "30", false: "300"}[len(c.Nodes) > 1],
 		"--default-unreachable-toleration-seconds", map[bool]string{true: "30", false: "300"}[len(c.Nodes) > 1],
-	); err != nil {
+	)...); err != nil {
 		return err
 	}
 	hc, err := rest.HTTPClientFor(c.Config)
@@ -539,6 +551,31 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	return c.wait(ctx, "kube-apiserver", 2*time.Minute, func(ctx context.Context) error {
 		return httpOK(ctx, hc, "https://"+net.JoinHostPort(c.APIServerIP, "6443")+"/readyz")
 	})
+}
+
+// auditFlags writes Options.AuditPolicy beside the cluster's state and
+// returns kube-apiserver's flags for it (none without a policy); the log
+// of an earlier run is removed first.
+func (c *Cluster) auditFlags() ([]string, error) {
+	if c.opts.AuditPolicy == "" {
+		return nil, nil
+	}
+	policy := filepath.Join(c.dir, "audit-policy.yaml")
+	if err := os.WriteFile(policy, []byte(c.opts.AuditPolicy), 0o600); err != nil {
+		return nil, fmt.Errorf("audit policy: %w", err)
+	}
+	c.AuditLogPath = filepath.Join(c.dir, "kube-apiserver-audit.log")
+	if err := os.Remove(c.AuditLogPath); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("audit log of an earlier run: %w", err)
+	}
+	return []string{
+		"--audit-policy-file", policy,
+		"--audit-log-path", c.AuditLogPath,
+		"--audit-log-format", "json",
+		// Each event written before its request's response: a reader
+		// after a request sees it.
+		"--audit-log-mode", "blocking",
+	}, nil
 }
 
 func (c *Cluster) startControllers(ctx context.Context) error {

@@ -56,6 +56,9 @@ func run(m *testing.M) int {
 	}
 	o := cluster.FromEnv()
 	o.Nodes = nodes
+	// Every write of Headwater's service accounts, for TestNodeLoss's
+	// check of who wrote (audit_test.go).
+	o.AuditPolicy = auditPolicy
 	if err := o.Available(); err != nil {
 		fmt.Fprintln(os.Stderr, "multinodetest:", err)
 		return 1

@@ -41,10 +41,11 @@ const (
 	// and retryPeriod its -leader-election-retry-period (their defaults).
 	leaseDuration = 35 * time.Second
 	retryPeriod   = 5 * time.Second
-	// proxyGrace is how long after the artifact-servers are whole again
-	// (docs/operating.md, "A node is lost": the lost node's replica
-	// replaced and Ready on a live node) the doc says a download may
-	// still fail: kube-proxy's resync on every node.
+	// proxyGrace is how long after a lost node's artifact-server left
+	// the Service's ready endpoints the doc says a download may still
+	// fail (docs/operating.md, "A node is lost"): kube-proxy's resync on
+	// every node. The test lets as long pass after a return before its
+	// next stage.
 	proxyGrace = 30 * time.Second
 )
 
@@ -58,8 +59,9 @@ const (
 // three current copies. The node returns stale (every source moved on
 // while it was away), and is stopped again briefly so that its pods
 // restart in place on their volumes: it must serve and write nothing
-// stale (stale_test.go): no source's revision ever goes back, every Event
-// of the watcher comes from the Lease's holder of its moment, its NATS
+// stale (stale_test.go): no source's revision ever goes back, every write
+// of a watcher pod (status, Events: the API server's audit log names its
+// pod, audit_test.go) comes from the Lease's holder of its moment, its NATS
 // server catches up, nothing done is fetched again, and its
 // artifact-server, asked directly, serves every source's current digest.
 func TestNodeLoss(t *testing.T) {
@@ -117,6 +119,7 @@ func TestNodeLoss(t *testing.T) {
 	hc := downloader.HTTPClient()
 	staleSeqs := lastSeqOn(t, hc, lost.Name)
 	revsAtStop := l.revisions(t)
+	lostServers := artifactServersOn(t, lost.Name)
 
 	// A node lost.
 	stopped := time.Now()
@@ -151,8 +154,8 @@ func TestNodeLoss(t *testing.T) {
 	// The node comes back with the state it had, stale: every source
 	// has moved on since it stopped. NATS's server rejoins and catches
 	// up, the streams have three current copies again, and nothing done
-	// is fetched again. Downloads may fail from its link's return until
-	// 30 s after it is Ready (docs/operating.md).
+	// is fetched again. A download may fail after its return only on a
+	// stale tracked connection to its lost pod (docs/operating.md).
 	l.checkMovedOn(t, revsAtStop)
 	fetchesBack := l.countFetches()
 	returning := time.Now()
@@ -181,7 +184,8 @@ func TestNodeLoss(t *testing.T) {
 	// before its pods are evicted: they restart where they were, with
 	// the volumes and caches they had, and the sources moved on while
 	// it was away (a new commit to each).
-	briefStop, briefBack, briefReady := stopBriefly(t, l, lost, hc)
+	briefServers := artifactServersOn(t, lost.Name)
+	briefStop, briefReturning, briefBack, briefReady := stopBriefly(t, l, lost, hc)
 	fresh = l.waitFresh(t, 10*time.Minute)
 	t.Logf("every source fresh at its newest commit %s after the node returned from its brief stop", fresh.Sub(briefBack).Round(100*time.Millisecond))
 	pod, ip = artifactServerOn(t, lost.Name)
@@ -211,6 +215,7 @@ func TestNodeLoss(t *testing.T) {
 	// The NATS quorum lost: two nodes of three stopped at once. Work
 	// waits, every source keeps its artifact, downloads go on from the
 	// survivor; with the nodes back, work resumes by itself.
+	quorumServers := artifactServersOn(t, lost.Name, drained.Name)
 	quorumLost := time.Now()
 	l.mark("quorum lost")
 	for _, n := range []*cluster.Node{lost, drained} {
@@ -257,18 +262,34 @@ func TestNodeLoss(t *testing.T) {
 	t.Log(conns.summary())
 	// Nothing lost, nothing corrupt, nothing stored twice.
 	l.checkArtifacts(t)
+	// A loss's window ends kube-proxy's 30 s after the lost
+	// artifact-servers left the Service's ready endpoints; a return has
+	// none (its end zero): what fails after it must have met a stale
+	// tracked connection (docs/operating.md, "A lost node returns").
+	left := func(phase string, addrs []string, start, orElse time.Time) time.Time {
+		at, ok := writes.leftReady(addrs, start)
+		if !ok {
+			t.Errorf("%s: the lost artifact-servers %v never seen to leave the Service's ready endpoints", phase, addrs)
+			return orElse
+		}
+		return at
+	}
+	lostLeft := left("node lost", lostServers, stopped, wholeAgain)
+	briefLeft := left("node lost briefly", briefServers, briefStop, briefReady)
+	quorumLeft := left("quorum lost", quorumServers, quorumLost, quorumWhole)
 	l.report(t, []window{
-		{"node lost", stopped, wholeAgain.Add(proxyGrace)},
-		{"node back, settling", returning, back.Add(proxyGrace)},
-		{"node lost briefly", briefStop, briefReady.Add(proxyGrace)},
-		{"quorum lost", quorumLost, quorumWhole.Add(proxyGrace)},
-		{"quorum back, settling", quorumReturning, quorumBack.Add(proxyGrace)},
+		{"node lost", stopped, lostLeft.Add(proxyGrace), lostLeft, time.Time{}},
+		{"node back, settling", returning, time.Time{}, time.Time{}, returning},
+		{"node lost briefly", briefStop, briefLeft.Add(proxyGrace), briefLeft, briefReturning},
+		{"quorum lost", quorumLost, quorumLeft.Add(proxyGrace), quorumLeft, time.Time{}},
+		{"quorum back, settling", quorumReturning, time.Time{}, time.Time{}, quorumReturning},
 	})
 	checkNoDoubleWrites(t)
 	// Nothing written stale, nothing by a watcher but the leader.
 	writes.stop()
 	writes.checkNoRegression(t, l)
 	writes.checkWriters(t)
+	writes.checkAuditWriters(t, c.AuditLogPath)
 }
 
 // waitFor returns at when, the test's clock moving on by itself (no
@@ -983,11 +1004,76 @@ func (l *load) fetchOnce(t *testing.T, name, raw string) (string, int, error) {
 	return l.fetch(raw)
 }
 
-// window is when downloads of a phase may fail: from a loss until the
-// artifact-servers are whole again and kube-proxy has caught up.
+// window is when downloads of a phase may fail: from a loss until its
+// lost artifact-servers left the Service's ready endpoints (left) and
+// kube-proxy has caught up (end); a phase whose end is zero (a return)
+// has none.
 type window struct {
 	phase      string
 	start, end time.Time
+	left       time.Time
+	// returned is when a lost node's network came back in the phase
+	// (zero if it did not): the failures from then on are reported one
+	// by one, with what they met.
+	returned time.Time
+}
+
+// reportReturn logs each download of w's phase that failed from the lost
+// node's return (w.returned) on: whether it met a stale tracked connection
+// (docs/operating.md, "A lost node returns"), and what the rest met. l.mu
+// is held.
+func (l *load) reportReturn(t *testing.T, w window, stale map[time.Time]bool) {
+	t.Helper()
+	failed, onStale := 0, 0
+	for _, d := range l.results {
+		if d.err == "" || d.phase != w.phase || d.at.Before(w.returned) {
+			continue
+		}
+		failed++
+		what := "not on a stale tracked connection"
+		if stale[d.at] {
+			onStale++
+			what, _ = l.stale(d)
+			what = "on a stale tracked connection: " + what
+		} else if l.explain != nil {
+			what += "; the Service's endpoints " + l.explain(d)
+			if dump, ok := l.dumps[d.at]; ok {
+				what += "; read on the node right after: " + dump
+			}
+		}
+		t.Logf("%s, after the node's return: download of %s failed %s after the return (at %s): %s; %s",
+			w.phase, d.source, d.at.Sub(w.returned).Round(time.Millisecond), d.at.Format("15:04:05.000"), d.err, what)
+	}
+	t.Logf("%s: from the node's return on, %d downloads failed, %d of them on a stale tracked connection to a lost pod", w.phase, failed, onStale)
+}
+
+// leftSays says when a loss's artifact-servers left the Service's ready
+// endpoints, and the last failure not on a stale tracked connection
+// (lastRules after the loss) against that.
+func leftSays(w window, lastRules time.Duration) string {
+	if w.left.IsZero() {
+		return ""
+	}
+	left := w.left.Sub(w.start)
+	return fmt.Sprintf("; its lost artifact-servers left the Service's ready endpoints %s after it began, so that last failure came %s after they left",
+		left.Round(time.Millisecond), (lastRules - left).Round(time.Millisecond))
+}
+
+// artifactServersOn are the addresses of the artifact-server pods on
+// nodes (Ready or not, each with an address).
+func artifactServersOn(t *testing.T, nodes ...string) []string {
+	t.Helper()
+	apps, err := podsByApp(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range apps["artifact-server"] {
+		if slices.Contains(nodes, p.Spec.NodeName) && p.Status.PodIP != "" && p.DeletionTimestamp == nil {
+			out = append(out, p.Status.PodIP)
+		}
+	}
+	return out
 }
 
 // watchWhole starts watching the artifact-servers after the nodes named
@@ -1063,7 +1149,7 @@ func (l *load) report(t *testing.T, windows []window) {
 		}
 		c.failed++
 		inWindow := slices.ContainsFunc(windows, func(w window) bool {
-			return d.phase == w.phase && !d.at.After(w.end)
+			return d.phase == w.phase && !w.end.IsZero() && !d.at.After(w.end)
 		})
 		var stale string
 		if l.stale != nil && strings.Contains(d.err, "connect: ") {
@@ -1111,8 +1197,15 @@ func (l *load) report(t *testing.T, windows []window) {
 				}
 			}
 		}
-		t.Logf("%s: downloads may fail for %s; the last failed %s after it began, the last not on a stale tracked connection %s after it began",
-			w.phase, w.end.Sub(w.start).Round(100*time.Millisecond), last.Round(time.Millisecond), lastRules.Round(time.Millisecond))
+		may := "may fail on a stale tracked connection only"
+		if !w.end.IsZero() {
+			may = "may fail for " + w.end.Sub(w.start).Round(100*time.Millisecond).String()
+		}
+		t.Logf("%s: downloads %s; the last failed %s after it began, the last not on a stale tracked connection %s after it began%s",
+			w.phase, may, last.Round(time.Millisecond), lastRules.Round(time.Millisecond), leftSays(w, lastRules))
+		if !w.returned.IsZero() {
+			l.reportReturn(t, w, staleByDownload)
+		}
 	}
 	if v := os.Getenv("HEADWATER_NODELOSS_DUMP"); v != "" {
 		var b strings.Builder

@@ -267,7 +267,6 @@ func (w *writeLog) observeEndpoints(es *discoveryv1.EndpointSlice) {
 func (w *writeLog) readyAt(at time.Time) map[string]bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	ready := map[string]bool{}
 	var eps string
 	for _, e := range w.endpoints {
 		if e.at.After(at) {
@@ -275,6 +274,34 @@ func (w *writeLog) readyAt(at time.Time) map[string]bool {
 		}
 		eps = e.endpoints
 	}
+	return readyIn(eps)
+}
+
+// leftReady is when, from after on, none of addrs was a ready endpoint of
+// the Service any more (as its EndpointSlices were seen): when the last of
+// them left. ok is false if one of them never did.
+func (w *writeLog) leftReady(addrs []string, after time.Time) (at time.Time, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(addrs) == 0 {
+		return after, true
+	}
+	for _, e := range w.endpoints {
+		if e.at.Before(after) {
+			continue
+		}
+		ready := readyIn(e.endpoints)
+		if !slices.ContainsFunc(addrs, func(a string) bool { return ready[a] }) {
+			return e.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// readyIn is the ready addresses of endpoints as observeEndpoints writes
+// them.
+func readyIn(eps string) map[string]bool {
+	ready := map[string]bool{}
 	// Each is "addr[/addr...](node,ready=...,serving=...,terminating=...)".
 	for _, ep := range strings.Fields(eps) {
 		addrs, state, ok := strings.Cut(ep, "(")
@@ -318,13 +345,7 @@ func (w *writeLog) stop() {
 // holderAt is the pod that held the Lease at, by the terms seen; ok is
 // false before the first.
 func (w *writeLog) holderAt(at time.Time) (pod string, ok bool) {
-	for _, term := range w.terms {
-		if term.acquired.After(at) {
-			break
-		}
-		pod, ok = term.pod, true
-	}
-	return pod, ok
+	return holderAt(w.terms, at)
 }
 
 // checkNoRegression fails t on any status write that took a source's
@@ -827,9 +848,10 @@ func (l *load) checkMovedOn(t *testing.T, before map[string]string) {
 // toleration evicts its pods, so they restart in place, on the volumes
 // and caches they had before the commits. It checks the node's NATS
 // server catches up and logs which pods were kept, and how many sources
-// had moved on by its return; it returns when n stopped, when it was
-// back, and when every pod was Ready again.
-func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopped, back, ready time.Time) {
+// had moved on by its return; it returns when n stopped, when its network
+// came back (returning), when it was back (Ready), and when every pod was
+// Ready again.
+func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopped, returning, back, ready time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	before := podsOn(t, n.Name)
@@ -856,6 +878,7 @@ func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopp
 		}
 	}
 	fetches := l.countFetches()
+	returning = time.Now()
 	if err := env.C.StartNode(ctx, n.Name); err != nil {
 		t.Fatal(err)
 	}
@@ -880,7 +903,7 @@ func stopBriefly(t *testing.T, l *load, n *cluster.Node, hc *http.Client) (stopp
 	kubetest.Eventually(t, 5*time.Minute, "every stream in three current copies after the brief stop", func(ctx context.Context) error { return streamsR3(ctx, hc) })
 	waitCaughtUp(t, hc, n.Name, staleSeqs)
 	l.checkNoRefetch(t, fetches, "from the node's return from its brief stop until its pods were Ready and its NATS server caught up")
-	return stopped, back, ready
+	return stopped, returning, back, ready
 }
 
 // podsOn is Headwater's pods on node, their UIDs by name.
