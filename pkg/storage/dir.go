@@ -112,33 +112,18 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Info, error) {
 	return info(key, fi), nil
 }
 
-// openIn opens (creating it if needed) the file name in dir for reading
-// and writing, creating dir first, retried as createIn.
-func (d *Dir) openIn(dir, name string) (*os.File, error) {
-	var err error
-	for range 100 {
-		err = d.root.MkdirAll(dir, 0o755)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		var f *os.File
-		f, err = d.root.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
-		if err == nil || !errors.Is(err, fs.ErrNotExist) {
-			return f, err
-		}
-	}
-	return nil, err
+// createIn creates the new file name in dir, creating dir first (openIn).
+func (d *Dir) createIn(dir, name string) (*os.File, error) {
+	return d.openIn(dir, name, os.O_WRONLY|os.O_CREATE|os.O_EXCL)
 }
 
-// createIn creates the new file name in dir, creating dir first. Delete
-// prunes directories it leaves empty, so a concurrent Delete may remove dir
-// between the two steps, and a concurrent MkdirAll of the same directory may
-// make ours fail with "file exists"; the pair is retried until the file
-// exists (once it does, dir is not empty and stays).
-func (d *Dir) createIn(dir, name string) (*os.File, error) {
+// openIn opens the file name in dir with flag (which creates it),
+// creating dir first. Delete prunes directories it leaves empty, so a
+// concurrent Delete may remove dir between the two steps, and a concurrent
+// MkdirAll of the same directory may make ours fail with "file exists";
+// the pair is retried until the file exists (once it does, dir is not
+// empty and stays).
+func (d *Dir) openIn(dir, name string, flag int) (*os.File, error) {
 	var err error
 	for range 100 {
 		if dir != "" {
@@ -151,7 +136,7 @@ func (d *Dir) createIn(dir, name string) (*os.File, error) {
 			}
 		}
 		var f *os.File
-		f, err = d.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		f, err = d.root.OpenFile(name, flag, 0o644)
 		if err == nil || !errors.Is(err, fs.ErrNotExist) {
 			return f, err
 		}
@@ -277,21 +262,11 @@ func (d *Dir) SetLatest(ctx context.Context, key, target string, requestedAt tim
 	if err != nil {
 		return err
 	}
-	rec, err := d.lockOrder(ctx, orderKey(key))
+	rec, err := d.claimOrder(ctx, "set latest", key, orderRecord{RequestedAt: requestedAt.UTC(), Target: path.Base(target)})
 	if err != nil {
-		return fmt.Errorf("set latest %s: %w", key, err)
+		return err
 	}
 	defer rec.unlock()
-	old, err := rec.read()
-	if err != nil {
-		return fmt.Errorf("set latest %s: %w", key, err)
-	}
-	if old.supersedes(requestedAt) {
-		return superseded(key, old, requestedAt)
-	}
-	if err := rec.write(orderRecord{RequestedAt: requestedAt.UTC(), Target: path.Base(target)}); err != nil {
-		return fmt.Errorf("set latest %s: %w", key, err)
-	}
 	tmp := tempKey(key)
 	if err := d.root.Symlink(path.Base(target), tmp); err != nil {
 		return fmt.Errorf("set latest %s: %w", key, err)
@@ -311,22 +286,37 @@ func (d *Dir) DeleteLatest(ctx context.Context, key string, requestedAt time.Tim
 	if err != nil {
 		return err
 	}
-	rec, err := d.lockOrder(ctx, orderKey(key))
+	rec, err := d.claimOrder(ctx, "delete latest", key, orderRecord{RequestedAt: requestedAt.UTC()})
 	if err != nil {
-		return fmt.Errorf("delete latest %s: %w", key, err)
+		return err
 	}
 	defer rec.unlock()
-	old, err := rec.read()
-	if err != nil {
-		return fmt.Errorf("delete latest %s: %w", key, err)
-	}
-	if old.supersedes(requestedAt) {
-		return superseded(key, old, requestedAt)
-	}
-	if err := rec.write(orderRecord{RequestedAt: requestedAt.UTC()}); err != nil {
-		return fmt.Errorf("delete latest %s: %w", key, err)
-	}
 	return d.remove(key)
+}
+
+// claimOrder locks the order record of the pointer key and writes next
+// into it, unless the record says a newer job than next's set the pointer
+// (ErrSuperseded). The caller moves the pointer, then unlocks the record;
+// op names the operation in errors.
+func (d *Dir) claimOrder(ctx context.Context, op, key string, next orderRecord) (*orderFile, error) {
+	rec, err := d.lockOrder(ctx, orderKey(key))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", op, key, err)
+	}
+	old, err := rec.read()
+	switch {
+	case err != nil:
+		rec.unlock()
+		return nil, fmt.Errorf("%s %s: %w", op, key, err)
+	case old.supersedes(next.RequestedAt):
+		rec.unlock()
+		return nil, superseded(key, old, next.RequestedAt)
+	}
+	if err := rec.write(next); err != nil {
+		rec.unlock()
+		return nil, fmt.Errorf("%s %s: %w", op, key, err)
+	}
+	return rec, nil
 }
 
 // LatestTarget reads the pointer's symlink.
@@ -366,7 +356,7 @@ func (d *Dir) lockOrder(ctx context.Context, key string) (*orderFile, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("lock %s: %w", key, ctx.Err())
 	}
-	f, err := d.openIn(path.Dir(key), key)
+	f, err := d.openIn(path.Dir(key), key, os.O_RDWR|os.O_CREATE)
 	if err != nil {
 		<-stripe
 		return nil, fmt.Errorf("lock %w", notFound(key, err))

@@ -347,10 +347,10 @@ func (s *S3) readOrder(ctx context.Context, key string) (orderRecord, string, er
 	defer obj.Close()
 	b, err := io.ReadAll(io.LimitReader(obj, 1<<16))
 	if err != nil {
-		if err := s.fail("read", rk, err); errors.Is(err, ErrNotFound) {
+		if err = s.fail("read", rk, err); errors.Is(err, ErrNotFound) {
 			return orderRecord{}, "", nil
 		}
-		return orderRecord{}, "", s.fail("read", rk, err)
+		return orderRecord{}, "", err
 	}
 	oi, err := obj.Stat()
 	if err != nil {
